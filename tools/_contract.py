@@ -88,24 +88,27 @@ class ToolContract:
         value = getattr(args, self.approval_threshold.argument)
         return Decimal(str(value)) > self.approval_threshold.above
 
-    def repeat_is_safe(self, first_attempt_age: timedelta) -> bool:
-        """Whether running the same operation again is provably harmless now.
+    def safe_repeat_window(self, first_attempt_age: timedelta) -> timedelta | None:
+        """For how much longer repeating the operation is provably harmless.
 
         Args:
             first_attempt_age: Time since the step's first attempt started; a provider
                 forgets keys older than its retention, after which a repeat is new.
+
+        Returns:
+            ``None`` when a repeat is always safe, ``timedelta(0)`` when it never is,
+            else the time left before the provider may forget the key (minus a margin).
         """
         if self.dedupe in (
             DedupeStrategy.NATURAL_KEY,
             DedupeStrategy.LOCAL_TRANSACTION,
             DedupeStrategy.FENCED_LEASE,
         ):
-            return True
-        if self.dedupe is DedupeStrategy.PROVIDER_IDEMPOTENCY_KEY:
-            if self.provider_key_retention is None:
-                return False
-            return first_attempt_age < self.provider_key_retention - self.retention_margin
-        return False
+            return None
+        if self.dedupe is DedupeStrategy.PROVIDER_IDEMPOTENCY_KEY and self.provider_key_retention:
+            left = self.provider_key_retention - self.retention_margin - first_attempt_age
+            return max(left, timedelta(0))
+        return timedelta(0)
 
     def mcp_annotations(self) -> dict[str, Any]:
         """MCP tool annotations derived from the effect flags (never written twice)."""

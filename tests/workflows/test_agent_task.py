@@ -1,0 +1,487 @@
+"""AgentTaskWorkflow's policy on Temporal's time-skipping server.
+
+The scripted tools decide how each attempt ends; everything else is real: the
+workflow, its budget, its timers, updates and signals, and the Temporal server.
+"""
+
+import uuid
+from collections.abc import AsyncIterator, Callable
+from datetime import timedelta
+
+import pytest
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from retry_policy import OutcomeClass, RetryBudget
+from tools import arguments_digest
+from workflows import AgentTaskWorkflow
+from workflows.task_models import (
+    AgentTaskInput,
+    ApproveInput,
+    ReconcileDecision,
+    ReconcileInput,
+    StepInput,
+    StepState,
+    TaskState,
+    TaskStatus,
+)
+
+from .scripted_tools import Script, register_scripted_tools
+
+S, R, T, U = (
+    OutcomeClass.SUCCEEDED,
+    OutcomeClass.REJECTED,
+    OutcomeClass.TRANSIENT,
+    OutcomeClass.UNKNOWN,
+)
+FAST_BUDGET = RetryBudget(
+    max_attempts_per_task=5,
+    max_attempts_per_step=3,
+    initial_backoff=timedelta(seconds=1),
+    max_backoff=timedelta(seconds=8),
+)
+
+Handle = WorkflowHandle[AgentTaskWorkflow, TaskStatus]
+
+
+@pytest.fixture
+def script() -> Script:
+    register_scripted_tools()
+    return Script()
+
+
+@pytest.fixture
+async def worker(
+    time_skipping_env: WorkflowEnvironment, task_queue: str, script: Script
+) -> AsyncIterator[Worker]:
+    async with Worker(
+        time_skipping_env.client,
+        task_queue=task_queue,
+        workflows=[AgentTaskWorkflow],
+        activities=script.activities(),
+    ) as running:
+        yield running
+
+
+async def start(
+    env: WorkflowEnvironment,
+    task_queue: str,
+    *steps: tuple[str, str, dict[str, object]],
+    budget: RetryBudget | None = FAST_BUDGET,
+) -> Handle:
+    task = AgentTaskInput(
+        tenant="acme",
+        principal="agent-1",
+        steps=[StepInput(step_id=sid, tool=tool, arguments=args) for sid, tool, args in steps],
+        budget=budget,
+    )
+    return await env.client.start_workflow(
+        AgentTaskWorkflow.run, task, id=f"task-{uuid.uuid4().hex}", task_queue=task_queue
+    )
+
+
+async def wait_until(
+    env: WorkflowEnvironment,
+    handle: Handle,
+    done: Callable[[TaskStatus], bool],
+    *,
+    step: timedelta = timedelta(seconds=2),
+) -> TaskStatus:
+    """Poll the status query, skipping time between polls so timers fire."""
+    for _ in range(300):
+        status = await handle.query(AgentTaskWorkflow.status)
+        if done(status):
+            return status
+        await env.sleep(step)
+    raise AssertionError(f"condition never held; last status: {status.model_dump_json()}")
+
+
+def parked(status: TaskStatus) -> bool:
+    return status.state is TaskState.PARKED
+
+
+async def accepted_updates(handle: Handle) -> int:
+    history = await handle.fetch_history()
+    return sum(
+        1
+        for event in history.events
+        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_UPDATE_ACCEPTED
+    )
+
+
+async def test_total_attempts_never_exceed_the_task_budget_across_steps(
+    time_skipping_env: WorkflowEnvironment, task_queue: str, script: Script, worker: Worker
+) -> None:
+    first = script.plan("b1", T, T, S)
+    second = script.plan("b2", T, T, S)
+    handle = await start(
+        time_skipping_env,
+        task_queue,
+        ("one", "scripted_safe", {"label": first}),
+        ("two", "scripted_safe", {"label": second}),
+    )
+    result = await handle.result()
+
+    assert script.attempts(first) + script.attempts(second) == FAST_BUDGET.max_attempts_per_task
+    assert (script.attempts(first), script.attempts(second)) == (3, 2)
+    assert result.state is TaskState.FAILED
+    assert result.step("one").state is StepState.SUCCEEDED
+    assert result.step("two").state is StepState.FAILED
+    assert "5 of 5 attempts per task" in (result.failure_reason or "")
+    assert result.budget.attempts_used == 5 and result.budget.attempts_left == 0
+
+
+async def test_per_step_cap_fails_a_step_that_only_saw_transient_outcomes(
+    time_skipping_env: WorkflowEnvironment, task_queue: str, script: Script, worker: Worker
+) -> None:
+    label = script.plan("always-transient", T)
+    handle = await start(time_skipping_env, task_queue, ("s", "scripted_safe", {"label": label}))
+    result = await handle.result()
+
+    assert script.attempts(label) == FAST_BUDGET.max_attempts_per_step
+    assert result.state is TaskState.FAILED
+    assert "attempts per step" in (result.failure_reason or "")
+
+
+async def test_a_rejected_outcome_is_tried_once(
+    time_skipping_env: WorkflowEnvironment, task_queue: str, script: Script, worker: Worker
+) -> None:
+    label = script.plan("rejected", R)
+    handle = await start(
+        time_skipping_env,
+        task_queue,
+        ("s1", "scripted_safe", {"label": label}),
+        ("s2", "scripted_safe", {"label": "never-reached"}),
+    )
+    result = await handle.result()
+
+    assert script.attempts(label) == 1
+    assert script.attempts("never-reached") == 0
+    assert result.state is TaskState.FAILED
+    assert result.step("s1").attempts[0].outcome is OutcomeClass.REJECTED
+    assert result.step("s2").state is StepState.PENDING
+
+
+async def test_an_unknown_outcome_is_retried_when_the_strategy_makes_it_safe(
+    time_skipping_env: WorkflowEnvironment, task_queue: str, script: Script, worker: Worker
+) -> None:
+    label = script.plan("safe-unknown", U, S)
+    handle = await start(time_skipping_env, task_queue, ("s", "scripted_safe", {"label": label}))
+    result = await handle.result()
+
+    assert result.state is TaskState.SUCCEEDED
+    assert script.attempts(label) == 2
+    assert result.step("s").resource_id == f"res-{label}-2"
+
+
+async def test_unknown_on_an_unsafe_tool_parks_and_never_retries_on_its_own(
+    time_skipping_env: WorkflowEnvironment, task_queue: str, script: Script, worker: Worker
+) -> None:
+    label = script.plan("unsafe-unknown", U)
+    handle = await start(time_skipping_env, task_queue, ("s", "scripted_unsafe", {"label": label}))
+    status = await wait_until(time_skipping_env, handle, parked)
+    await time_skipping_env.sleep(timedelta(hours=30))
+    status = await handle.query(AgentTaskWorkflow.status)
+
+    assert script.attempts(label) == 1
+    assert status.state is TaskState.PARKED
+    step = status.step("s")
+    assert step.state is StepState.PARKED
+    assert "not provably safe" in (step.park_reason or "")
+    assert step.evidence == {"request_id": f"req-{label}-1"}
+    assert step.reconcile_command is not None
+    assert handle.id in step.reconcile_command
+
+
+async def test_a_provider_keyed_tool_parks_once_the_provider_may_have_forgotten_the_key(
+    time_skipping_env: WorkflowEnvironment, task_queue: str, script: Script, worker: Worker
+) -> None:
+    label = script.plan("keyed-unknown", U)
+    patient = FAST_BUDGET.model_copy(
+        update={
+            "max_attempts_per_step": 5,
+            "initial_backoff": timedelta(hours=10),
+            "max_backoff": timedelta(hours=30),
+            "deadline": timedelta(days=7),
+        }
+    )
+    handle = await start(
+        time_skipping_env, task_queue, ("s", "scripted_provider", {"label": label}), budget=patient
+    )
+    status = await wait_until(time_skipping_env, handle, parked, step=timedelta(hours=1))
+
+    # Repeats with the same key happen only while the first attempt is younger than
+    # retention (24 h) minus margin (1 h); the attempt that would start later parks.
+    attempts = status.step("s").attempts
+    ages = [attempt.started_at - attempts[0].started_at for attempt in attempts]
+    assert all(age < timedelta(hours=23) for age in ages)
+    assert script.attempts(label) == len(ages) >= 2
+    assert "forget the idempotency key" in (status.step("s").park_reason or "")
+
+
+@pytest.mark.parametrize(
+    ("decision", "resource_id", "final_state", "step_state", "attempts"),
+    [
+        (ReconcileDecision.HAPPENED, "ch_found_by_hand", TaskState.SUCCEEDED, StepState.SUCCEEDED, 1),
+        (ReconcileDecision.DID_NOT_HAPPEN, None, TaskState.SUCCEEDED, StepState.SUCCEEDED, 2),
+        (ReconcileDecision.ABANDON, None, TaskState.FAILED, StepState.ABANDONED, 1),
+    ],
+)
+async def test_a_parked_step_resumes_on_each_reconcile_decision(
+    time_skipping_env: WorkflowEnvironment,
+    task_queue: str,
+    script: Script,
+    worker: Worker,
+    decision: ReconcileDecision,
+    resource_id: str | None,
+    final_state: TaskState,
+    step_state: StepState,
+    attempts: int,
+) -> None:
+    label = script.plan(f"reconcile-{decision.value}", U, S)
+    handle = await start(
+        time_skipping_env,
+        task_queue,
+        ("pay", "scripted_unsafe", {"label": label}),
+        ("after", "scripted_safe", {"label": f"after-{decision.value}"}),
+    )
+    await wait_until(time_skipping_env, handle, parked)
+    answer = await handle.execute_update(
+        AgentTaskWorkflow.reconcile,
+        ReconcileInput(
+            step_id="pay",
+            decision=decision,
+            resource_id=resource_id,
+            operator="ops@acme",
+            reason="checked the provider dashboard",
+        ),
+    )
+    result = await handle.result()
+
+    assert answer.step_id == "pay"
+    assert result.state is final_state
+    assert result.step("pay").state is step_state
+    assert script.attempts(label) == attempts
+    [record] = result.decisions
+    assert (record.kind, record.decision, record.operator, record.accepted) == (
+        "reconcile",
+        decision.value,
+        "ops@acme",
+        True,
+    )
+    assert record.reason == "checked the provider dashboard"
+    if decision is ReconcileDecision.HAPPENED:
+        assert result.step("pay").resource_id == "ch_found_by_hand"
+    if decision is ReconcileDecision.DID_NOT_HAPPEN:
+        assert result.step("pay").attempts[-1].operator_authorised
+        assert result.budget.operator_authorised_attempts == 1
+    if decision is ReconcileDecision.ABANDON:
+        assert script.attempts(f"after-{decision.value}") == 0
+        assert "abandoned by ops@acme" in (result.failure_reason or "")
+
+
+async def test_invalid_reconcile_updates_are_rejected_without_touching_the_task(
+    time_skipping_env: WorkflowEnvironment, task_queue: str, script: Script, worker: Worker
+) -> None:
+    label = script.plan("invalid-reconcile", U)
+    handle = await start(time_skipping_env, task_queue, ("s", "scripted_unsafe", {"label": label}))
+    before = await wait_until(time_skipping_env, handle, parked)
+
+    wrong_step = ReconcileInput(
+        step_id="nope", decision=ReconcileDecision.ABANDON, operator="ops", reason="x"
+    )
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await handle.execute_update(AgentTaskWorkflow.reconcile, wrong_step)
+    assert "no step 'nope'" in str(refused.value.cause)
+
+    # A payload that skips the model's own validation still meets the workflow's.
+    no_resource = ReconcileInput.model_construct(
+        step_id="s", decision=ReconcileDecision.HAPPENED, operator="ops", reason="x", resource_id=None
+    )
+    with pytest.raises(WorkflowUpdateFailedError):
+        await handle.execute_update(AgentTaskWorkflow.reconcile, no_resource)
+
+    after = await handle.query(AgentTaskWorkflow.status)
+    assert after == before
+    assert await accepted_updates(handle) == 0
+    assert script.attempts(label) == 1
+
+
+async def test_a_running_step_cannot_be_reconciled(
+    time_skipping_env: WorkflowEnvironment, task_queue: str, script: Script, worker: Worker
+) -> None:
+    handle = await start(
+        time_skipping_env,
+        task_queue,
+        ("a", "scripted_approval", {"label": "gate", "amount": 500}),
+    )
+    await wait_until(
+        time_skipping_env, handle, lambda status: status.state is TaskState.AWAITING_APPROVAL
+    )
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await handle.execute_update(
+            AgentTaskWorkflow.reconcile,
+            ReconcileInput(step_id="a", decision=ReconcileDecision.ABANDON, operator="o", reason="r"),
+        )
+    assert "not parked" in str(refused.value.cause)
+    await handle.terminate("test over")
+
+
+async def test_approval_gates_the_first_attempt_and_binds_to_the_arguments(
+    time_skipping_env: WorkflowEnvironment, task_queue: str, script: Script, worker: Worker
+) -> None:
+    arguments = {"label": "big-refund", "amount": 500}
+    handle = await start(time_skipping_env, task_queue, ("r", "scripted_approval", arguments))
+    status = await wait_until(
+        time_skipping_env, handle, lambda s: s.state is TaskState.AWAITING_APPROVAL
+    )
+    await time_skipping_env.sleep(timedelta(hours=5))
+    assert script.attempts("big-refund") == 0
+    assert status.step("r").arguments_digest == arguments_digest("scripted_approval", arguments)
+
+    other_arguments = arguments_digest("scripted_approval", {"label": "big-refund", "amount": 5})
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await handle.execute_update(
+            AgentTaskWorkflow.approve,
+            ApproveInput(
+                step_id="r",
+                approved=True,
+                approver="cfo",
+                reason="fine",
+                arguments_digest=other_arguments,
+            ),
+        )
+    assert "other arguments" in str(refused.value.cause)
+    assert script.attempts("big-refund") == 0
+
+    await handle.execute_update(
+        AgentTaskWorkflow.approve,
+        ApproveInput(
+            step_id="r",
+            approved=True,
+            approver="cfo",
+            reason="customer is right",
+            arguments_digest=status.step("r").arguments_digest,
+        ),
+    )
+    result = await handle.result()
+    assert result.state is TaskState.SUCCEEDED
+    assert script.attempts("big-refund") == 1
+    [record] = result.decisions
+    assert (record.kind, record.decision, record.operator) == ("approve", "approve", "cfo")
+    assert record.arguments_digest == status.step("r").arguments_digest
+
+
+async def test_a_denied_step_never_runs(
+    time_skipping_env: WorkflowEnvironment, task_queue: str, script: Script, worker: Worker
+) -> None:
+    arguments = {"label": "denied-refund", "amount": 101}
+    handle = await start(time_skipping_env, task_queue, ("r", "scripted_approval", arguments))
+    status = await wait_until(
+        time_skipping_env, handle, lambda s: s.state is TaskState.AWAITING_APPROVAL
+    )
+    await handle.execute_update(
+        AgentTaskWorkflow.approve,
+        ApproveInput(
+            step_id="r",
+            approved=False,
+            approver="cfo",
+            reason="looks like fraud",
+            arguments_digest=status.step("r").arguments_digest,
+        ),
+    )
+    result = await handle.result()
+    await time_skipping_env.sleep(timedelta(hours=2))
+
+    assert script.attempts("denied-refund") == 0
+    assert result.state is TaskState.FAILED
+    assert result.step("r").state is StepState.DENIED
+    assert "denied by cfo" in (result.failure_reason or "")
+
+
+async def test_below_the_threshold_no_approval_is_needed(
+    time_skipping_env: WorkflowEnvironment, task_queue: str, script: Script, worker: Worker
+) -> None:
+    handle = await start(
+        time_skipping_env, task_queue, ("r", "scripted_approval", {"label": "small", "amount": 100})
+    )
+    result = await handle.result()
+    assert result.state is TaskState.SUCCEEDED
+    assert result.decisions == []
+
+
+async def test_signals_decide_like_updates_and_invalid_ones_are_only_recorded(
+    time_skipping_env: WorkflowEnvironment, task_queue: str, script: Script, worker: Worker
+) -> None:
+    label = script.plan("by-signal", U, S)
+    handle = await start(time_skipping_env, task_queue, ("s", "scripted_unsafe", {"label": label}))
+    await wait_until(time_skipping_env, handle, parked)
+
+    await handle.signal(
+        AgentTaskWorkflow.reconcile_signal,
+        ReconcileInput(step_id="zzz", decision=ReconcileDecision.ABANDON, operator="ui", reason="oops"),
+    )
+    status = await wait_until(time_skipping_env, handle, lambda s: len(s.decisions) == 1)
+    assert status.state is TaskState.PARKED
+    assert status.decisions[0].accepted is False
+    assert "no step 'zzz'" in (status.decisions[0].rejection or "")
+
+    await handle.signal(
+        AgentTaskWorkflow.reconcile_signal,
+        ReconcileInput(
+            step_id="s", decision=ReconcileDecision.DID_NOT_HAPPEN, operator="ui", reason="checked"
+        ),
+    )
+    result = await handle.result()
+    assert result.state is TaskState.SUCCEEDED
+    assert script.attempts(label) == 2
+    assert [(d.via, d.accepted) for d in result.decisions] == [("signal", False), ("signal", True)]
+
+
+async def test_budget_exhausted_after_an_unknown_parks_instead_of_failing(
+    time_skipping_env: WorkflowEnvironment, task_queue: str, script: Script, worker: Worker
+) -> None:
+    label = script.plan("unknown-then-transient", U, T)
+    handle = await start(time_skipping_env, task_queue, ("s", "scripted_safe", {"label": label}))
+    status = await wait_until(time_skipping_env, handle, parked)
+
+    assert script.attempts(label) == FAST_BUDGET.max_attempts_per_step
+    assert "exhausted after an unknown" in (status.step("s").park_reason or "")
+    await handle.terminate("test over")
+
+
+async def test_invalid_arguments_fail_the_task_before_any_attempt(
+    time_skipping_env: WorkflowEnvironment, task_queue: str, script: Script, worker: Worker
+) -> None:
+    handle = await start(
+        time_skipping_env,
+        task_queue,
+        ("s", "scripted_safe", {"label": "x", "surprise": 1}),
+    )
+    result = await handle.result()
+    assert result.state is TaskState.FAILED
+    assert "invalid arguments" in (result.failure_reason or "")
+    assert script.attempts("x") == 0
+
+    unknown = await start(time_skipping_env, task_queue, ("s", "no_such_tool", {}))
+    result = await unknown.result()
+    assert "unknown tool 'no_such_tool'" in (result.failure_reason or "")
+
+
+async def test_backoff_timers_follow_the_budget(
+    time_skipping_env: WorkflowEnvironment, task_queue: str, script: Script, worker: Worker
+) -> None:
+    label = script.plan("backoff", T, T, S)
+    handle = await start(time_skipping_env, task_queue, ("s", "scripted_safe", {"label": label}))
+    await handle.result()
+    history = await handle.fetch_history()
+    timers = [
+        event.timer_started_event_attributes.start_to_fire_timeout.ToTimedelta()
+        for event in history.events
+        if event.event_type == EventType.EVENT_TYPE_TIMER_STARTED
+    ]
+    assert len(timers) == 2
+    assert timers[0] <= FAST_BUDGET.backoff_cap(1)
+    assert timers[1] <= FAST_BUDGET.backoff_cap(2)
