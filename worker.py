@@ -6,7 +6,6 @@ scale out. SIGTERM or SIGINT shuts it down gracefully: running activities get
 """
 
 import asyncio
-import signal
 from collections.abc import Callable
 from typing import Any
 
@@ -38,31 +37,27 @@ def build_worker(
     )
 
 
-async def run_worker(
+async def serve_worker(
     settings: OnceflowSettings,
     *,
     database_url: str,
+    stop: asyncio.Event,
     temporal_address: str | None = None,
     on_ready: Callable[[], None] | None = None,
 ) -> None:
-    """Run a worker until SIGTERM/SIGINT, then drain and return."""
+    """Poll for work until ``stop`` is set, then drain within the shutdown grace."""
     client = await connect_temporal(address=temporal_address)
     async with build_pool(database_url, max_size=settings.db_pool_max_size) as pool:
-        worker = build_worker(client, pool, settings)
-        loop = asyncio.get_running_loop()
-        for stop_signal in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(stop_signal, lambda: asyncio.ensure_future(worker.shutdown()))
-        try:
+        # Leaving the block calls worker.shutdown(): no new work is taken and running
+        # activities get the grace period, so their completions are not dropped.
+        async with build_worker(client, pool, settings):
             if on_ready is not None:
                 on_ready()
-            await worker.run()
-        finally:
-            for stop_signal in (signal.SIGTERM, signal.SIGINT):
-                loop.remove_signal_handler(stop_signal)
+            await stop.wait()
 
 
 def main() -> None:
-    """Entry point for ``python worker.py``: settings from the environment."""
+    """Entry point for ``python worker.py``: the same as ``onceflow worker``."""
     from cli.main import run
 
     run(["worker"])

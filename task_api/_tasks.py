@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
-from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.exceptions import WorkflowAlreadyStartedError
 
 from workflows import AgentTaskWorkflow
 from workflows.task_models import (
@@ -47,20 +48,28 @@ class TaskClient:
     async def start(self, task: AgentTaskInput, *, workflow_id: str) -> WorkflowHandle[
         AgentTaskWorkflow, TaskStatus
     ]:
-        """Start the task, or attach to the running one with the same workflow id."""
-        tools = ", ".join(f"{step.tool}" for step in task.steps)
-        return await self._client.start_workflow(
-            AgentTaskWorkflow.run,
-            task,
-            id=workflow_id,
-            task_queue=self._task_queue,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            static_summary=f"{task.tenant}: {tools}",
-            static_details=(
-                f"Agent task of tenant `{task.tenant}` for principal `{task.principal}`, "
-                f"{len(task.steps)} step(s): {tools}."
-            ),
-        )
+        """Start the task, or attach to the task that already has this workflow id.
+
+        A running task is joined (``USE_EXISTING``) and a closed one is never run again
+        (``REJECT_DUPLICATE``): the same id always means the same task and its result.
+        """
+        tools = ", ".join(step.tool for step in task.steps)
+        try:
+            return await self._client.start_workflow(
+                AgentTaskWorkflow.run,
+                task,
+                id=workflow_id,
+                task_queue=self._task_queue,
+                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                static_summary=f"{task.tenant}: {tools}",
+                static_details=(
+                    f"Agent task of tenant `{task.tenant}` for principal `{task.principal}`, "
+                    f"{len(task.steps)} step(s): {tools}."
+                ),
+            )
+        except WorkflowAlreadyStartedError:
+            return self._client.get_workflow_handle_for(AgentTaskWorkflow.run, workflow_id)
 
     async def status(self, workflow_id: str) -> TaskStatus:
         """The task's current status (works for running and closed tasks)."""

@@ -7,7 +7,9 @@ from tools._attempts import ToolAttemptResult, ToolCallInput
 from tools._catalogue import Catalogue, UnknownTool
 from tools._contract import ApprovalThreshold, DedupeStrategy, EffectFlags, ToolContract
 from tools._identity import (
+    MalformedIdempotencyKey,
     arguments_digest,
+    check_idempotency_key,
     derive_child_key,
     derive_task_workflow_id,
     key_digest,
@@ -27,12 +29,14 @@ __all__ = [
     "DedupeStrategy",
     "EffectFlags",
     "IssueCouponInput",
+    "MalformedIdempotencyKey",
     "OrderLine",
     "ToolAttemptResult",
     "ToolCallInput",
     "ToolContract",
     "UnknownTool",
     "arguments_digest",
+    "check_idempotency_key",
     "derive_child_key",
     "derive_task_workflow_id",
     "key_digest",

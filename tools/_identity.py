@@ -7,9 +7,35 @@ the Temporal run id (the run id changes on workflow retry and continue-as-new).
 
 import hashlib
 import json
+import re
 from typing import Any
 
 CHILD_KEY_VERSION = "v1"
+IDEMPOTENCY_KEY_MAX_LENGTH = 200
+_IDEMPOTENCY_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")
+
+
+class MalformedIdempotencyKey(ValueError):
+    """A client key that is empty, too long or outside the allowed alphabet."""
+
+
+def check_idempotency_key(raw_key: str) -> str:
+    """Return the key if it is well formed; raise ``MalformedIdempotencyKey`` otherwise.
+
+    The message never repeats the key: it may be a secret pasted by mistake.
+    """
+    if not raw_key:
+        raise MalformedIdempotencyKey("the idempotency key is missing")
+    if len(raw_key) > IDEMPOTENCY_KEY_MAX_LENGTH:
+        raise MalformedIdempotencyKey(
+            f"the idempotency key is longer than {IDEMPOTENCY_KEY_MAX_LENGTH} characters"
+        )
+    if not _IDEMPOTENCY_KEY.fullmatch(raw_key):
+        raise MalformedIdempotencyKey(
+            "the idempotency key may hold only letters, digits and . _ : - "
+            "and must start with a letter or digit"
+        )
+    return raw_key
 
 
 def _length_prefixed_digest(*parts: str) -> str:
@@ -43,7 +69,7 @@ def derive_child_key(
 def derive_task_workflow_id(*, tenant: str, scope: str, idempotency_key: str) -> str:
     """The workflow id of the task started by one client key in one scope."""
     digest = _length_prefixed_digest("task", tenant, scope, idempotency_key)
-    return f"task-{scope}-{digest[:32]}"
+    return f"{scope}-{digest[:32]}"
 
 
 def key_digest(raw_key: str) -> str:

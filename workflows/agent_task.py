@@ -64,6 +64,7 @@ class AgentTaskWorkflow:
             step.step_id: StepStatus(
                 step_id=step.step_id,
                 tool=step.tool,
+                arguments=step.arguments,
                 arguments_digest=digest_arguments(step.tool, step.arguments),
             )
             for step in task.steps

@@ -167,6 +167,8 @@ class StepStatus(BaseModel):
     step_id: str
     tool: str
     state: StepState = StepState.PENDING
+    arguments: dict[str, Any]
+    """The arguments exactly as given, so an approver sees what the digest covers."""
     arguments_digest: str
     attempts: list[AttemptRecord] = Field(default_factory=list)
     resource_id: str | None = None

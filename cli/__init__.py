@@ -1,0 +1,1 @@
+"""The ``onceflow`` command line: the dev stack, workers, calls and operator decisions."""

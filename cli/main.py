@@ -1,0 +1,324 @@
+"""``onceflow``: run the embedded stack and workers, call tools, inspect and decide tasks.
+
+Every command fails with one line on standard error and a non-zero exit: 2 for bad
+input, 1 for anything else. Machine-readable output (``call``, ``status --json``) is JSON
+on standard output.
+"""
+
+import asyncio
+import json
+import os
+import signal
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from cli._failures import CommandFailed, explain
+from cli._render import render_status, render_task_list
+from settings import OnceflowSettings
+from task_api import TaskClient, connect_temporal
+from tools import CATALOGUE, check_idempotency_key, derive_task_workflow_id
+from workflows.task_models import (
+    AgentTaskInput,
+    ApproveInput,
+    ReconcileDecision,
+    ReconcileInput,
+    StepInput,
+    StepState,
+    TaskState,
+)
+
+app = typer.Typer(
+    name="onceflow",
+    help="Durable, retry-safe agent tool calls on Temporal.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+errors = Console(stderr=True)
+T = TypeVar("T")
+
+TaskId = Annotated[str, typer.Argument(help="The task's workflow id.")]
+TemporalAddress = Annotated[
+    str | None,
+    typer.Option(help="Temporal frontend host:port (default: TEMPORAL_ADDRESS or localhost:7233)."),
+]
+
+
+def _operate(action: Callable[[], Awaitable[T]]) -> T:
+    """Run one command's async body, turning any failure into one line and an exit code."""
+    try:
+        return asyncio.run(action())  # type: ignore[arg-type]
+    except typer.Exit:
+        raise
+    except Exception as error:  # the one place every failure is phrased for the operator
+        failure = explain(error)
+        errors.print(f"[red]error:[/] {failure}", highlight=False, soft_wrap=True)
+        raise typer.Exit(failure.exit_code) from None
+
+
+def _operator_name() -> str:
+    return os.environ.get("USER") or os.environ.get("USERNAME") or "operator"
+
+
+async def _task_client(address: str | None) -> TaskClient:
+    settings = OnceflowSettings()
+    return TaskClient(await connect_temporal(address=address), task_queue=settings.task_queue)
+
+
+def _stop_on_signals(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for stop_signal in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(stop_signal, stop.set)
+
+
+@app.command()
+def dev(
+    temporal_port: Annotated[int, typer.Option(help="Temporal gRPC port.")] = 7233,
+    ui_port: Annotated[int, typer.Option(help="Temporal Web UI port.")] = 8233,
+) -> None:
+    """Run the embedded stack in the foreground until Ctrl-C: PostgreSQL, Temporal, a worker."""
+    from devstack.stack import embedded_stack
+
+    async def body() -> None:
+        stop = asyncio.Event()
+        _stop_on_signals(stop)
+        async with embedded_stack(
+            OnceflowSettings(),
+            temporal_port=temporal_port,
+            ui_port=ui_port,
+            progress=lambda message: errors.print(f"[dim]… {message}[/]"),
+        ) as stack:
+            console.print("[bold green]onceflow dev stack is running[/]")
+            for what, where in stack.describe():
+                console.print(f"  {what:<22} {where}", highlight=False)
+            console.print("Press Ctrl-C to stop.")
+            await stop.wait()
+        console.print("stopped cleanly")
+
+    _operate(body)
+
+
+@app.command()
+def worker(temporal_address: TemporalAddress = None) -> None:
+    """Run a worker until SIGTERM/SIGINT, then drain running activities and exit."""
+    from devstack.stack import running_stack_database_url
+    from worker import serve_worker
+
+    settings = OnceflowSettings()
+    database_url = settings.database_url or running_stack_database_url(settings.state_dir)
+    if database_url is None:
+        raise CommandFailed(
+            "DATABASE_URL is not set and no embedded stack has run from "
+            f"{settings.state_dir}; run `onceflow dev` or set DATABASE_URL"
+        )
+
+    async def body() -> None:
+        stop = asyncio.Event()
+        _stop_on_signals(stop)
+        await serve_worker(
+            settings,
+            database_url=database_url,
+            stop=stop,
+            temporal_address=temporal_address,
+            on_ready=lambda: console.print(
+                f"onceflow worker ready on task queue {settings.task_queue} (pid {os.getpid()})"
+            ),
+        )
+        console.print("onceflow worker stopped")
+
+    _operate(body)
+
+
+@app.command()
+def call(
+    tool: Annotated[str, typer.Argument(help="Tool name, e.g. issue_coupon.")],
+    tenant: Annotated[str, typer.Option(help="Tenant the task belongs to.")],
+    key: Annotated[str, typer.Option(help="Idempotency key of this logical call.")],
+    args: Annotated[str, typer.Option("--args", help="Tool arguments as a JSON object.")] = "{}",
+    principal: Annotated[str, typer.Option(help="Who is calling.")] = "cli",
+    wait: Annotated[bool, typer.Option(help="Wait for the task to end.")] = False,
+    temporal_address: TemporalAddress = None,
+) -> None:
+    """Call one tool as a one-step task; the same key returns the same task."""
+
+    async def body() -> None:
+        task = _one_step_task(tool, tenant, principal, key, args)
+        workflow_id = derive_task_workflow_id(tenant=tenant, scope=tool, idempotency_key=key)
+        client = await _task_client(temporal_address)
+        await client.start(task, workflow_id=workflow_id)
+        if wait:
+            status = await client.result(workflow_id)
+        else:
+            status = await client.status(workflow_id)
+        console.print_json(status.model_dump_json())
+
+    _operate(body)
+
+
+def _one_step_task(tool: str, tenant: str, principal: str, key: str, raw: str) -> AgentTaskInput:
+    try:
+        check_idempotency_key(key)
+    except ValueError as malformed:
+        raise CommandFailed(str(malformed), exit_code=2) from None
+    try:
+        arguments: Any = json.loads(raw)
+    except json.JSONDecodeError as error:
+        raise CommandFailed(f"--args is not valid JSON: {error}", exit_code=2) from None
+    if not isinstance(arguments, dict):
+        raise CommandFailed("--args must be a JSON object", exit_code=2)
+    contract = CATALOGUE.get(tool)
+    contract.input_model.model_validate(arguments)  # reject before anything starts
+    return AgentTaskInput(
+        tenant=tenant,
+        principal=principal,
+        steps=[StepInput(step_id="1", tool=tool, arguments=arguments)],
+    )
+
+
+@app.command()
+def status(
+    task_id: TaskId,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the status as JSON.")] = False,
+    temporal_address: TemporalAddress = None,
+) -> None:
+    """Show a task: its state, every step's attempts, evidence and the budget spent."""
+
+    async def body() -> None:
+        client = await _task_client(temporal_address)
+        current = await client.status(task_id)
+        if as_json:
+            console.print_json(current.model_dump_json())
+        else:
+            render_status(console, current)
+
+    _operate(body)
+
+
+@app.command()
+def tasks(
+    state: Annotated[TaskState | None, typer.Option(help="Only tasks in this state.")] = None,
+    tenant: Annotated[str | None, typer.Option(help="Only this tenant's tasks.")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=1000)] = 50,
+    temporal_address: TemporalAddress = None,
+) -> None:
+    """List tasks, newest first, e.g. ``--state parked`` for those awaiting a decision."""
+
+    async def body() -> None:
+        client = await _task_client(temporal_address)
+        found = [task async for task in client.list(state=state, tenant=tenant, limit=limit)]
+        render_task_list(console, found)
+
+    _operate(body)
+
+
+@app.command()
+def reconcile(
+    task_id: TaskId,
+    step: Annotated[str, typer.Option(help="The parked step.")],
+    decision: Annotated[ReconcileDecision, typer.Option(help="What you found.")],
+    reason: Annotated[str, typer.Option(help="Why; recorded with the decision.")],
+    resource_id: Annotated[
+        str | None, typer.Option(help="With 'happened': the id of the effect you found.")
+    ] = None,
+    operator: Annotated[str | None, typer.Option(help="Who decides (default: $USER).")] = None,
+    temporal_address: TemporalAddress = None,
+) -> None:
+    """Decide a parked step: happened (with --resource-id), did_not_happen, or abandon."""
+
+    async def body() -> None:
+        finding = ReconcileInput(
+            step_id=step,
+            decision=decision,
+            reason=reason,
+            resource_id=resource_id,
+            operator=operator or _operator_name(),
+        )
+        client = await _task_client(temporal_address)
+        result = await client.reconcile(task_id, finding)
+        console.print(f"accepted: {result.message}")
+
+    _operate(body)
+
+
+@app.command()
+def approve(
+    task_id: TaskId,
+    step: Annotated[str, typer.Option(help="The step awaiting approval.")],
+    approved: Annotated[
+        bool, typer.Option("--approve/--deny", help="Approve or deny the step's arguments.")
+    ],
+    reason: Annotated[str, typer.Option(help="Why; recorded with the decision.")],
+    approver: Annotated[str | None, typer.Option(help="Who decides (default: $USER).")] = None,
+    temporal_address: TemporalAddress = None,
+) -> None:
+    """Approve or deny a step's exact arguments (shown first) before its first attempt."""
+
+    async def body() -> None:
+        client = await _task_client(temporal_address)
+        current = await client.status(task_id)
+        try:
+            waiting = current.step(step)
+        except KeyError:
+            raise CommandFailed(f"task {task_id} has no step {step!r}") from None
+        if waiting.state is not StepState.AWAITING_APPROVAL:
+            raise CommandFailed(f"step {step!r} is not awaiting approval (it is {waiting.state.value})")
+        verdict = "approving" if approved else "denying"
+        errors.print(f"{verdict} {waiting.tool} with {waiting.arguments}", highlight=False)
+        result = await client.approve(
+            task_id,
+            ApproveInput(
+                step_id=step,
+                approved=approved,
+                approver=approver or _operator_name(),
+                reason=reason,
+                arguments_digest=waiting.arguments_digest,
+            ),
+        )
+        console.print(f"accepted: {result.message}")
+
+    _operate(body)
+
+
+@app.command()
+def migrate() -> None:
+    """Apply database migrations to DATABASE_URL (the stack does this on start)."""
+    from storage import apply_migrations
+
+    settings = OnceflowSettings()
+    if not settings.database_url:
+        raise CommandFailed("DATABASE_URL is not set")
+    database_url = settings.database_url
+
+    async def body() -> None:
+        applied = await apply_migrations(database_url)
+        console.print(f"applied migrations: {applied or 'none (up to date)'}")
+
+    _operate(body)
+
+
+@app.command()
+def demo(
+    temporal_port: Annotated[int, typer.Option(help="Temporal gRPC port.")] = 7233,
+    ui_port: Annotated[int, typer.Option(help="Temporal Web UI port.")] = 8233,
+) -> None:
+    """Run a short scripted agent task end to end on the embedded stack and explain it."""
+    from devstack.demo import run_demo
+
+    _operate(lambda: run_demo(OnceflowSettings(), console, temporal_port, ui_port))
+
+
+def run(argv: list[str] | None = None) -> None:
+    """Console-script entry point."""
+    try:
+        app(args=argv)
+    except CommandFailed as failure:  # raised outside _operate, e.g. by argument checks
+        errors.print(f"[red]error:[/] {failure}", highlight=False)
+        raise SystemExit(failure.exit_code) from None
+
+
+if __name__ == "__main__":
+    run()
