@@ -20,6 +20,8 @@ class ToolCallInput(BaseModel):
     arguments: dict[str, Any]
     attempt: int = Field(ge=1)
     """1-based attempt number of this step: for logs only, never part of a key."""
+    evidence: dict[str, str] = Field(default_factory=dict)
+    """What earlier attempts of this step learnt (resource and request ids), for lookups."""
 
 
 class ToolAttemptResult(BaseModel):

@@ -78,6 +78,12 @@ class ToolContract:
     """How long the provider remembers an idempotency key (Stripe: about 24 h)."""
     retention_margin: timedelta = field(default=timedelta(hours=1))
     """Safety margin subtracted from ``provider_key_retention`` before repeating."""
+    lookup_activity: str | None = None
+    """Activity that looks the effect up by its correlation ids before the step parks.
+
+    It returns ``succeeded`` with the resource when it found the effect; anything else
+    is inconclusive and the step parks with the lookup's evidence.
+    """
 
     def needs_approval(self, args: BaseModel) -> bool:
         """Whether these validated arguments must be approved before the first attempt."""

@@ -38,9 +38,11 @@ with workflow.unsafe.imports_passed_through():
         StepInput,
         StepState,
         StepStatus,
+        TaskOutcomeInput,
         TaskState,
         TaskStatus,
     )
+    from workflows.task_models import RECORD_TASK_OUTCOME
     from workflows.visibility import TASK_STATE, TASK_TENANT, TASK_TOOLS
 
 ONE_ATTEMPT = RetryPolicy(maximum_attempts=1)
@@ -91,6 +93,8 @@ class AgentTaskWorkflow:
         except _StepStopped as stopped:
             self._failure_reason = str(stopped)
             self._set_state(TaskState.FAILED)
+        if task.record_outcome:
+            await self._record_outcome()
         # A decision arriving as the task ends must finish before the workflow completes.
         await workflow.wait_condition(workflow.all_handlers_finished)
         return self._status()
@@ -173,6 +177,10 @@ class AgentTaskWorkflow:
             elif isinstance(decision, FailStep):
                 self._stop_step(status, StepState.FAILED, f"step {step.step_id}: {decision.reason}")
             elif isinstance(decision, ParkStep):
+                found = await self._look_up(step, contract, status)
+                if found is not None:
+                    self._finish_step(status, found.resource_id, found.result)
+                    return
                 finding = await self._park(status, decision.reason)
                 if finding.decision is ReconcileDecision.HAPPENED:
                     self._finish_step(status, finding.resource_id, {"reconciled": True})
@@ -224,6 +232,7 @@ class AgentTaskWorkflow:
             tool=step.tool,
             arguments=step.arguments,
             attempt=attempt,
+            evidence=status.evidence,
         )
         try:
             result = await workflow.execute_activity(
@@ -251,6 +260,63 @@ class AgentTaskWorkflow:
         )
         status.evidence.update(result.evidence)
         return result
+
+    async def _look_up(
+        self, step: StepInput, contract: ToolContract, status: StepStatus
+    ) -> ToolAttemptResult | None:
+        """Before parking, ask the provider (strongly consistent reads first) if it happened."""
+        if contract.lookup_activity is None:
+            return None
+        call = ToolCallInput(
+            tenant=self._task.tenant,
+            principal=self._task.principal,
+            workflow_id=workflow.info().workflow_id,
+            step_id=step.step_id,
+            tool=step.tool,
+            arguments=step.arguments,
+            attempt=len(status.attempts),
+            evidence=status.evidence,
+        )
+        try:
+            found = await workflow.execute_activity(
+                contract.lookup_activity,
+                call,
+                result_type=ToolAttemptResult,
+                start_to_close_timeout=contract.start_to_close_timeout,
+                retry_policy=ONE_ATTEMPT,
+                summary=f"look up step {step.step_id}'s effect before parking",
+            )
+        except ActivityError as failure:
+            status.evidence["lookup"] = _describe_activity_failure(failure)
+            return None
+        status.evidence.update(found.evidence)
+        if found.outcome is OutcomeClass.SUCCEEDED:
+            return found
+        status.evidence["lookup"] = found.reason or "inconclusive"
+        return None
+
+    async def _record_outcome(self) -> None:
+        # The record is the boundary's answer to repeats. Writing it is an idempotent
+        # local update, so the workflow (still the only retry owner) tries a few times;
+        # if all fail, the boundary falls back to asking the workflow itself.
+        outcome = TaskOutcomeInput(workflow_id=workflow.info().workflow_id, status=self._status())
+        for attempt in range(1, 6):
+            try:
+                await workflow.execute_activity(
+                    RECORD_TASK_OUTCOME,
+                    outcome,
+                    start_to_close_timeout=timedelta(seconds=30),
+                    retry_policy=ONE_ATTEMPT,
+                    summary="record the task's result for repeated requests",
+                )
+                return
+            except ActivityError as failure:
+                workflow.logger.warning(
+                    "recording the task outcome failed (attempt %d): %s",
+                    attempt,
+                    _describe_activity_failure(failure),
+                )
+                await workflow.sleep(timedelta(seconds=2**attempt))
 
     # ── approval and parking plumbing ───────────────────────────────────────────────
 

@@ -70,6 +70,9 @@ class AgentTaskInput(BaseModel):
     steps: list[StepInput] = Field(min_length=1, max_length=50)
     budget: RetryBudget | None = None
     """The task's retry budget; None takes ``RetryBudget()``'s defaults."""
+    record_outcome: bool = False
+    """Write the terminal result back to the boundary's idempotency record (set by the
+    gateway), so a repeated request can be answered even if the gateway died."""
 
     @model_validator(mode="after")
     def _step_ids_are_unique(self) -> "AgentTaskInput":
@@ -153,6 +156,13 @@ class DecisionRecord(BaseModel):
     rejection: str | None = None
 
 
+class TaskOutcomeInput(BaseModel):
+    """The terminal result of a task, for the boundary's idempotency record."""
+
+    workflow_id: str
+    status: "TaskStatus"
+
+
 class DecisionResult(BaseModel):
     """What an accepted decision changed."""
 
@@ -209,3 +219,9 @@ class TaskStatus(BaseModel):
             if step.step_id == step_id:
                 return step
         raise KeyError(step_id)
+
+
+TaskOutcomeInput.model_rebuild()
+
+RECORD_TASK_OUTCOME = "record_task_outcome"
+"""Name of the activity that writes a task's terminal result to the boundary's record."""
