@@ -4,10 +4,9 @@ Temporal's own connection settings (``TEMPORAL_ADDRESS``, ``TEMPORAL_NAMESPACE``
 ``TEMPORAL_API_KEY``, TLS, profile file) are read by ``temporalio.envconfig``, not here.
 """
 
-from datetime import timedelta
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -22,7 +21,30 @@ class OnceflowSettings(BaseSettings):
     """Temporal task queue of the task workflows and their activities. Default ``onceflow-tasks``."""
     state_dir: Path = Path(".onceflow")
     """Where the embedded stack keeps its data and pid files. Default ``./.onceflow``."""
-    shutdown_grace: timedelta = Field(default=timedelta(seconds=30))
-    """How long a stopping worker lets running activities finish. Default 30 s."""
+    shutdown_grace_seconds: float = Field(default=30.0, ge=0, le=3600)
+    """How long a stopping worker lets running activities finish
+    (``ONCEFLOW_SHUTDOWN_GRACE_SECONDS``). Default 30."""
     db_pool_max_size: int = Field(default=10, ge=1, le=200)
     """Most database connections one worker process holds. Default 10."""
+
+
+class InvalidSettings(ValueError):
+    """An environment variable holds a value onceflow cannot use."""
+
+
+def load_settings() -> OnceflowSettings:
+    """Read the settings; a bad value raises ``InvalidSettings`` naming the variable."""
+    try:
+        return OnceflowSettings()
+    except ValidationError as invalid:
+        problems = "; ".join(
+            f"{_variable_name(problem['loc'])}: {problem['msg']}" for problem in invalid.errors()
+        )
+        raise InvalidSettings(f"invalid setting {problems}") from None
+
+
+def _variable_name(location: tuple[int | str, ...]) -> str:
+    field = str(location[0]) if location else "?"
+    if field == "database_url":
+        return "DATABASE_URL"
+    return f"ONCEFLOW_{field.upper()}"

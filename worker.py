@@ -7,6 +7,7 @@ scale out. SIGTERM or SIGINT shuts it down gracefully: running activities get
 
 import asyncio
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
@@ -33,7 +34,7 @@ def build_worker(
         task_queue=settings.task_queue,
         workflows=[AgentTaskWorkflow],
         activities=[*build_activities(pool), *extra_activities],
-        graceful_shutdown_timeout=settings.shutdown_grace,
+        graceful_shutdown_timeout=timedelta(seconds=settings.shutdown_grace_seconds),
     )
 
 

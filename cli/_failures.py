@@ -7,6 +7,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from devstack.binaries import MissingBinary
 from devstack.stack import StackAlreadyRunning
 from devstack.temporal import PortInUse
+from settings import InvalidSettings
 from task_api import DecisionRefused
 from tools import UnknownTool
 
@@ -33,11 +34,15 @@ def explain(error: BaseException) -> CommandFailed:
         return error
     if isinstance(error, ValidationError):
         return CommandFailed(f"invalid input: {describe_validation_error(error)}", exit_code=2)
+    if isinstance(error, InvalidSettings):
+        return CommandFailed(str(error), exit_code=2)
     if isinstance(error, UnknownTool):
         return CommandFailed(str(error), exit_code=2)
     if isinstance(error, DecisionRefused):
         return CommandFailed(f"refused by the task: {error}")
     if isinstance(error, RPCError) and error.status is RPCStatusCode.NOT_FOUND:
+        if "already completed" in error.message:
+            return CommandFailed("the task has already ended; there is nothing left to decide")
         return CommandFailed(f"not found: {error.message}")
     if isinstance(error, WorkflowQueryFailedError):
         return CommandFailed(f"the task did not answer: {error}")

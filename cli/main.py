@@ -17,7 +17,7 @@ from rich.console import Console
 
 from cli._failures import CommandFailed, explain
 from cli._render import render_status, render_task_list
-from settings import OnceflowSettings
+from settings import InvalidSettings, load_settings
 from task_api import TaskClient, connect_temporal
 from tools import CATALOGUE, check_idempotency_key, derive_task_workflow_id
 from workflows.task_models import (
@@ -65,7 +65,7 @@ def _operator_name() -> str:
 
 
 async def _task_client(address: str | None) -> TaskClient:
-    settings = OnceflowSettings()
+    settings = load_settings()
     return TaskClient(await connect_temporal(address=address), task_queue=settings.task_queue)
 
 
@@ -87,7 +87,7 @@ def dev(
         stop = asyncio.Event()
         _stop_on_signals(stop)
         async with embedded_stack(
-            OnceflowSettings(),
+            load_settings(),
             temporal_port=temporal_port,
             ui_port=ui_port,
             progress=lambda message: errors.print(f"[dim]… {message}[/]"),
@@ -108,7 +108,7 @@ def worker(temporal_address: TemporalAddress = None) -> None:
     from devstack.stack import running_stack_database_url
     from worker import serve_worker
 
-    settings = OnceflowSettings()
+    settings = load_settings()
     database_url = settings.database_url or running_stack_database_url(settings.state_dir)
     if database_url is None:
         raise CommandFailed(
@@ -288,7 +288,7 @@ def migrate() -> None:
     """Apply database migrations to DATABASE_URL (the stack does this on start)."""
     from storage import apply_migrations
 
-    settings = OnceflowSettings()
+    settings = load_settings()
     if not settings.database_url:
         raise CommandFailed("DATABASE_URL is not set")
     database_url = settings.database_url
@@ -308,16 +308,17 @@ def demo(
     """Run a short scripted agent task end to end on the embedded stack and explain it."""
     from devstack.demo import run_demo
 
-    _operate(lambda: run_demo(OnceflowSettings(), console, temporal_port, ui_port))
+    _operate(lambda: run_demo(load_settings(), console, temporal_port, ui_port))
 
 
 def run(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
     try:
         app(args=argv)
-    except CommandFailed as failure:  # raised outside _operate, e.g. by argument checks
-        errors.print(f"[red]error:[/] {failure}", highlight=False)
-        raise SystemExit(failure.exit_code) from None
+    except (CommandFailed, InvalidSettings) as failure:  # raised outside _operate
+        explained = explain(failure)
+        errors.print(f"[red]error:[/] {explained}", highlight=False, soft_wrap=True)
+        raise SystemExit(explained.exit_code) from None
 
 
 if __name__ == "__main__":

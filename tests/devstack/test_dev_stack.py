@@ -1,0 +1,95 @@
+"""``onceflow dev`` as a user runs it: starts, serves, survives a crash, stops cleanly."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import urllib.request
+from pathlib import Path
+
+import psycopg
+
+from tests.processes import REPO, onceflow_command, spawn, stop, wait_for_line
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def postmaster_pid(state_dir: Path) -> int | None:
+    pid_file = state_dir / "postgres" / "postmaster.pid"
+    return int(pid_file.read_text().splitlines()[0]) if pid_file.exists() else None
+
+
+def alive(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return not Path(f"/proc/{pid}/status").read_text().count("State:\tZ")
+
+
+def test_the_dev_stack_runs_recovers_from_a_crash_and_stops_cleanly(tmp_path: Path) -> None:
+    temporal_port, ui_port = free_port(), free_port()
+    env = {
+        "ONCEFLOW_STATE_DIR": str(tmp_path / "state"),
+        "DATABASE_URL": "",
+        "TEMPORAL_ADDRESS": f"127.0.0.1:{temporal_port}",
+    }
+    dev = ["dev", "--temporal-port", str(temporal_port), "--ui-port", str(ui_port)]
+
+    first = spawn(onceflow_command(*dev), env=env)
+    banner = wait_for_line(first, "Press Ctrl-C", timeout=120)
+    assert any(f"127.0.0.1:{temporal_port}" in line for line in banner)
+    assert any(f"http://localhost:{ui_port}" in line for line in banner)
+    with urllib.request.urlopen(f"http://localhost:{ui_port}/", timeout=10) as page:
+        assert page.status == 200
+
+    second = subprocess.run(
+        onceflow_command(*dev), cwd=REPO, env={**os.environ, **env}, capture_output=True, text=True, timeout=60
+    )
+    assert second.returncode == 1
+    assert "already running" in second.stderr and "Traceback" not in second.stderr
+
+    call = subprocess.run(
+        onceflow_command(
+            "call", "issue_coupon", "--tenant", "acme", "--key", "dev-1", "--wait",
+            "--args", '{"user_id": "u-dev", "coupon_id": "HELLO"}',
+        ),
+        cwd=REPO, env={**os.environ, **env}, capture_output=True, text=True, timeout=60,
+    )
+    assert call.returncode == 0, call.stderr
+    task = json.loads(call.stdout)
+    assert task["state"] == "succeeded"
+
+    # A crash: the stack dies without cleaning up its servers or its files.
+    temporal_pid = int((tmp_path / "state" / "temporal.pid").read_text())
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    assert alive(temporal_pid)
+
+    again = spawn(onceflow_command(*dev), env=env)
+    wait_for_line(again, "Press Ctrl-C", timeout=120)
+    assert not alive(temporal_pid)  # the orphaned server was stopped, not reused blindly
+    status = subprocess.run(
+        onceflow_command("status", task["workflow_id"], "--json"),
+        cwd=REPO, env={**os.environ, **env}, capture_output=True, text=True, timeout=60,
+    )
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["state"] == "succeeded"  # history survived the crash
+    database_url = (tmp_path / "state" / "database_url").read_text()
+    with psycopg.connect(database_url) as conn:
+        assert conn.execute("SELECT count(*) FROM coupon_issuances").fetchone() == (1,)
+    postgres = postmaster_pid(tmp_path / "state")
+
+    again.send_signal(signal.SIGINT)
+    output = stop(again, timeout=60)
+    assert again.returncode == 0, output
+    assert "stopped cleanly" in output
+    assert not alive(postgres)
+    assert not (tmp_path / "state" / "temporal.pid").exists()

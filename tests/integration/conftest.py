@@ -1,0 +1,35 @@
+"""Worker processes on the real Temporal dev server and embedded PostgreSQL."""
+
+import subprocess
+from collections.abc import Callable, Iterator
+
+import pytest
+from temporalio.testing import WorkflowEnvironment
+
+from tests.processes import onceflow_command, spawn, stop, wait_for_line
+
+WorkerFactory = Callable[[], subprocess.Popen[str]]
+
+
+@pytest.fixture
+def worker_processes(
+    dev_server: WorkflowEnvironment, database: str, task_queue: str
+) -> Iterator[WorkerFactory]:
+    """Starts ``onceflow worker`` processes on this test's task queue; stops them after."""
+    started: list[subprocess.Popen[str]] = []
+    environment = {
+        "TEMPORAL_ADDRESS": dev_server.client.service_client.config.target_host,
+        "DATABASE_URL": database,
+        "ONCEFLOW_TASK_QUEUE": task_queue,
+        "ONCEFLOW_SHUTDOWN_GRACE_SECONDS": "5",
+    }
+
+    def start() -> subprocess.Popen[str]:
+        process = spawn(onceflow_command("worker"), env=environment)
+        started.append(process)
+        wait_for_line(process, "onceflow worker ready")
+        return process
+
+    yield start
+    for process in started:
+        stop(process)
