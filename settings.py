@@ -18,7 +18,7 @@ class OnceflowSettings(BaseSettings):
     database_url: str | None = Field(default=None, validation_alias="DATABASE_URL")
     """PostgreSQL URL (``DATABASE_URL``). Default: the embedded server of ``onceflow dev``."""
     task_queue: str = "onceflow-tasks"
-    """Temporal task queue of the task workflows and their activities. Default ``onceflow-tasks``."""
+    """Task queue of the task workflows and their activities. Default ``onceflow-tasks``."""
     state_dir: Path = Path(".onceflow")
     """Where the embedded stack keeps its data and pid files. Default ``./.onceflow``."""
     shutdown_grace_seconds: float = Field(default=30.0, ge=0, le=3600)

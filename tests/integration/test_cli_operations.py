@@ -47,11 +47,14 @@ async def cli(
     """A worker with the reference and scripted tools, and the CLI pointed at it."""
     register_scripted_tools()
     script = Script()
-    async with build_pool(database) as pool, Worker(
-        dev_server.client,
-        task_queue=task_queue,
-        workflows=[AgentTaskWorkflow],
-        activities=[*build_activities(pool), *script.activities()],
+    async with (
+        build_pool(database) as pool,
+        Worker(
+            dev_server.client,
+            task_queue=task_queue,
+            workflows=[AgentTaskWorkflow],
+            activities=[*build_activities(pool), *script.activities()],
+        ),
     ):
         yield Cli(
             {
@@ -66,7 +69,17 @@ async def cli(
 async def test_call_with_the_same_key_twice_issues_one_coupon(cli: Cli, database: str) -> None:
     user = f"u-{uuid.uuid4().hex[:6]}"
     arguments = json.dumps({"user_id": user, "coupon_id": "SUMMER"})
-    call = ("call", "issue_coupon", "--tenant", "acme", "--key", f"agent-{user}", "--args", arguments, "--wait")
+    call = (
+        "call",
+        "issue_coupon",
+        "--tenant",
+        "acme",
+        "--key",
+        f"agent-{user}",
+        "--args",
+        arguments,
+        "--wait",
+    )
 
     code, out, _ = await cli(*call)
     again_code, again_out, _ = await cli(*call)
@@ -77,7 +90,9 @@ async def test_call_with_the_same_key_twice_issues_one_coupon(cli: Cli, database
     assert first["workflow_id"] == again["workflow_id"]
     assert first["steps"][0]["resource_id"] == again["steps"][0]["resource_id"]
     with psycopg.connect(database) as conn:
-        rows = conn.execute("SELECT issuance_id FROM coupon_issuances WHERE user_id = %s", (user,)).fetchall()
+        rows = conn.execute(
+            "SELECT issuance_id FROM coupon_issuances WHERE user_id = %s", (user,)
+        ).fetchall()
     assert [str(row[0]) for row in rows] == [first["steps"][0]["resource_id"]]
 
 
@@ -107,13 +122,23 @@ async def test_an_operator_finds_a_parked_task_and_reconciles_it(
     assert code == 0 and "parked" in shown and f"onceflow reconcile {task_id} --step pay" in shown
 
     code, out, err = await cli(
-        "reconcile", task_id, "--step", "pay", "--decision", "happened",
-        "--resource-id", "pi_found_in_dashboard", "--reason", "saw it in the dashboard",
+        "reconcile",
+        task_id,
+        "--step",
+        "pay",
+        "--decision",
+        "happened",
+        "--resource-id",
+        "pi_found_in_dashboard",
+        "--reason",
+        "saw it in the dashboard",
     )
     assert code == 0, err
     assert "succeeds with resource pi_found_in_dashboard" in out
 
-    code, _, err = await cli("reconcile", task_id, "--step", "pay", "--decision", "abandon", "--reason", "again")
+    code, _, err = await cli(
+        "reconcile", task_id, "--step", "pay", "--decision", "abandon", "--reason", "again"
+    )
     assert code == 1 and "already ended" in err
 
     result = await client.result(task_id)
@@ -133,7 +158,11 @@ async def test_an_approver_denies_a_step_from_the_cli(
             tenant="acme",
             principal="agent",
             steps=[
-                StepInput(step_id="r", tool="scripted_approval", arguments={"label": "gate-cli", "amount": 900})
+                StepInput(
+                    step_id="r",
+                    tool="scripted_approval",
+                    arguments={"label": "gate-cli", "amount": 900},
+                )
             ],
         ),
         workflow_id=task_id,

@@ -86,7 +86,9 @@ async def test_create_order_called_twice_with_the_same_key_leaves_one_order(
             )
         ],
     )
-    workflow_id = derive_task_workflow_id(tenant="acme", scope="create_order", idempotency_key="k-1")
+    workflow_id = derive_task_workflow_id(
+        tenant="acme", scope="create_order", idempotency_key="k-1"
+    )
 
     await asyncio.gather(*(client.start(order, workflow_id=workflow_id) for _ in range(2)))
     first = await client.result(workflow_id)

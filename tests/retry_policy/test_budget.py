@@ -83,7 +83,9 @@ def test_a_budget_is_never_exceeded_and_delays_stay_in_bounds(
 
 
 @given(budgets, st.integers(1, 200))
-def test_the_backoff_cap_grows_then_stops_at_the_maximum(budget: RetryBudget, attempts: int) -> None:
+def test_the_backoff_cap_grows_then_stops_at_the_maximum(
+    budget: RetryBudget, attempts: int
+) -> None:
     cap = budget.backoff_cap(attempts)
     assert budget.initial_backoff - timedelta(microseconds=1) <= cap <= budget.max_backoff
     assert budget.backoff_cap(attempts + 1) >= cap

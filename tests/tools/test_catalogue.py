@@ -89,7 +89,12 @@ def test_a_provider_key_is_safe_to_repeat_only_inside_its_retention_minus_margin
 
 
 def test_child_keys_are_stable_and_distinct_per_child_operation() -> None:
-    identity = {"tenant": "acme", "workflow_id": "task-1", "step_id": "pay", "provider_account": "acct"}
+    identity = {
+        "tenant": "acme",
+        "workflow_id": "task-1",
+        "step_id": "pay",
+        "provider_account": "acct",
+    }
     charge = derive_child_key(child_op="charge", **identity)
     assert charge == derive_child_key(child_op="charge", **identity)
     assert charge != derive_child_key(child_op="refund", **identity)
@@ -97,13 +102,17 @@ def test_child_keys_are_stable_and_distinct_per_child_operation() -> None:
     # Length-prefixing keeps shifted boundaries apart.
     assert derive_child_key(
         tenant="ab", workflow_id="c", step_id="s", child_op="o", provider_account="a"
-    ) != derive_child_key(tenant="a", workflow_id="bc", step_id="s", child_op="o", provider_account="a")
+    ) != derive_child_key(
+        tenant="a", workflow_id="bc", step_id="s", child_op="o", provider_account="a"
+    )
     assert len(charge) <= 255 and "acme" not in charge
 
 
 def test_task_ids_and_digests_never_contain_the_raw_key() -> None:
     raw = "client-secret-key-123"
-    assert raw not in derive_task_workflow_id(tenant="acme", scope="issue_coupon", idempotency_key=raw)
+    assert raw not in derive_task_workflow_id(
+        tenant="acme", scope="issue_coupon", idempotency_key=raw
+    )
     assert raw not in key_digest(raw)
     assert arguments_digest("t", {"a": 1, "b": 2}) == arguments_digest("t", {"b": 2, "a": 1})
     assert arguments_digest("t", {"a": 1}) != arguments_digest("u", {"a": 1})

@@ -62,7 +62,9 @@ async def _record(env: WorkflowEnvironment, queue: str, script: Script) -> None:
         (HISTORIES / f"{name}.json").write_text(history.to_json())
 
     retried = await start(
-        StepInput(step_id="a", tool="scripted_safe", arguments={"label": script.plan("r", T, U, S)}),
+        StepInput(
+            step_id="a", tool="scripted_safe", arguments={"label": script.plan("r", T, U, S)}
+        ),
         StepInput(step_id="b", tool="scripted_safe", arguments={"label": "ok"}),
     )
     await save("retries_then_success", retried)
@@ -73,7 +75,9 @@ async def _record(env: WorkflowEnvironment, queue: str, script: Script) -> None:
     await _until(env, parked, TaskState.PARKED)
     await parked.signal(
         AgentTaskWorkflow.reconcile_signal,
-        ReconcileInput(step_id="x", decision=ReconcileDecision.ABANDON, operator="ui", reason="typo"),
+        ReconcileInput(
+            step_id="x", decision=ReconcileDecision.ABANDON, operator="ui", reason="typo"
+        ),
     )
     await parked.execute_update(
         AgentTaskWorkflow.reconcile,
@@ -115,7 +119,10 @@ async def main() -> None:
         await _register_search_attributes(env.client)
         queue = f"history-{uuid.uuid4().hex[:8]}"
         async with Worker(
-            env.client, task_queue=queue, workflows=[AgentTaskWorkflow], activities=script.activities()
+            env.client,
+            task_queue=queue,
+            workflows=[AgentTaskWorkflow],
+            activities=script.activities(),
         ):
             await _record(env, queue, script)
     print(f"recorded {len(list(HISTORIES.glob('*.json')))} histories in {HISTORIES}")

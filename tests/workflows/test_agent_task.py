@@ -224,7 +224,13 @@ async def test_a_provider_keyed_tool_parks_once_the_provider_may_have_forgotten_
 @pytest.mark.parametrize(
     ("decision", "resource_id", "final_state", "step_state", "attempts"),
     [
-        (ReconcileDecision.HAPPENED, "ch_found_by_hand", TaskState.SUCCEEDED, StepState.SUCCEEDED, 1),
+        (
+            ReconcileDecision.HAPPENED,
+            "ch_found_by_hand",
+            TaskState.SUCCEEDED,
+            StepState.SUCCEEDED,
+            1,
+        ),
         (ReconcileDecision.DID_NOT_HAPPEN, None, TaskState.SUCCEEDED, StepState.SUCCEEDED, 2),
         (ReconcileDecision.ABANDON, None, TaskState.FAILED, StepState.ABANDONED, 1),
     ],
@@ -298,7 +304,11 @@ async def test_invalid_reconcile_updates_are_rejected_without_touching_the_task(
 
     # A payload that skips the model's own validation still meets the workflow's.
     no_resource = ReconcileInput.model_construct(
-        step_id="s", decision=ReconcileDecision.HAPPENED, operator="ops", reason="x", resource_id=None
+        step_id="s",
+        decision=ReconcileDecision.HAPPENED,
+        operator="ops",
+        reason="x",
+        resource_id=None,
     )
     with pytest.raises(WorkflowUpdateFailedError):
         await handle.execute_update(AgentTaskWorkflow.reconcile, no_resource)
@@ -323,7 +333,9 @@ async def test_a_running_step_cannot_be_reconciled(
     with pytest.raises(WorkflowUpdateFailedError) as refused:
         await handle.execute_update(
             AgentTaskWorkflow.reconcile,
-            ReconcileInput(step_id="a", decision=ReconcileDecision.ABANDON, operator="o", reason="r"),
+            ReconcileInput(
+                step_id="a", decision=ReconcileDecision.ABANDON, operator="o", reason="r"
+            ),
         )
     assert "not parked" in str(refused.value.cause)
     await handle.terminate("test over")
@@ -421,7 +433,9 @@ async def test_signals_decide_like_updates_and_invalid_ones_are_only_recorded(
 
     await handle.signal(
         AgentTaskWorkflow.reconcile_signal,
-        ReconcileInput(step_id="zzz", decision=ReconcileDecision.ABANDON, operator="ui", reason="oops"),
+        ReconcileInput(
+            step_id="zzz", decision=ReconcileDecision.ABANDON, operator="ui", reason="oops"
+        ),
     )
     status = await wait_until(time_skipping_env, handle, lambda s: len(s.decisions) == 1)
     assert status.state is TaskState.PARKED
