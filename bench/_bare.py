@@ -1,0 +1,27 @@
+"""The baseline every onceflow benchmark compares to: a bare workflow with a no-op activity.
+
+Kept in its own module because Temporal's workflow sandbox re-imports a workflow's
+module, which it cannot do for a script run as ``__main__``.
+"""
+
+from datetime import timedelta
+
+from temporalio import activity, workflow
+from temporalio.common import RetryPolicy
+
+
+@activity.defn
+async def no_op(value: str) -> str:
+    return value
+
+
+@workflow.defn
+class BareWorkflow:
+    @workflow.run
+    async def run(self, value: str) -> str:
+        return await workflow.execute_activity(
+            no_op,
+            value,
+            start_to_close_timeout=timedelta(seconds=15),
+            retry_policy=RetryPolicy(maximum_attempts=1),
+        )
