@@ -15,10 +15,14 @@ from temporalio.client import Client
 from temporalio.worker import Worker
 
 from activities import build_activities
+from deployments import DeployTarget, DeployTargetSettings, open_deploy_target
+from email_outbox import EmailSettings
+from payments import PaymentProvider, StripeSettings, open_stripe_provider
 from settings import OnceflowSettings
 from storage import build_pool
 from task_api import connect_temporal
 from workflows import AgentTaskWorkflow
+from workflows.pruning import PruneIdempotencyRecordsWorkflow
 
 
 def build_worker(
@@ -26,14 +30,25 @@ def build_worker(
     pool: AsyncConnectionPool,
     settings: OnceflowSettings,
     *,
+    payment_provider: PaymentProvider | None = None,
+    deploy_target: DeployTarget | None = None,
+    email_settings: EmailSettings | None = None,
     extra_activities: tuple[Callable[..., Any], ...] = (),
 ) -> Worker:
     """The one composition point: workflows and every activity with its clients."""
     return Worker(
         client,
         task_queue=settings.task_queue,
-        workflows=[AgentTaskWorkflow],
-        activities=[*build_activities(pool), *extra_activities],
+        workflows=[AgentTaskWorkflow, PruneIdempotencyRecordsWorkflow],
+        activities=[
+            *build_activities(
+                pool,
+                payment_provider=payment_provider,
+                deploy_target=deploy_target,
+                email_settings=email_settings,
+            ),
+            *extra_activities,
+        ],
         graceful_shutdown_timeout=timedelta(seconds=settings.shutdown_grace_seconds),
     )
 
@@ -45,13 +60,31 @@ async def serve_worker(
     stop: asyncio.Event,
     temporal_address: str | None = None,
     on_ready: Callable[[], None] | None = None,
+    stripe: StripeSettings | None = None,
+    deploy_target: DeployTargetSettings | None = None,
 ) -> None:
-    """Poll for work until ``stop`` is set, then drain within the shutdown grace."""
+    """Poll for work until ``stop`` is set, then drain within the shutdown grace.
+
+    ``stripe`` defaults to ``StripeSettings()`` (``STRIPE_API_KEY``, ``STRIPE_API_BASE``);
+    ``deploy_target`` to ``DeployTargetSettings()`` (``DEPLOY_TARGET_URL``). Email
+    settings come from ``EmailSettings()``; relays run apart (``onceflow relay``).
+    """
     client = await connect_temporal(address=temporal_address)
-    async with build_pool(database_url, max_size=settings.db_pool_max_size) as pool:
+    async with (
+        build_pool(database_url, max_size=settings.db_pool_max_size) as pool,
+        open_stripe_provider(stripe or StripeSettings()) as payment_provider,
+        open_deploy_target(deploy_target or DeployTargetSettings()) as target,
+    ):
         # Leaving the block calls worker.shutdown(): no new work is taken and running
         # activities get the grace period, so their completions are not dropped.
-        async with build_worker(client, pool, settings):
+        async with build_worker(
+            client,
+            pool,
+            settings,
+            payment_provider=payment_provider,
+            deploy_target=target,
+            email_settings=EmailSettings(),
+        ):
             if on_ready is not None:
                 on_ready()
             await stop.wait()

@@ -9,13 +9,56 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 
 from activities.coupons import CouponActivities
+from activities.deployments import DeploymentActivities
+from activities.email import EmailActivities
+from activities.idempotency_records import IdempotencyRecordActivities
 from activities.orders import OrderActivities
+from activities.payments import PaymentActivities
+from deployments import DeployTarget
+from email_outbox import EmailSettings
+from payments import PaymentProvider
 
-__all__ = ["CouponActivities", "OrderActivities", "build_activities"]
+__all__ = [
+    "CouponActivities",
+    "DeploymentActivities",
+    "EmailActivities",
+    "IdempotencyRecordActivities",
+    "OrderActivities",
+    "PaymentActivities",
+    "build_activities",
+]
 
 
-def build_activities(pool: AsyncConnectionPool) -> list[Callable[..., Any]]:
-    """Every reference tool's activity, bound to the given clients."""
+def build_activities(
+    pool: AsyncConnectionPool,
+    *,
+    payment_provider: PaymentProvider | None = None,
+    deploy_target: DeployTarget | None = None,
+    email_settings: EmailSettings | None = None,
+) -> list[Callable[..., Any]]:
+    """Every reference tool's activity, bound to the given clients.
+
+    Without a ``payment_provider`` the payment tools are still registered, so a task
+    that calls them fails with a clear reason instead of waiting for a worker forever;
+    the same holds for ``start_deployment`` without a ``deploy_target``.
+    ``email_settings`` defaults to ``EmailSettings()`` (sender, Message-ID domain).
+    """
     coupons = CouponActivities(pool)
     orders = OrderActivities(pool)
-    return [coupons.issue_coupon, orders.create_order]
+    records = IdempotencyRecordActivities(pool)
+    payments = PaymentActivities(payment_provider, pool)
+    emails = EmailActivities(pool, email_settings or EmailSettings())
+    deployments = DeploymentActivities(deploy_target, pool)
+    return [
+        coupons.issue_coupon,
+        orders.create_order,
+        payments.charge_payment,
+        payments.refund_payment,
+        payments.look_up_charge,
+        payments.look_up_refund,
+        emails.send_email,
+        emails.look_up_send_email,
+        deployments.start_deployment,
+        records.record_task_outcome,
+        records.prune_idempotency_records,
+    ]

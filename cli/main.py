@@ -15,6 +15,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
+from cli._boundary import register as register_boundary_commands
 from cli._failures import CommandFailed, explain
 from cli._render import render_status, render_task_list
 from settings import InvalidSettings, load_settings
@@ -51,13 +52,34 @@ TemporalAddress = Annotated[
 def _operate(action: Callable[[], Awaitable[T]]) -> T:
     """Run one command's async body, turning any failure into one line and an exit code."""
     try:
-        return asyncio.run(action())  # type: ignore[arg-type]
+        return _run_to_completion(action())
     except typer.Exit:
         raise
+    except asyncio.CancelledError:
+        errors.print("stopped before it was ready")
+        raise typer.Exit(130) from None
     except Exception as error:  # the one place every failure is phrased for the operator
         failure = explain(error)
         errors.print(f"[red]error:[/] {failure}", highlight=False, soft_wrap=True)
         raise typer.Exit(failure.exit_code) from None
+
+
+def _run_to_completion(main: Awaitable[T]) -> T:
+    """Like ``asyncio.run``, but leftovers get a bounded time to end after ``main`` does.
+
+    A client still polling a server that has gone away may never finish cancelling;
+    ``asyncio.run`` would wait for it forever and Ctrl-C would never return the prompt.
+    """
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(main)
+    finally:
+        leftovers = asyncio.all_tasks(loop)
+        for task in leftovers:
+            task.cancel()
+        if leftovers:
+            loop.run_until_complete(asyncio.wait(leftovers, timeout=10))
+        loop.close()
 
 
 def _operator_name() -> str:
@@ -69,10 +91,18 @@ async def _task_client(address: str | None) -> TaskClient:
     return TaskClient(await connect_temporal(address=address), task_queue=settings.task_queue)
 
 
-def _stop_on_signals(stop: asyncio.Event) -> None:
+def _stop_on_signals(stop: asyncio.Event, *, ready: asyncio.Event | None = None) -> None:
+    """SIGINT/SIGTERM set ``stop``; before ``ready`` is set they abort start-up instead."""
     loop = asyncio.get_running_loop()
+    starting = asyncio.current_task()
+
+    def on_signal() -> None:
+        if ready is not None and not ready.is_set() and starting is not None:
+            starting.cancel()  # leaves each started service's cleanup to run
+        stop.set()
+
     for stop_signal in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(stop_signal, stop.set)
+        loop.add_signal_handler(stop_signal, on_signal)
 
 
 @app.command()
@@ -84,14 +114,15 @@ def dev(
     from devstack.stack import embedded_stack
 
     async def body() -> None:
-        stop = asyncio.Event()
-        _stop_on_signals(stop)
+        stop, ready = asyncio.Event(), asyncio.Event()
+        _stop_on_signals(stop, ready=ready)
         async with embedded_stack(
             load_settings(),
             temporal_port=temporal_port,
             ui_port=ui_port,
             progress=lambda message: errors.print(f"[dim]… {message}[/]"),
         ) as stack:
+            ready.set()
             console.print("[bold green]onceflow dev stack is running[/]")
             for what, where in stack.describe():
                 console.print(f"  {what:<22} {where}", highlight=False)
@@ -117,18 +148,66 @@ def worker(temporal_address: TemporalAddress = None) -> None:
         )
 
     async def body() -> None:
-        stop = asyncio.Event()
-        _stop_on_signals(stop)
+        stop, ready = asyncio.Event(), asyncio.Event()
+        _stop_on_signals(stop, ready=ready)
+
+        def announce() -> None:
+            ready.set()
+            console.print(
+                f"onceflow worker ready on task queue {settings.task_queue} (pid {os.getpid()})"
+            )
+
         await serve_worker(
             settings,
             database_url=database_url,
             stop=stop,
             temporal_address=temporal_address,
-            on_ready=lambda: console.print(
-                f"onceflow worker ready on task queue {settings.task_queue} (pid {os.getpid()})"
-            ),
+            on_ready=announce,
         )
         console.print("onceflow worker stopped")
+
+    _operate(body)
+
+
+@app.command()
+def relay() -> None:
+    """Run an email outbox relay until SIGTERM/SIGINT, delivering to SMTP_URL.
+
+    Run as many as you like: each armed email is claimed by one relay at a time.
+    """
+    from devstack.email_deploy_services import running_stack_smtp_url
+    from devstack.stack import running_stack_database_url
+    from email_outbox import EmailSettings, serve_relay
+
+    settings = load_settings()
+    database_url = settings.database_url or running_stack_database_url(settings.state_dir)
+    if database_url is None:
+        raise CommandFailed(
+            "DATABASE_URL is not set and no embedded stack has run from "
+            f"{settings.state_dir}; run `onceflow dev` or set DATABASE_URL"
+        )
+    email = EmailSettings()
+    if email.smtp_url is None:
+        recorded = running_stack_smtp_url(settings.state_dir)
+        if recorded is None:
+            raise CommandFailed("SMTP_URL is not set and no embedded stack runs an SMTP sink")
+        email = email.model_copy(update={"smtp_url": recorded})
+
+    async def body() -> None:
+        stop = asyncio.Event()
+        _stop_on_signals(stop)
+        await serve_relay(
+            email,
+            database_url=database_url,
+            stop=stop,
+            on_ready=lambda running: console.print(
+                f"onceflow relay {running.relay_id} ready, delivering to "
+                f"{running.server.describe()} (pid {os.getpid()})",
+                highlight=False,
+                soft_wrap=True,
+            ),
+        )
+        console.print("onceflow relay stopped")
 
     _operate(body)
 
@@ -265,7 +344,9 @@ def approve(
         except KeyError:
             raise CommandFailed(f"task {task_id} has no step {step!r}") from None
         if waiting.state is not StepState.AWAITING_APPROVAL:
-            raise CommandFailed(f"step {step!r} is not awaiting approval (it is {waiting.state.value})")
+            raise CommandFailed(
+                f"step {step!r} is not awaiting approval (it is {waiting.state.value})"
+            )
         verdict = "approving" if approved else "denying"
         errors.print(f"{verdict} {waiting.tool} with {waiting.arguments}", highlight=False)
         result = await client.approve(
@@ -301,6 +382,28 @@ def migrate() -> None:
 
 
 @app.command()
+def provider(
+    host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to bind; 0 picks a free one.")] = 12111,
+    key_retention_seconds: Annotated[
+        float, typer.Option(help="How long an idempotency key is honoured (Stripe: ~24 h).")
+    ] = 86400.0,
+    search_lag_seconds: Annotated[
+        float, typer.Option(help="Delay before a new object appears in search results.")
+    ] = 0.0,
+) -> None:
+    """Run the local Stripe-compatible provider (prints its URL for STRIPE_API_BASE)."""
+    from devstack.stripe_provider import serve
+
+    serve(
+        host=host,
+        port=port,
+        key_retention_seconds=key_retention_seconds,
+        search_lag_seconds=search_lag_seconds,
+    )
+
+
+@app.command()
 def demo(
     temporal_port: Annotated[int, typer.Option(help="Temporal gRPC port.")] = 7233,
     ui_port: Annotated[int, typer.Option(help="Temporal Web UI port.")] = 8233,
@@ -309,6 +412,9 @@ def demo(
     from devstack.demo import run_demo
 
     _operate(lambda: run_demo(load_settings(), console, temporal_port, ui_port))
+
+
+register_boundary_commands(app, _operate)  # gateway, mcp, principal
 
 
 def run(argv: list[str] | None = None) -> None:

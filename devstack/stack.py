@@ -1,22 +1,30 @@
 """The embedded stack behind ``onceflow dev`` and ``onceflow demo``.
 
 PostgreSQL (or ``DATABASE_URL``), schema migrations, the Temporal dev server with the
-Web UI, and one worker, all under one state folder. A lock file held for the stack's
-life makes a second concurrent stack refuse clearly; the operating system releases it
-when a stack dies, so a crashed run never blocks the next.
+Web UI, the local Stripe-compatible provider (unless ``STRIPE_API_BASE`` or
+``STRIPE_API_KEY`` point the worker at a real one), and one worker, all under one state
+folder. A lock file held for the stack's life makes a second concurrent stack refuse
+clearly; the operating system releases it when a stack dies, so a crashed run never
+blocks the next.
 """
 
 import asyncio
 import fcntl
 import os
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from pydantic import SecretStr
+
+from devstack.email_deploy_services import EmailAndDeployEndpoints, email_and_deploy_services
+from devstack.gateway import running_gateway
 from devstack.postgres import EmbeddedPostgres
+from devstack.stripe_provider import running_provider
 from devstack.temporal import TemporalDevServer
+from payments import StripeSettings
 from settings import OnceflowSettings
 from storage import apply_migrations
 from worker import serve_worker
@@ -36,15 +44,36 @@ class StackInfo:
     temporal_address: str
     ui_url: str
     task_queue: str
+    payment_provider_url: str | None = None
+    """Where the worker's Stripe client points."""
+    payment_provider_is_local: bool = False
+    """Whether that is the local Stripe-compatible provider run by the stack."""
+    gateway_url: str | None = None
+    """The boundary's HTTP API (OpenAPI at ``/docs``)."""
+    dev_api_key_file: Path | None = None
+    """Where the dev principal's API key is kept (tenant ``dev``, every tool)."""
+    email_and_deploy: EmailAndDeployEndpoints | None = None
+    """The SMTP server the stack's relay delivers to and the deployment target."""
 
     def describe(self) -> list[tuple[str, str]]:
         """(what, where) pairs for printing."""
-        database = "embedded PostgreSQL" if self.database_is_embedded else "PostgreSQL (DATABASE_URL)"
+        database = (
+            "embedded PostgreSQL" if self.database_is_embedded else "PostgreSQL (DATABASE_URL)"
+        )
         return [
             ("Temporal (gRPC)", self.temporal_address),
             ("Temporal Web UI", self.ui_url),
             (database, _without_password(self.database_url)),
             ("worker task queue", self.task_queue),
+            (
+                "Stripe-compatible provider" if self.payment_provider_is_local else "Stripe",
+                f"{self.payment_provider_url} (local, in-process)"
+                if self.payment_provider_is_local
+                else self.payment_provider_url or "not configured (STRIPE_API_KEY unset)",
+            ),
+            ("gateway (HTTP API)", f"{self.gateway_url} (OpenAPI at {self.gateway_url}/docs)"),
+            ("dev API key", f"{self.dev_api_key_file} (principal dev/dev-agent)"),
+            *(self.email_and_deploy.describe() if self.email_and_deploy else []),
             ("state and logs", str(self.state_dir)),
         ]
 
@@ -55,12 +84,24 @@ def running_stack_database_url(state_dir: Path) -> str | None:
     return recorded.read_text().strip() if recorded.exists() else None
 
 
+LOCAL_PROVIDER_KEY = "sk_test_onceflow_local"
+"""The secret key the embedded worker uses at the local provider (it accepts any sk_test_)."""
+
+
+def running_stack_provider_url(state_dir: Path) -> str | None:
+    """The local provider URL a running (or last) embedded stack recorded, if any."""
+    recorded = state_dir / "stripe_provider_url"
+    return recorded.read_text().strip() if recorded.exists() else None
+
+
 @asynccontextmanager
 async def embedded_stack(
     settings: OnceflowSettings,
     *,
     temporal_port: int = 7233,
     ui_port: int = 8233,
+    provider_port: int = 12111,
+    gateway_port: int = 8080,
     progress: Callable[[str], None] = lambda message: None,
 ) -> AsyncIterator[StackInfo]:
     """Run the whole stack for the duration of the block, then stop it in order."""
@@ -71,6 +112,9 @@ async def embedded_stack(
         temporal = TemporalDevServer(state_dir, port=temporal_port, ui_port=ui_port)
         stop_worker = asyncio.Event()
         worker_task: asyncio.Task[None] | None = None
+        local_provider = AsyncExitStack()
+        gateway = AsyncExitStack()
+        far_sides = AsyncExitStack()
         try:
             if settings.database_url:
                 database_url = settings.database_url
@@ -83,6 +127,12 @@ async def embedded_stack(
             await apply_migrations(database_url)
             progress("starting the Temporal dev server")
             endpoints = await temporal.start()
+            stripe, provider_is_local = await _stripe_for_worker(
+                state_dir, local_provider, provider_port, progress
+            )
+            email_and_deploy = await far_sides.enter_async_context(
+                email_and_deploy_services(state_dir, database_url=database_url, progress=progress)
+            )
             progress("starting a worker")
             ready = asyncio.Event()
             worker_task = asyncio.create_task(
@@ -92,9 +142,21 @@ async def embedded_stack(
                     stop=stop_worker,
                     temporal_address=endpoints.address,
                     on_ready=ready.set,
+                    stripe=stripe,
+                    deploy_target=email_and_deploy.deploy_target,
                 )
             )
             await _wait_until_ready(ready, worker_task)
+            boundary = await gateway.enter_async_context(
+                running_gateway(
+                    settings,
+                    state_dir=state_dir,
+                    database_url=database_url,
+                    temporal_address=endpoints.address,
+                    port=gateway_port,
+                    progress=progress,
+                )
+            )
             yield StackInfo(
                 state_dir=state_dir,
                 database_url=database_url,
@@ -102,15 +164,54 @@ async def embedded_stack(
                 temporal_address=endpoints.address,
                 ui_url=endpoints.ui_url,
                 task_queue=settings.task_queue,
+                payment_provider_url=stripe.api_base
+                or ("https://api.stripe.com" if stripe.configured else None),
+                payment_provider_is_local=provider_is_local,
+                gateway_url=boundary.url,
+                dev_api_key_file=boundary.api_key_file,
+                email_and_deploy=email_and_deploy,
             )
         finally:
             progress("stopping")
+            await gateway.aclose()
             stop_worker.set()
             if worker_task is not None:
-                await asyncio.gather(worker_task, return_exceptions=True)
+                # Draining is bounded: a worker whose server vanished may never finish.
+                drained, _ = await asyncio.wait(
+                    {worker_task}, timeout=settings.shutdown_grace_seconds + 15
+                )
+                if not drained:
+                    progress("the worker did not drain in time; stopping anyway")
+                    worker_task.cancel()
+            await far_sides.aclose()
+            await local_provider.aclose()
             temporal.stop()
             if postgres is not None:
                 postgres.stop()
+
+
+async def _stripe_for_worker(
+    state_dir: Path,
+    exits: AsyncExitStack,
+    port: int,
+    progress: Callable[[str], None],
+) -> tuple[StripeSettings, bool]:
+    """The worker's Stripe settings: the environment's, else the local provider's."""
+    recorded = state_dir / "stripe_provider_url"
+    recorded.unlink(missing_ok=True)
+    stripe = StripeSettings()
+    if stripe.api_base or stripe.configured:
+        return stripe, False
+    progress("starting the local Stripe-compatible provider")
+    try:
+        running = await exits.enter_async_context(running_provider(port=port))
+    except OSError:  # e.g. a standalone `onceflow provider` holds the port
+        running = await exits.enter_async_context(running_provider(port=0))
+    recorded.write_text(running.base_url)
+    local = stripe.model_copy(
+        update={"api_key": SecretStr(LOCAL_PROVIDER_KEY), "api_base": running.base_url}
+    )
+    return local, True
 
 
 async def _wait_until_ready(ready: asyncio.Event, worker_task: "asyncio.Task[None]") -> None:

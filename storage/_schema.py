@@ -52,4 +52,148 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         );
         """,
     ),
+    (
+        2,
+        "boundary: principals, API keys, key quotas, idempotency records",
+        """
+        CREATE TABLE principals (
+            principal_id  uuid PRIMARY KEY,
+            tenant        text NOT NULL CHECK (tenant ~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$'),
+            name          text NOT NULL CHECK (name ~ '^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$'),
+            allowed_tools text[] NOT NULL,
+            may_decide    boolean NOT NULL DEFAULT false,
+            key_quota     integer CHECK (key_quota >= 1),
+            created_at    timestamptz NOT NULL DEFAULT now(),
+            CONSTRAINT one_principal_name_per_tenant UNIQUE (tenant, name)
+        );
+
+        -- Only a digest of each API key is stored; the key itself is shown once.
+        CREATE TABLE api_keys (
+            key_hash     text PRIMARY KEY CHECK (key_hash ~ '^sha256:[0-9a-f]{64}$'),
+            principal_id uuid NOT NULL REFERENCES principals (principal_id) ON DELETE CASCADE,
+            key_prefix   text NOT NULL,
+            created_at   timestamptz NOT NULL DEFAULT now(),
+            revoked_at   timestamptz
+        );
+
+        CREATE TABLE principal_key_usage (
+            principal_id uuid NOT NULL REFERENCES principals (principal_id) ON DELETE CASCADE,
+            window_start timestamptz NOT NULL,
+            keys_claimed integer NOT NULL CHECK (keys_claimed >= 1),
+            PRIMARY KEY (principal_id, window_start)
+        );
+
+        CREATE TABLE idempotency_records (
+            scope               text NOT NULL,
+            idempotency_key     varchar(200) NOT NULL,
+            request_hash        text NOT NULL CHECK (request_hash ~ '^v[0-9]+:[0-9a-f]{64}$'),
+            state               text NOT NULL
+                                CHECK (state IN ('processing', 'succeeded', 'failed')),
+            owner_token         text,
+            fencing_token       bigint NOT NULL CHECK (fencing_token >= 1),
+            lease_expires_at    timestamptz,
+            tenant              text NOT NULL,
+            principal_id        uuid NOT NULL REFERENCES principals (principal_id),
+            workflow_id         text NOT NULL UNIQUE,
+            workflow_run_id     text,
+            workflow_started_at timestamptz,
+            status_code         integer,
+            resource_id         text,
+            response_body       jsonb,
+            result_retention    interval NOT NULL,
+            result_expires_at   timestamptz NOT NULL,
+            created_at          timestamptz NOT NULL DEFAULT now(),
+            updated_at          timestamptz NOT NULL DEFAULT now(),
+            PRIMARY KEY (scope, idempotency_key),
+            CONSTRAINT terminal_records_hold_a_result CHECK (
+                state = 'processing' OR (status_code IS NOT NULL AND response_body IS NOT NULL)
+            ),
+            CONSTRAINT unstarted_claims_hold_a_lease CHECK (
+                state <> 'processing' OR workflow_started_at IS NOT NULL
+                OR (owner_token IS NOT NULL AND lease_expires_at IS NOT NULL)
+            )
+        );
+        CREATE INDEX idempotency_records_prunable
+            ON idempotency_records (result_expires_at) WHERE state <> 'processing';
+        """,
+    ),
+    (
+        4,
+        "email outbox and deliveries; deployments under a fenced lease",
+        """
+        -- The business change that asks for an email; its outbox row commits with it.
+        CREATE TABLE email_messages (
+            event_id    text PRIMARY KEY,
+            message_id  text NOT NULL UNIQUE,
+            tenant      text NOT NULL,
+            workflow_id text NOT NULL,
+            step_id     text NOT NULL,
+            sender      text NOT NULL,
+            recipients  text[] NOT NULL CHECK (cardinality(recipients) >= 1),
+            subject     text NOT NULL,
+            body        text NOT NULL,
+            created_at  timestamptz NOT NULL DEFAULT now()
+        );
+
+        -- One row per email. Only the workflow's attempts arm it (arming + 1); a relay
+        -- claims an armed row under a lease and records one classified outcome.
+        CREATE TABLE email_outbox (
+            event_id         text PRIMARY KEY REFERENCES email_messages (event_id),
+            state            text NOT NULL CHECK (state IN
+                             ('pending', 'sending', 'delivered', 'rejected', 'transient',
+                              'unknown')),
+            arming           integer NOT NULL DEFAULT 1 CHECK (arming >= 1),
+            armed_by_attempt integer NOT NULL CHECK (armed_by_attempt >= 1),
+            armed_at         timestamptz NOT NULL DEFAULT now(),
+            claim_token      bigint NOT NULL DEFAULT 0 CHECK (claim_token >= 0),
+            claimed_by       text,
+            claim_expires_at timestamptz,
+            reason           text,
+            smtp_reply       text,
+            delivered_at     timestamptz,
+            updated_at       timestamptz NOT NULL DEFAULT now(),
+            CONSTRAINT sending_rows_hold_a_claim CHECK (
+                state <> 'sending' OR (claimed_by IS NOT NULL AND claim_expires_at IS NOT NULL)
+            )
+        );
+        CREATE INDEX email_outbox_deliverable
+            ON email_outbox (armed_at) WHERE state IN ('pending', 'sending');
+
+        -- Every delivery a relay started, finished or not (a killed relay leaves NULLs).
+        CREATE TABLE email_deliveries (
+            delivery_id bigserial PRIMARY KEY,
+            event_id    text NOT NULL REFERENCES email_outbox (event_id),
+            arming      integer NOT NULL,
+            claim_token bigint NOT NULL,
+            relay_id    text NOT NULL,
+            took_over   boolean NOT NULL,
+            outcome     text CHECK (outcome IN ('delivered', 'rejected', 'transient', 'unknown')),
+            reason      text,
+            smtp_reply  text,
+            started_at  timestamptz NOT NULL DEFAULT now(),
+            finished_at timestamptz
+        );
+        CREATE INDEX email_deliveries_by_event ON email_deliveries (event_id, delivery_id);
+
+        -- One row per deployment; every write after the lease was taken checks the token.
+        CREATE TABLE deployments (
+            deployment_id    text PRIMARY KEY,
+            tenant           text NOT NULL,
+            workflow_id      text NOT NULL,
+            step_id          text NOT NULL,
+            service          text NOT NULL,
+            version          text NOT NULL,
+            environment      text NOT NULL,
+            state            text NOT NULL CHECK (state IN ('running', 'succeeded', 'failed')),
+            fencing_token    bigint NOT NULL CHECK (fencing_token >= 1),
+            owner            text NOT NULL,
+            lease_expires_at timestamptz NOT NULL,
+            steps_done       integer NOT NULL DEFAULT 0 CHECK (steps_done >= 0),
+            last_report      text,
+            created_at       timestamptz NOT NULL DEFAULT now(),
+            updated_at       timestamptz NOT NULL DEFAULT now(),
+            finished_at      timestamptz
+        );
+        """,
+    ),
 )

@@ -4,9 +4,10 @@ The CLI and the boundary use this; it never decides whether a request is a repea
 is the boundary's fingerprint check), it only starts idempotently by workflow id.
 """
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
@@ -45,13 +46,15 @@ class TaskClient:
         self._client = client
         self._task_queue = task_queue
 
-    async def start(self, task: AgentTaskInput, *, workflow_id: str) -> WorkflowHandle[
-        AgentTaskWorkflow, TaskStatus
-    ]:
+    async def start(
+        self, task: AgentTaskInput, *, workflow_id: str, memo: Mapping[str, Any] | None = None
+    ) -> WorkflowHandle[AgentTaskWorkflow, TaskStatus]:
         """Start the task, or attach to the task that already has this workflow id.
 
         A running task is joined (``USE_EXISTING``) and a closed one is never run again
         (``REJECT_DUPLICATE``): the same id always means the same task and its result.
+        ``memo`` is stored only when this call starts the task (the boundary keeps the
+        request fingerprint there, to tell a joined task's request from its own).
         """
         tools = ", ".join(step.tool for step in task.steps)
         try:
@@ -67,6 +70,7 @@ class TaskClient:
                     f"Agent task of tenant `{task.tenant}` for principal `{task.principal}`, "
                     f"{len(task.steps)} step(s): {tools}."
                 ),
+                memo=memo,
             )
         except WorkflowAlreadyStartedError:
             return self._client.get_workflow_handle_for(AgentTaskWorkflow.run, workflow_id)

@@ -20,7 +20,22 @@ from devstack.binaries import installed_binary
 from devstack.postgres import EmbeddedPostgres
 from workflows.visibility import ALL_SEARCH_ATTRIBUTES
 
-BUSINESS_TABLES = ("order_lines", "orders", "coupon_issuances", "operations")
+BUSINESS_TABLES = (
+    "order_lines",
+    "orders",
+    "coupon_issuances",
+    "operations",
+    # the boundary's
+    "idempotency_records",
+    "principal_key_usage",
+    "api_keys",
+    "principals",
+    # email outbox and deployments
+    "email_deliveries",
+    "email_outbox",
+    "email_messages",
+    "deployments",
+)
 
 
 @pytest.fixture(scope="session")
@@ -35,10 +50,15 @@ def postgres_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture
-def database(postgres_url: str) -> Iterator[str]:
-    """The database URL, with the business tables emptied before the test."""
-    with psycopg.connect(postgres_url, autocommit=True) as conn:
-        conn.execute(f"TRUNCATE {', '.join(BUSINESS_TABLES)} CASCADE")
+async def database(postgres_url: str) -> AsyncIterator[str]:
+    """The database URL, with the business tables emptied before the test.
+
+    Async on purpose: TRUNCATE waits for every open transaction on those tables, and an
+    in-process worker's activity may hold one; a blocking call here would freeze the
+    event loop that activity needs to commit, and both would wait forever.
+    """
+    async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as conn:
+        await conn.execute(f"TRUNCATE {', '.join(BUSINESS_TABLES)} CASCADE".encode())
     yield postgres_url
 
 

@@ -28,26 +28,34 @@ def spawn(arguments: list[str], *, env: dict[str, str], cwd: Path = REPO) -> sub
     )
 
 
-def wait_for_line(process: subprocess.Popen[str], needle: str, *, timeout: float = 60) -> list[str]:
-    """Read the process's output until a line contains ``needle``; returns the lines read."""
+def wait_for_line(
+    process: subprocess.Popen[str], needle: str, *, timeout: float = 60
+) -> list[str]:
+    """Read the process's output until a line contains ``needle``; returns the lines read.
+
+    Reads the raw descriptor: ``select`` on a buffered text stream misses lines that
+    arrived in one burst and already sit in the buffer.
+    """
     assert process.stdout is not None
+    descriptor = process.stdout.fileno()
     seen: list[str] = []
+    pending = b""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        ready, _, _ = select.select([process.stdout], [], [], 0.2)
-        if ready:
-            line = process.stdout.readline()
-            if line:
-                seen.append(line.rstrip())
-                if needle in line:
-                    return seen
-                continue
-        if process.poll() is not None:
-            rest = process.stdout.read()
+        ready, _, _ = select.select([descriptor], [], [], 0.2)
+        chunk = os.read(descriptor, 65536) if ready else b""
+        pending += chunk
+        *complete, pending = pending.split(b"\n")
+        for raw in complete:
+            line = raw.decode(errors="replace").rstrip()
+            seen.append(line)
+            if needle in line:
+                return seen
+        if ready and not chunk or (not ready and process.poll() is not None):
             raise AssertionError(
-                f"process exited ({process.returncode}) before printing {needle!r}:\n"
+                f"process exited ({process.poll()}) before printing {needle!r}:\n"
                 + "\n".join(seen)
-                + rest
+                + pending.decode(errors="replace")
             )
     raise AssertionError(f"no line with {needle!r} within {timeout}s:\n" + "\n".join(seen))
 
@@ -61,4 +69,5 @@ def stop(process: subprocess.Popen[str], *, timeout: float = 30) -> str:
     except subprocess.TimeoutExpired:
         process.kill()
         output, _ = process.communicate()
-    return output or ""
+    unread: bytes = getattr(process, "_unread_output", b"")
+    return unread.decode(errors="replace") + (output or "")

@@ -15,22 +15,49 @@ from tools._identity import (
     key_digest,
 )
 from tools.coupons import ISSUE_COUPON, IssueCouponInput
+from tools.deployments import START_DEPLOYMENT, StartDeploymentInput
+from tools.email import SEND_EMAIL, SendEmailInput
 from tools.orders import CREATE_ORDER, CreateOrderInput, OrderLine
+from tools.payments import (
+    CHARGE_PAYMENT,
+    REFUND_PAYMENT,
+    ChargePaymentInput,
+    PaymentToolSettings,
+    RefundPaymentInput,
+)
 
-CATALOGUE = Catalogue((ISSUE_COUPON, CREATE_ORDER))
+CATALOGUE = Catalogue(
+    (
+        ISSUE_COUPON,
+        CREATE_ORDER,
+        CHARGE_PAYMENT,
+        REFUND_PAYMENT,
+        SEND_EMAIL,
+        START_DEPLOYMENT,
+    )
+)
 
 __all__ = [
     "CATALOGUE",
+    "CHARGE_PAYMENT",
     "CREATE_ORDER",
     "ISSUE_COUPON",
+    "REFUND_PAYMENT",
+    "SEND_EMAIL",
+    "START_DEPLOYMENT",
     "ApprovalThreshold",
     "Catalogue",
+    "ChargePaymentInput",
     "CreateOrderInput",
     "DedupeStrategy",
     "EffectFlags",
     "IssueCouponInput",
     "MalformedIdempotencyKey",
     "OrderLine",
+    "PaymentToolSettings",
+    "RefundPaymentInput",
+    "SendEmailInput",
+    "StartDeploymentInput",
     "ToolAttemptResult",
     "ToolCallInput",
     "ToolContract",

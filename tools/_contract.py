@@ -84,6 +84,10 @@ class ToolContract:
     It returns ``succeeded`` with the resource when it found the effect; anything else
     is inconclusive and the step parks with the lookup's evidence.
     """
+    heartbeat_timeout: timedelta | None = None
+    """Longest silence between an attempt's heartbeats before Temporal ends the attempt
+    (its outcome then counts as unknown), so a dead or paused worker is noticed long
+    before ``start_to_close_timeout``. None: no heartbeats expected. Default None."""
 
     def needs_approval(self, args: BaseModel) -> bool:
         """Whether these validated arguments must be approved before the first attempt."""
@@ -92,6 +96,9 @@ class ToolContract:
         if self.approval_threshold is None:
             return True
         value = getattr(args, self.approval_threshold.argument)
+        if value is None:
+            # An omitted amount (a full refund) is not known to be below the limit.
+            return True
         return Decimal(str(value)) > self.approval_threshold.above
 
     def safe_repeat_window(self, first_attempt_age: timedelta) -> timedelta | None:

@@ -178,7 +178,10 @@ class AgentTaskWorkflow:
                     decision.delay, summary=f"backoff before retrying step {step.step_id}"
                 )
             elif isinstance(decision, FailStep):
-                self._stop_step(status, StepState.FAILED, f"step {step.step_id}: {decision.reason}")
+                last = f" (last attempt: {result.reason})" if result.reason else ""
+                self._stop_step(
+                    status, StepState.FAILED, f"step {step.step_id}: {decision.reason}{last}"
+                )
             elif isinstance(decision, ParkStep):
                 found = await self._look_up(step, contract, status)
                 if found is not None:
@@ -243,6 +246,7 @@ class AgentTaskWorkflow:
                 call,
                 result_type=ToolAttemptResult,
                 start_to_close_timeout=contract.start_to_close_timeout,
+                heartbeat_timeout=contract.heartbeat_timeout,
                 retry_policy=ONE_ATTEMPT,
                 summary=f"{contract.name} · step {step.step_id} · attempt {attempt}",
             )

@@ -1,0 +1,174 @@
+"""Every way the boundary refuses or defers a request, one exception class each.
+
+The classes carry their HTTP status and problem type, so they are translated once, at
+the edge (``gateway.http_api`` into ``application/problem+json``, ``gateway.mcp_server``
+into MCP tool errors). No message ever repeats a raw idempotency key or a request body::
+
+    BoundaryError
+    ├── Unauthenticated                  401  no or unknown API key
+    ├── ToolNotAllowed                   403  the principal may not call this tool
+    ├── DecisionsNotAllowed              403  the principal may not approve or reconcile
+    ├── UnknownToolRequested             404  no tool of that name
+    ├── TaskNotFound                     404  no such task for this tenant
+    ├── MissingIdempotencyKey            400  a mutating call without a key
+    ├── MalformedIdempotencyKey          400  too long, or outside the key alphabet
+    ├── InvalidRequest                   400  the body does not validate (nothing reserved)
+    ├── RequestTooLarge                  413  the body is larger than the gateway reads
+    ├── KeyReusedWithDifferentRequest    422  same key, different fingerprint
+    ├── RequestInProgress                409  another request holds the key's claim
+    ├── DecisionRefused                  409  the task refused an approve/reconcile
+    ├── QuotaExceeded                    429  too many new keys in this window
+    └── BackendUnavailable               503  Temporal or PostgreSQL could not be reached
+"""
+
+from typing import Any, ClassVar
+
+PROBLEM_BASE = "urn:onceflow:problem:"
+
+
+class BoundaryError(Exception):
+    """A request the boundary answers with an error instead of a task result."""
+
+    status: ClassVar[int] = 500
+    slug: ClassVar[str] = "internal"
+    title: ClassVar[str] = "Internal error"
+
+    def __init__(self, detail: str, **extensions: Any) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.extensions = extensions
+
+    @property
+    def problem_type(self) -> str:
+        """The RFC 9457 ``type`` URI of this failure mode."""
+        return PROBLEM_BASE + self.slug
+
+    def problem(self) -> dict[str, Any]:
+        """The RFC 9457 problem document (``application/problem+json``)."""
+        return {
+            "type": self.problem_type,
+            "title": self.title,
+            "status": self.status,
+            "detail": self.detail,
+            **self.extensions,
+        }
+
+
+class Unauthenticated(BoundaryError):
+    """No API key, or one that matches no active principal."""
+
+    status = 401
+    slug = "unauthenticated"
+    title = "Authentication required"
+
+
+class ToolNotAllowed(BoundaryError):
+    """The authenticated principal may not call this tool."""
+
+    status = 403
+    slug = "tool-not-allowed"
+    title = "Tool not allowed for this principal"
+
+
+class DecisionsNotAllowed(BoundaryError):
+    """The authenticated principal may not approve or reconcile tasks."""
+
+    status = 403
+    slug = "decisions-not-allowed"
+    title = "Operator decisions not allowed for this principal"
+
+
+class UnknownToolRequested(BoundaryError):
+    """No tool of that name is in the catalogue."""
+
+    status = 404
+    slug = "unknown-tool"
+    title = "Unknown tool"
+
+
+class TaskNotFound(BoundaryError):
+    """No task with that id exists for the principal's tenant."""
+
+    status = 404
+    slug = "task-not-found"
+    title = "Task not found"
+
+
+class MissingIdempotencyKey(BoundaryError):
+    """A call that creates an effect arrived without an idempotency key."""
+
+    status = 400
+    slug = "idempotency-key-missing"
+    title = "Idempotency-Key required"
+
+
+class MalformedIdempotencyKey(BoundaryError):
+    """The idempotency key is too long or uses characters outside its alphabet."""
+
+    status = 400
+    slug = "idempotency-key-malformed"
+    title = "Malformed Idempotency-Key"
+
+
+class InvalidRequest(BoundaryError):
+    """The request body failed validation; nothing was reserved."""
+
+    status = 400
+    slug = "invalid-request"
+    title = "Invalid request"
+
+
+class RequestTooLarge(BoundaryError):
+    """The request body is larger than the gateway reads; nothing was reserved."""
+
+    status = 413
+    slug = "request-too-large"
+    title = "Request body too large"
+
+
+class KeyReusedWithDifferentRequest(BoundaryError):
+    """The key was already used in this scope for a request with another fingerprint."""
+
+    status = 422
+    slug = "idempotency-key-reused"
+    title = "Idempotency-Key reused with a different request"
+
+
+class RequestInProgress(BoundaryError):
+    """Another request holds this key's claim and has not started the task yet."""
+
+    status = 409
+    slug = "request-in-progress"
+    title = "A request with this Idempotency-Key is in progress"
+
+    def __init__(self, detail: str, *, retry_after_seconds: int, **extensions: Any) -> None:
+        super().__init__(detail, **extensions)
+        self.retry_after_seconds = retry_after_seconds
+
+
+class DecisionRefused(BoundaryError):
+    """The task refused an approve or reconcile decision; nothing was recorded."""
+
+    status = 409
+    slug = "decision-refused"
+    title = "Decision refused by the task"
+
+
+class QuotaExceeded(BoundaryError):
+    """The principal created more new idempotency keys than its quota allows."""
+
+    status = 429
+    slug = "key-quota-exceeded"
+    title = "Idempotency-key quota exceeded"
+
+    def __init__(self, detail: str, *, retry_after_seconds: int, **extensions: Any) -> None:
+        super().__init__(detail, **extensions)
+        self.retry_after_seconds = retry_after_seconds
+
+
+class BackendUnavailable(BoundaryError):
+    """Temporal or PostgreSQL could not be reached; a retry with the same key is safe."""
+
+    status = 503
+    slug = "backend-unavailable"
+    title = "Service temporarily unavailable"

@@ -1,0 +1,43 @@
+"""Composes one boundary process: its database pool, Temporal client and service."""
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import timedelta
+
+from gateway._principals import PrincipalStore
+from gateway._pruning import ensure_prune_schedule
+from gateway._records import IdempotencyStore
+from gateway._service import BoundaryService
+from gateway._settings import GatewaySettings, check_retention
+from settings import OnceflowSettings
+from storage import build_pool
+from task_api import TaskClient, connect_temporal
+
+
+@asynccontextmanager
+async def open_boundary(
+    settings: OnceflowSettings,
+    gateway_settings: GatewaySettings,
+    *,
+    database_url: str,
+    temporal_address: str | None = None,
+) -> AsyncIterator[BoundaryService]:
+    """The boundary service with its clients, for the duration of the block.
+
+    Refuses to start (``RetentionTooShort``) when results would be pruned inside the
+    retry window, and makes sure the prune schedule exists.
+    """
+    check_retention(gateway_settings)
+    client = await connect_temporal(address=temporal_address)
+    await ensure_prune_schedule(
+        client,
+        task_queue=settings.task_queue,
+        every=timedelta(seconds=gateway_settings.prune_interval_seconds),
+    )
+    async with build_pool(database_url, max_size=gateway_settings.db_pool_max_size) as pool:
+        yield BoundaryService(
+            principals=PrincipalStore(pool),
+            records=IdempotencyStore(pool),
+            tasks=TaskClient(client, task_queue=settings.task_queue),
+            settings=gateway_settings,
+        )

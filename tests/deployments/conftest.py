@@ -1,0 +1,137 @@
+"""Deployments on real servers: the local deployment target over HTTP, the Temporal dev
+server and PostgreSQL. Assertions read the target's record of every write."""
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg_pool import AsyncConnectionPool
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from deployments import DeployTargetSettings, HttpDeployTarget, open_deploy_target
+from devstack.deploy_target import RunningTarget, running_deploy_target
+from retry_policy import RetryBudget
+from settings import OnceflowSettings
+from storage import build_pool
+from task_api import TaskClient
+from tools import derive_child_key, derive_task_workflow_id
+from worker import build_worker
+from workflows.task_models import AgentTaskInput, StepInput, TaskStatus
+
+TENANT = "acme"
+ACCOUNT = "target-test"
+RELEASE: dict[str, Any] = {"service": "checkout", "version": "2.4.1", "environment": "production"}
+FAST_BUDGET = RetryBudget(
+    max_attempts_per_task=6,
+    max_attempts_per_step=3,
+    initial_backoff=timedelta(milliseconds=50),
+    max_backoff=timedelta(milliseconds=200),
+    deadline=timedelta(minutes=2),
+)
+
+
+@pytest.fixture
+async def target() -> AsyncIterator[RunningTarget]:
+    """A fresh deployment target on an ephemeral port, 50 ms of work per step."""
+    async with running_deploy_target(step_seconds=0.05) as running:
+        yield running
+
+
+@pytest.fixture
+async def deploy_client(target: RunningTarget) -> AsyncIterator[HttpDeployTarget]:
+    async with open_deploy_target(
+        DeployTargetSettings(url=target.url, account=ACCOUNT, request_timeout=timedelta(seconds=30))
+    ) as opened:
+        assert opened is not None
+        yield opened
+
+
+@pytest.fixture
+async def pool(database: str) -> AsyncIterator[AsyncConnectionPool]:
+    async with build_pool(database) as opened:
+        yield opened
+
+
+@pytest.fixture
+async def worker(
+    dev_server: WorkflowEnvironment,
+    pool: AsyncConnectionPool,
+    deploy_client: HttpDeployTarget,
+    task_queue: str,
+) -> AsyncIterator[Worker]:
+    async with build_worker(
+        dev_server.client,
+        pool,
+        OnceflowSettings(task_queue=task_queue, shutdown_grace_seconds=1),
+        deploy_target=deploy_client,
+    ) as running:
+        yield running
+
+
+@pytest.fixture
+def tasks(dev_server: WorkflowEnvironment, task_queue: str) -> TaskClient:
+    return TaskClient(dev_server.client, task_queue=task_queue)
+
+
+async def start_deployment(tasks: TaskClient, arguments: dict[str, Any] = RELEASE) -> str:
+    """Start a one-step ``start_deployment`` task (step ``deploy``); returns its id."""
+    task = AgentTaskInput(
+        tenant=TENANT,
+        principal="release-agent",
+        steps=[StepInput(step_id="deploy", tool="start_deployment", arguments=arguments)],
+        budget=FAST_BUDGET,
+    )
+    workflow_id = derive_task_workflow_id(
+        tenant=TENANT, scope="task", idempotency_key=f"deploy-{uuid.uuid4().hex}"
+    )
+    await tasks.start(task, workflow_id=workflow_id)
+    return workflow_id
+
+
+def deployment_id(workflow_id: str) -> str:
+    return derive_child_key(
+        tenant=TENANT,
+        workflow_id=workflow_id,
+        step_id="deploy",
+        child_op="deploy",
+        provider_account=ACCOUNT,
+    )
+
+
+async def wait_for(
+    tasks: TaskClient,
+    workflow_id: str,
+    done: Callable[[TaskStatus], bool],
+    *,
+    timeout: float = 20.0,
+) -> TaskStatus:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        status = await tasks.status(workflow_id)
+        if done(status):
+            return status
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"condition never held; last status: {status.model_dump_json()}")
+        await asyncio.sleep(0.05)
+
+
+def deployment_rows(database: str) -> list[tuple[Any, ...]]:
+    """``(deployment_id, state, fencing_token, steps_done, owner)`` of every deployment."""
+    with psycopg.connect(database) as conn:
+        return conn.execute(
+            "SELECT deployment_id, state, fencing_token, steps_done, owner FROM deployments"
+        ).fetchall()
+
+
+def writes(target: RunningTarget, deployment: str) -> list[tuple[str, int, bool]]:
+    """``(step, token, applied)`` of every write the target received, in order."""
+    return [
+        (write.step, write.fencing_token, write.applied)
+        for write in target.state.writes
+        if write.deployment_id == deployment
+    ]

@@ -1,0 +1,114 @@
+"""A deployment worker is paused (SIGSTOP) past its lease while its write is in flight;
+another worker process takes over with a newer token and finishes; the first is
+resumed (SIGCONT). The target refused the stale write, the local record refused the
+stale owner's commit, and there is one deployment, finished under the newer token.
+
+Real ``onceflow worker`` processes configured only through the environment; every
+worker gets the same deployment settings because the workflow reads them too.
+"""
+
+import asyncio
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+from temporalio.testing import WorkflowEnvironment
+
+from devstack.deploy_target import RunningTarget
+from retry_policy import OutcomeClass
+from task_api import TaskClient
+from tests.processes import onceflow_command, spawn, stop, wait_for_line
+from workflows.task_models import ApproveInput, TaskState
+
+from .conftest import ACCOUNT, deployment_id, deployment_rows, start_deployment, wait_for, writes
+
+
+@pytest.fixture
+def workers(
+    dev_server: WorkflowEnvironment, database: str, task_queue: str, target: RunningTarget
+) -> Iterator[list[subprocess.Popen[str]]]:
+    """Two worker processes writing to the test's target, with a short lease and
+    heartbeat timeout so a paused worker is replaced within seconds."""
+    environment = {
+        "TEMPORAL_ADDRESS": dev_server.client.service_client.config.target_host,
+        "DATABASE_URL": database,
+        "ONCEFLOW_TASK_QUEUE": task_queue,
+        "ONCEFLOW_SHUTDOWN_GRACE_SECONDS": "1",
+        "DEPLOY_TARGET_URL": target.url,
+        "ONCEFLOW_DEPLOY_TARGET_ACCOUNT": ACCOUNT,
+        "ONCEFLOW_DEPLOYMENTS_HEARTBEAT_TIMEOUT": "PT2S",
+        "ONCEFLOW_DEPLOYMENTS_LEASE_TTL": "PT2S",
+        "ONCEFLOW_DEPLOYMENTS_ATTEMPT_TIMEOUT": "PT1M",
+    }
+    started = [spawn(onceflow_command("worker"), env=environment) for _ in range(2)]
+    yield started
+    for process in started:
+        if process.poll() is None:
+            os.kill(process.pid, signal.SIGCONT)  # a paused process cannot stop gracefully
+        stop(process, timeout=10)
+
+
+async def test_a_paused_owner_is_fenced_out_at_the_target_and_in_the_database(
+    workers: list[subprocess.Popen[str]],
+    target: RunningTarget,
+    tasks: TaskClient,
+    database: str,
+) -> None:
+    await asyncio.gather(
+        *(asyncio.to_thread(wait_for_line, one, "onceflow worker ready") for one in workers)
+    )
+    hold = target.state.hold_next("roll_out")  # the first owner's write will sit in flight
+    workflow_id = await start_deployment(tasks)
+    waiting = await wait_for(tasks, workflow_id, lambda s: s.state is TaskState.AWAITING_APPROVAL)
+    await tasks.approve(
+        workflow_id,
+        ApproveInput(
+            step_id="deploy",
+            approved=True,
+            approver="release-manager",
+            reason="change ticket CHG-2077",
+            arguments_digest=waiting.step("deploy").arguments_digest,
+        ),
+    )
+    await asyncio.wait_for(hold.arrived.wait(), timeout=20)
+    assert hold.fencing_token == 1 and hold.owner is not None
+    [first] = [one for one in workers if hold.owner.endswith(f":{one.pid}")]
+    [second] = [one for one in workers if one is not first]
+
+    os.kill(first.pid, signal.SIGSTOP)
+    result = await asyncio.wait_for(tasks.result(workflow_id), timeout=60)
+    hold.release()  # the paused owner's write finally reaches the target
+    deployment = deployment_id(workflow_id)
+    while not target.state.refused(deployment):
+        await asyncio.sleep(0.02)
+    os.kill(first.pid, signal.SIGCONT)
+    resumed = await asyncio.to_thread(wait_for_line, first, "fencing token 1 is stale", timeout=30)
+
+    # The task: the paused attempt timed out on its heartbeats, the next one finished.
+    step = result.step("deploy")
+    assert result.state is TaskState.SUCCEEDED
+    assert [attempt.outcome for attempt in step.attempts] == [
+        OutcomeClass.UNKNOWN,
+        OutcomeClass.SUCCEEDED,
+    ]
+    assert "Timeout" in (step.attempts[0].reason or "")
+    assert step.result["fencing_token"] == 2 and step.resource_id == deployment
+    assert step.evidence["fencing_token"] == "2" and step.evidence["steps_done"] == "4/4"
+    assert step.evidence["lease_owner"].endswith(f":{second.pid}")
+    # The target: the stale write was refused; the new owner resumed after "prepare".
+    assert writes(target, deployment) == [
+        ("prepare", 1, True),
+        ("roll_out", 2, True),
+        ("verify", 2, True),
+        ("activate", 2, True),
+        ("roll_out", 1, False),
+    ]
+    assert target.state.refused(deployment)[0].highest_token == 2
+    # The database: one deployment, finished by the second owner; the first owner's
+    # local write was refused when it woke up.
+    [(row_id, state, token, steps_done, owner)] = deployment_rows(database)
+    assert (row_id, state, token, steps_done) == (deployment, "succeeded", 2, 4)
+    assert owner.endswith(f":{second.pid}")
+    assert any("local write refused" in line for line in resumed)

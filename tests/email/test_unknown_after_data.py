@@ -1,0 +1,104 @@
+"""SMTP answers DATA, then the connection drops: the step parks and nothing is resent
+until an operator decides; only "did not happen" authorises exactly one more delivery."""
+
+import asyncio
+
+from temporalio.worker import Worker
+
+from devstack.smtp_sink import RunningSink, SinkFault
+from email_outbox import OutboxRelay
+from retry_policy import OutcomeClass
+from task_api import TaskClient
+from workflows.task_models import ReconcileDecision, ReconcileInput, StepState, TaskState
+
+from .conftest import deliveries, outbox_row, parked, start_email, wait_for, welcome_email
+
+QUIET_PERIOD = 1.0
+"""Ten relay polls: long enough for a relay that wanted to resend to have done so."""
+
+
+async def park_on_a_dropped_reply(
+    tasks: TaskClient, sink: RunningSink, database: str, *, server_kept_it: bool
+) -> tuple[str, str]:
+    sink.sink.add_fault(SinkFault.DROP_AFTER_DATA, apply=server_kept_it)
+    workflow_id = await start_email(tasks, welcome_email())
+    status = await wait_for(tasks, workflow_id, parked)
+    step = status.step("mail")
+    message_id = step.evidence["message_id"]
+    assert [attempt.outcome for attempt in step.attempts] == [OutcomeClass.UNKNOWN]
+    assert "after the message was sent" in (step.attempts[0].reason or "")
+    assert "not provably safe" in (step.park_reason or "")
+    assert step.evidence["outbox_state"] == "unknown"
+    assert "the outbox row is unknown" in step.evidence["lookup"]  # looked up, inconclusive
+
+    await asyncio.sleep(QUIET_PERIOD)
+    assert (await tasks.status(workflow_id)).state is TaskState.PARKED
+    assert sink.sink.deliveries(message_id) == 1  # parked: nothing resent on its own
+    assert [outcome for _, _, outcome in deliveries(database, message_id)] == ["unknown"]
+    return workflow_id, message_id
+
+
+async def test_did_not_happen_authorises_exactly_one_more_delivery(
+    sink: RunningSink, relay: OutboxRelay, worker: Worker, tasks: TaskClient, database: str
+) -> None:
+    workflow_id, message_id = await park_on_a_dropped_reply(
+        tasks, sink, database, server_kept_it=False
+    )
+    assert sink.sink.applications(message_id) == 0  # the server lost it, as the operator finds
+
+    await tasks.reconcile(
+        workflow_id,
+        ReconcileInput(
+            step_id="mail",
+            decision=ReconcileDecision.DID_NOT_HAPPEN,
+            operator="ops-oncall",
+            reason="not in the recipient's mailbox",
+        ),
+    )
+    result = await asyncio.wait_for(tasks.result(workflow_id), timeout=20)
+    await asyncio.sleep(QUIET_PERIOD)
+
+    step = result.step("mail")
+    assert result.state is TaskState.SUCCEEDED and step.state is StepState.SUCCEEDED
+    assert step.resource_id == message_id
+    assert [(a.outcome, a.operator_authorised) for a in step.attempts] == [
+        (OutcomeClass.UNKNOWN, False),
+        (OutcomeClass.SUCCEEDED, True),
+    ]
+    assert sink.sink.deliveries(message_id) == 2  # exactly one more delivery attempt
+    assert sink.sink.applications(message_id) == 1
+    assert [outcome for _, _, outcome in deliveries(database, message_id)] == [
+        "unknown",
+        "delivered",
+    ]
+    assert outbox_row(database, message_id) == ("delivered", 2)
+
+
+async def test_happened_sends_nothing_more(
+    sink: RunningSink, relay: OutboxRelay, worker: Worker, tasks: TaskClient, database: str
+) -> None:
+    workflow_id, message_id = await park_on_a_dropped_reply(
+        tasks, sink, database, server_kept_it=True
+    )
+    assert sink.sink.applications(message_id) == 1  # the server kept it, as the operator finds
+
+    await tasks.reconcile(
+        workflow_id,
+        ReconcileInput(
+            step_id="mail",
+            decision=ReconcileDecision.HAPPENED,
+            operator="ops-oncall",
+            reason="the customer received it",
+            resource_id=message_id,
+        ),
+    )
+    result = await asyncio.wait_for(tasks.result(workflow_id), timeout=20)
+    await asyncio.sleep(QUIET_PERIOD)
+
+    step = result.step("mail")
+    assert result.state is TaskState.SUCCEEDED
+    assert step.resource_id == message_id and step.result == {"reconciled": True}
+    assert len(step.attempts) == 1
+    assert sink.sink.deliveries(message_id) == 1
+    assert len(deliveries(database, message_id)) == 1
+    assert outbox_row(database, message_id) == ("unknown", 1)  # never armed again

@@ -1,0 +1,246 @@
+"""Fixtures for the boundary: a worker, gateway processes and principals on the real stack.
+
+One task queue, worker and pair of gateway processes serve a whole test module (each
+test still starts from empty tables through ``database``); gateways with special
+settings (fault injection) are started by the tests that need them.
+"""
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from temporalio.client import Client
+from temporalio.testing import WorkflowEnvironment
+
+from gateway import BoundaryService, GatewaySettings, Principal, PrincipalStore, open_boundary
+from settings import OnceflowSettings
+from storage import build_pool
+from worker import build_worker
+
+from ..conftest import BUSINESS_TABLES, repo_root
+
+READY = "onceflow gateway ready on "
+
+
+@dataclass(frozen=True)
+class Stack:
+    """The embedded stack one module's tests share."""
+
+    postgres_url: str
+    temporal_address: str
+    task_queue: str
+    client: Client
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """Environment of a gateway (or MCP) process on this stack."""
+        return {
+            "DATABASE_URL": self.postgres_url,
+            "TEMPORAL_ADDRESS": self.temporal_address,
+            "ONCEFLOW_TASK_QUEUE": self.task_queue,
+            "PYTHONUNBUFFERED": "1",
+            **extra,
+        }
+
+    async def task_workflows(self, tenant: str) -> int:
+        """How many task workflows a tenant ran (visibility settles first).
+
+        Workflow ids are derived from tenant, scope and key, and the dev server outlives
+        each test's tables, so every test works in a tenant of its own.
+        """
+        query = f"WorkflowType = 'AgentTaskWorkflow' AND OnceflowTenant = '{tenant}'"
+        previous, stable_since = -1, time.monotonic()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            count = (await self.client.count_workflows(query)).count
+            if count != previous:
+                previous, stable_since = count, time.monotonic()
+            elif time.monotonic() - stable_since > 0.5:
+                return count
+            await asyncio.sleep(0.1)
+        return previous
+
+
+@dataclass
+class GatewayProcess:
+    """One ``onceflow gateway`` process and its log."""
+
+    url: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log(self) -> str:
+        """Everything the process wrote so far."""
+        return self.log_path.read_text(errors="replace")
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown code runs, as in a crash."""
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        """SIGTERM and wait for a clean exit."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def start_gateway(stack: Stack, log_path: Path, **settings: str) -> GatewayProcess:
+    """Start ``onceflow gateway --port 0`` and wait until it listens."""
+    log_file = log_path.open("wb")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "gateway", "--port", "0"],
+        cwd=repo_root(),
+        env={**os.environ, **stack.env(**settings)},
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+    )
+    log_file.close()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        text = log_path.read_text(errors="replace")
+        for line in text.splitlines():
+            if line.startswith(READY):
+                url = line.removeprefix(READY).split()[0]
+                return GatewayProcess(url=url, process=process, log_path=log_path)
+        if process.poll() is not None:
+            raise AssertionError(f"gateway exited ({process.returncode}):\n{text}")
+        time.sleep(0.05)
+    process.kill()
+    raise AssertionError(f"gateway not ready within 60 s:\n{log_path.read_text()}")
+
+
+@pytest.fixture(scope="module")
+async def stack(postgres_url: str, dev_server: WorkflowEnvironment) -> AsyncIterator[Stack]:
+    """A task queue with an in-process worker (every workflow and activity) for the module."""
+    task_queue = f"gw-{uuid.uuid4().hex[:10]}"
+    settings = OnceflowSettings(task_queue=task_queue, shutdown_grace_seconds=2)
+    async with build_pool(postgres_url, max_size=10) as pool:
+        async with build_worker(dev_server.client, pool, settings):
+            yield Stack(
+                postgres_url=postgres_url,
+                temporal_address=dev_server.client.service_client.config.target_host,
+                task_queue=task_queue,
+                client=dev_server.client,
+            )
+
+
+@pytest.fixture(scope="module")
+def gateways(
+    stack: Stack, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[GatewayProcess, GatewayProcess]]:
+    """Two gateway processes on the same stack, as behind a load balancer."""
+    logs = tmp_path_factory.mktemp("gateway-logs")
+    first = start_gateway(stack, logs / "a.log")
+    try:
+        second = start_gateway(stack, logs / "b.log")
+    except BaseException:
+        first.stop()
+        raise
+    yield first, second
+    first.stop()
+    second.stop()
+
+
+@pytest.fixture
+async def database(postgres_url: str) -> str:
+    """The database URL with the business tables emptied, without blocking the event loop.
+
+    Overrides the shared fixture for this package: the module's worker runs in this event
+    loop, and a task still running from the previous test must be able to finish its
+    transaction, or a blocking TRUNCATE would wait for it forever.
+    """
+    async with await psycopg.AsyncConnection.connect(postgres_url, autocommit=True) as conn:
+        await conn.execute("SET lock_timeout = '20s'")
+        await conn.execute(f"TRUNCATE {', '.join(BUSINESS_TABLES)} CASCADE")
+    return postgres_url
+
+
+@dataclass(frozen=True)
+class Caller:
+    """A principal and its API key."""
+
+    principal: Principal
+    api_key: str
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The ``Authorization`` header."""
+        return {"Authorization": f"Bearer {self.api_key}"}
+
+
+def new_tenant() -> str:
+    """A tenant no other test uses (task workflow ids include the tenant)."""
+    return f"t-{uuid.uuid4().hex[:10]}"
+
+
+async def make_caller(
+    database_url: str,
+    *,
+    tenant: str,
+    name: str = "agent-1",
+    tools: tuple[str, ...] = ("issue_coupon", "create_order"),
+    may_decide: bool = False,
+    key_quota: int | None = None,
+) -> Caller:
+    """Create a principal straight in the database (as ``onceflow principal add`` does)."""
+    async with build_pool(database_url, max_size=1) as pool:
+        principal, api_key = await PrincipalStore(pool).create(
+            tenant=tenant, name=name, tools=tools, may_decide=may_decide, key_quota=key_quota
+        )
+    return Caller(principal, api_key)
+
+
+@pytest.fixture
+async def agent(database: str) -> Caller:
+    """An agent of a fresh tenant, allowed both reference tools, on empty tables."""
+    return await make_caller(database, tenant=new_tenant())
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[httpx.AsyncClient]:
+    """An HTTP client that never retries by itself."""
+    async with httpx.AsyncClient(timeout=60) as client:
+        yield client
+
+
+def rows(database_url: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    """Rows of a query, read in a fresh connection."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        return conn.execute(sql, params).fetchall()
+
+
+def execute(database_url: str, sql: str, *params: Any) -> int:
+    """Run one statement; returns the rows it changed."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        return conn.execute(sql, params).rowcount
+
+
+def count(database_url: str, table: str) -> int:
+    """Rows in a table."""
+    return int(rows(database_url, f"SELECT count(*) FROM {table}")[0][0])
+
+
+def open_service(stack: Stack, **settings: Any) -> AbstractAsyncContextManager[BoundaryService]:
+    """An in-process boundary service on the stack with the given gateway settings."""
+    return open_boundary(
+        OnceflowSettings(task_queue=stack.task_queue),
+        GatewaySettings(**settings),
+        database_url=stack.postgres_url,
+        temporal_address=stack.temporal_address,
+    )

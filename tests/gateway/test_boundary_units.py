@@ -1,0 +1,161 @@
+"""The boundary's pure parts: fingerprints, the error tree, records, views, MCP tools."""
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import gateway
+from gateway import BoundaryError, IdempotencyRecord, RecordState, request_fingerprint
+from gateway._responses import stored_outcome, task_view
+from gateway.mcp_server import IDEMPOTENCY_KEY_ARGUMENT, tool_definition
+from retry_policy import RetryBudget
+from tools import CATALOGUE
+from workflows.task_models import BudgetStatus, StepState, StepStatus, TaskState, TaskStatus
+
+BASE = {
+    "operation": "tools.call",
+    "scope": "acme:agent-1:create_order:call",
+    "route": "POST /v1/tools/create_order/calls",
+    "body": {"customer_id": "c-1", "lines": [{"sku": "a", "quantity": 1}]},
+}
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=5), children, max_size=3)
+    ),
+    max_leaves=10,
+)
+
+
+def test_a_fingerprint_is_versioned_and_covers_every_behaviour_affecting_input() -> None:
+    fingerprint = request_fingerprint(**BASE)  # type: ignore[arg-type]
+    assert fingerprint.startswith("v1:") and len(fingerprint) == 3 + 64
+    variants = [
+        {**BASE, "operation": "tasks.create"},
+        {**BASE, "scope": "acme:agent-2:create_order:call"},
+        {**BASE, "route": "POST /v1/tools/issue_coupon/calls"},
+        {**BASE, "body": {**BASE["body"], "customer_id": "c-2"}},  # type: ignore[dict-item]
+    ]
+    fingerprints = {request_fingerprint(**variant) for variant in variants}  # type: ignore[arg-type]
+    fingerprints.add(request_fingerprint(**BASE, api_version="2"))  # type: ignore[arg-type]
+    assert fingerprint not in fingerprints
+    assert len(fingerprints) == len(variants) + 1
+
+
+@given(body=st.dictionaries(st.text(max_size=6), json_values, max_size=5))
+def test_a_fingerprint_ignores_key_order_only(body: dict[str, object]) -> None:
+    reordered = dict(reversed(list(body.items())))
+    assert request_fingerprint(**{**BASE, "body": body}) == request_fingerprint(  # type: ignore[arg-type]
+        **{**BASE, "body": reordered}  # type: ignore[arg-type]
+    )
+
+
+def test_every_failure_mode_has_its_own_class_status_and_one_line_docstring() -> None:
+    classes = [
+        value
+        for value in vars(gateway).values()
+        if isinstance(value, type)
+        and issubclass(value, BoundaryError)
+        and value is not BoundaryError
+    ]
+    assert len(classes) >= 13
+    assert len({cls.slug for cls in classes}) == len(classes)
+    for cls in classes:
+        assert cls.__doc__ and "\n" not in cls.__doc__.strip(), cls
+        assert 400 <= cls.status < 600
+    problem = gateway.KeyReusedWithDifferentRequest("used before", key_digest="sha256:ab").problem()
+    assert problem == {
+        "type": "urn:onceflow:problem:idempotency-key-reused",
+        "title": "Idempotency-Key reused with a different request",
+        "status": 422,
+        "detail": "used before",
+        "key_digest": "sha256:ab",
+    }
+
+
+def record(**overrides: object) -> IdempotencyRecord:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    fields: dict[str, object] = {
+        "scope": "s",
+        "idempotency_key": "raw-secret-key",
+        "request_hash": "v1:" + "0" * 64,
+        "state": RecordState.PROCESSING,
+        "owner_token": "o",
+        "fencing_token": 1,
+        "lease_expires_at": now + timedelta(seconds=5),
+        "tenant": "acme",
+        "principal_id": uuid.uuid4(),
+        "workflow_id": "wf",
+        "workflow_run_id": None,
+        "workflow_started_at": None,
+        "status_code": None,
+        "resource_id": None,
+        "response_body": {"secret": "body"},
+        "result_expires_at": now + timedelta(days=1),
+        "created_at": now,
+        "read_at": now,
+    }
+    return IdempotencyRecord(**{**fields, **overrides})  # type: ignore[arg-type]
+
+
+def test_lease_expiry_is_a_property_of_the_database_clock_reading() -> None:
+    held = record()
+    assert not held.lease_expired
+    assert held.lease_left == timedelta(seconds=5)
+    expired = record(read_at=datetime(2026, 1, 1, 0, 0, 6, tzinfo=UTC))
+    assert expired.lease_expired and expired.lease_left == timedelta(0)
+    assert "raw-secret-key" not in repr(held) and "body" not in repr(held)
+
+
+def status(state: TaskState) -> TaskStatus:
+    return TaskStatus(
+        workflow_id="wf-1",
+        tenant="acme",
+        principal="agent-1",
+        state=state,
+        steps=[
+            StepStatus(
+                step_id="1",
+                tool="create_order",
+                state=StepState.SUCCEEDED,
+                arguments={"card": "4242424242424242"},
+                arguments_digest="sha256:" + "0" * 64,
+                resource_id="order-1",
+                result={"order_id": "order-1"},
+            )
+        ],
+        budget=BudgetStatus(
+            budget=RetryBudget(),
+            attempts_used=1,
+            attempts_left=11,
+            operator_authorised_attempts=0,
+            deadline_at=datetime(2026, 1, 1, tzinfo=UTC),
+        ),
+    )
+
+
+def test_the_stored_outcome_is_the_view_without_arguments() -> None:
+    state, status_code, body, resource_id = stored_outcome(status(TaskState.SUCCEEDED))
+
+    assert (state, status_code, resource_id) == (RecordState.SUCCEEDED, 200, "order-1")
+    assert body == task_view(status(TaskState.SUCCEEDED)).model_dump(mode="json")
+    assert "4242424242424242" not in str(body)
+    assert body["status_url"] == "/v1/tasks/wf-1"
+    assert stored_outcome(status(TaskState.FAILED))[0] is RecordState.FAILED
+    with pytest.raises(ValueError):
+        stored_outcome(status(TaskState.PARKED))
+
+
+@pytest.mark.parametrize("contract", list(CATALOGUE), ids=lambda contract: contract.name)
+def test_mcp_tools_carry_the_contract_annotations_and_a_required_key(contract: object) -> None:
+    tool = tool_definition(contract)  # type: ignore[arg-type]
+    expected = contract.mcp_annotations()  # type: ignore[attr-defined]
+
+    assert tool.annotations is not None
+    assert tool.annotations.model_dump(by_alias=True, exclude_none=True) == expected
+    assert IDEMPOTENCY_KEY_ARGUMENT in tool.input_schema["required"]
+    assert IDEMPOTENCY_KEY_ARGUMENT in tool.input_schema["properties"]

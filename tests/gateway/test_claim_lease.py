@@ -1,0 +1,211 @@
+"""The claim's lease and fencing, and the task writing its own outcome to the record.
+
+A gateway can die between claiming a key and starting the task; the claim's lease lets
+a retry take over (with a new fencing token) only after it expires, and the former
+owner can then no longer write.
+"""
+
+import asyncio
+import time
+from datetime import timedelta
+
+import httpx
+import pytest
+
+from gateway import (
+    AlreadyClaimed,
+    Claimed,
+    IdempotencyStore,
+    NewClaim,
+    RequestInProgress,
+    request_fingerprint,
+)
+from storage import build_pool
+
+from .conftest import (
+    Caller,
+    GatewayProcess,
+    Stack,
+    count,
+    execute,
+    open_service,
+    rows,
+    start_gateway,
+)
+
+ORDER = {
+    "customer_id": "c-lease",
+    "currency": "eur",
+    "lines": [{"sku": "mug", "quantity": 1, "unit_price_cents": 900}],
+}
+
+
+async def wait_for(predicate: object, *, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+async def test_a_gateway_killed_between_claim_and_start_is_taken_over_after_the_lease(
+    stack: Stack,
+    gateways: tuple[GatewayProcess, GatewayProcess],
+    agent: Caller,
+    http: httpx.AsyncClient,
+    database: str,
+    tmp_path: object,
+) -> None:
+    faulty = start_gateway(
+        stack,
+        tmp_path / "faulty.log",  # type: ignore[operator]
+        ONCEFLOW_GATEWAY_FAULT_PAUSE_AFTER_CLAIM_SECONDS="60",
+        ONCEFLOW_GATEWAY_CLAIM_LEASE_SECONDS="2",
+    )
+    headers = {**agent.headers, "Idempotency-Key": "order-crash-1"}
+    try:
+        pending = asyncio.create_task(
+            http.post(f"{faulty.url}/v1/tools/create_order/calls", json=ORDER, headers=headers)
+        )
+        await wait_for(lambda: "FAULT INJECTION" in faulty.log())
+        faulty.kill()
+        with pytest.raises(httpx.TransportError):
+            await pending
+    finally:
+        faulty.stop()
+
+    # The claim survived the crash; nothing was started.
+    assert rows(
+        database, "SELECT state, fencing_token, workflow_started_at FROM idempotency_records"
+    ) == [("processing", 1, None)]
+    assert count(database, "orders") == 0
+    assert await stack.task_workflows(agent.principal.tenant) == 0
+
+    started = time.monotonic()
+    retry = await http.post(
+        f"{gateways[0].url}/v1/tools/create_order/calls", json=ORDER, headers=headers
+    )
+
+    assert retry.status_code == 200, retry.text
+    assert "Idempotent-Replayed" not in retry.headers, "the retry ran the operation itself"
+    assert time.monotonic() - started < 8, "taken over as soon as the 2 s lease expired"
+    assert rows(database, "SELECT state, fencing_token FROM idempotency_records") == [
+        ("succeeded", 2)
+    ]
+    assert count(database, "orders") == 1
+    assert await stack.task_workflows(agent.principal.tenant) == 1
+    again = await http.post(
+        f"{gateways[1].url}/v1/tools/create_order/calls", json=ORDER, headers=headers
+    )
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert again.content == retry.content
+    assert count(database, "orders") == 1
+
+
+async def test_a_request_meeting_an_unexpired_claim_gets_409_with_retry_after(
+    stack: Stack, agent: Caller, database: str
+) -> None:
+    async with (
+        open_service(stack, fault_pause_after_claim_seconds=30, claim_lease_seconds=30) as owner,
+        open_service(stack, replay_wait_seconds=0.3) as other,
+    ):
+        claiming = asyncio.create_task(
+            owner.call_tool(agent.principal, "create_order", ORDER, "order-busy-1")
+        )
+        await wait_for(lambda: count(database, "idempotency_records") == 1)
+
+        with pytest.raises(RequestInProgress) as busy:
+            await other.call_tool(agent.principal, "create_order", ORDER, "order-busy-1")
+
+        claiming.cancel()  # the owner "dies" while holding the claim
+    assert 25 <= busy.value.retry_after_seconds <= 30
+    assert busy.value.problem()["status"] == 409
+    assert count(database, "orders") == 0
+    assert await stack.task_workflows(agent.principal.tenant) == 0
+
+
+async def test_after_a_takeover_the_former_owner_can_no_longer_write(
+    agent: Caller, database: str
+) -> None:
+    async with build_pool(database, max_size=2) as pool:
+        store = IdempotencyStore(pool)
+        claim = NewClaim(
+            scope=f"{agent.principal.tenant}:{agent.principal.name}:create_order:call",
+            idempotency_key="order-fenced-1",
+            request_hash=request_fingerprint(
+                operation="tools.call", scope="s", route="r", body={"x": 1}
+            ),
+            tenant=agent.principal.tenant,
+            principal_id=agent.principal.principal_id,
+            workflow_id="wf-fenced-1",
+            lease=timedelta(seconds=30),
+            result_retention=timedelta(days=1),
+            key_quota=10,
+            quota_window_seconds=60,
+        )
+        first = await store.claim(claim)
+        assert isinstance(first, Claimed)
+        again = await store.claim(claim)
+        assert isinstance(again, AlreadyClaimed)
+        assert not again.record.lease_expired
+        assert await store.take_over(again.record, lease=claim.lease) is None, "lease still held"
+
+        execute(
+            database, "UPDATE idempotency_records SET lease_expires_at = now() - interval '1 s'"
+        )
+        expired = await store.get(claim.scope, claim.idempotency_key)
+        assert expired is not None and expired.lease_expired
+        new_owner = await store.take_over(expired, lease=claim.lease)
+        assert new_owner is not None and new_owner.fencing_token == 2
+
+        assert await store.mark_started(first.record, run_id="old") is False
+        assert await store.release(first.record) is False
+        assert await store.take_over(expired, lease=claim.lease) is None, "fencing token moved on"
+        assert await store.mark_started(new_owner, run_id="new") is True
+    assert rows(database, "SELECT fencing_token, workflow_run_id FROM idempotency_records") == [
+        (2, "new")
+    ]
+
+
+async def test_the_task_writes_its_own_outcome_into_the_record(
+    stack: Stack, agent: Caller, database: str
+) -> None:
+    async with open_service(stack, replay_wait_seconds=0) as service:
+        answer = await service.call_tool(agent.principal, "create_order", ORDER, "order-async-1")
+        assert answer.status_code == 202
+        assert answer.body["state"] == "running"
+
+        # The gateway does nothing more; the workflow's record_task_outcome fills the record.
+        await wait_for(
+            lambda: rows(database, "SELECT state FROM idempotency_records") == [("succeeded",)]
+        )
+        stored = rows(database, "SELECT status_code, response_body FROM idempotency_records")[0]
+        assert stored[0] == 200
+        assert stored[1]["state"] == "succeeded"
+        replay = await service.call_tool(agent.principal, "create_order", ORDER, "order-async-1")
+    assert replay.replayed
+    assert replay.body == stored[1]
+    assert count(database, "orders") == 1
+
+
+async def test_a_record_left_processing_after_the_task_closed_uses_the_task_result(
+    stack: Stack, agent: Caller, database: str
+) -> None:
+    async with open_service(stack) as service:
+        first = await service.call_tool(agent.principal, "create_order", ORDER, "order-lost-1")
+        assert first.status_code == 200
+        # As if every record_task_outcome attempt had failed: the record still processing.
+        execute(
+            database,
+            "UPDATE idempotency_records SET state = 'processing', status_code = NULL,"
+            " response_body = NULL",
+        )
+
+        retry = await service.call_tool(agent.principal, "create_order", ORDER, "order-lost-1")
+
+    assert retry.status_code == 200
+    assert retry.replayed
+    assert retry.body == first.body
+    assert rows(database, "SELECT state FROM idempotency_records") == [("succeeded",)]
+    assert count(database, "orders") == 1

@@ -1,0 +1,155 @@
+"""The MCP server (``onceflow mcp``) with the MCP SDK's own client, over stdio and HTTP.
+
+The server goes through the same boundary service as the HTTP API: same claims, same
+fingerprints, same records.
+"""
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import httpx2
+import pytest
+from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+
+from gateway.mcp_server import REPLAYED_META, TASK_STATUS_TOOL
+from tools import CATALOGUE
+
+from ..conftest import repo_root
+from .conftest import Caller, Stack, count, rows
+
+ORDER = {
+    "customer_id": "c-mcp",
+    "currency": "eur",
+    "lines": [{"sku": "mug", "quantity": 3, "unit_price_cents": 1100}],
+}
+
+
+@asynccontextmanager
+async def stdio_session(stack: Stack, api_key: str) -> AsyncIterator[ClientSession]:
+    server = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "cli.main", "mcp"],
+        env={**stack.env(), "ONCEFLOW_API_KEY": api_key},
+        cwd=str(repo_root()),
+    )
+    async with stdio_client(server) as (read_stream, write_stream):
+        async with ClientSession(read_stream, write_stream) as session:
+            await session.initialize()
+            yield session
+
+
+async def test_stdio_lists_every_tool_with_its_contract_and_calls_once_per_key(
+    stack: Stack, agent: Caller, database: str
+) -> None:
+    async with stdio_session(stack, agent.api_key) as session:
+        listed = {tool.name: tool for tool in (await session.list_tools()).tools}
+
+        for contract in CATALOGUE:
+            tool = listed[contract.name]
+            expected = contract.mcp_annotations()
+            assert tool.annotations is not None
+            assert tool.annotations.read_only_hint is expected["readOnlyHint"]
+            assert tool.annotations.destructive_hint is expected["destructiveHint"]
+            assert tool.annotations.idempotent_hint is expected["idempotentHint"]
+            assert tool.annotations.open_world_hint is expected["openWorldHint"]
+            assert "idempotency_key" in tool.input_schema["required"]
+            assert tool.input_schema["properties"]["idempotency_key"]["maxLength"] == 200
+        assert listed[TASK_STATUS_TOOL].annotations.read_only_hint is True
+
+        arguments = {**ORDER, "idempotency_key": "mcp-order-1"}
+        first = await session.call_tool("create_order", arguments)
+        second = await session.call_tool("create_order", arguments)
+
+        status = await session.call_tool(
+            TASK_STATUS_TOOL, {"task_id": first.structured_content["task_id"]}
+        )
+
+    assert not first.is_error and not second.is_error
+    assert first.structured_content == second.structured_content
+    assert first.structured_content["state"] == "succeeded"
+    assert first.meta[REPLAYED_META] is False
+    assert second.meta[REPLAYED_META] is True
+    assert status.structured_content["steps"][0]["arguments"] == ORDER
+    assert count(database, "orders") == 1
+    assert rows(database, "SELECT state FROM idempotency_records") == [("succeeded",)]
+    assert await stack.task_workflows(agent.principal.tenant) == 1
+
+
+async def test_stdio_refusals_are_tool_errors_with_the_problem(
+    stack: Stack, agent: Caller, database: str
+) -> None:
+    async with stdio_session(stack, agent.api_key) as session:
+        missing = await session.call_tool("create_order", ORDER)
+        control = await session.call_tool(
+            "create_order", {**ORDER, "idempotency_key": "bad\x00key\x1b"}
+        )
+        await session.call_tool("create_order", {**ORDER, "idempotency_key": "mcp-reuse"})
+        reused = await session.call_tool(
+            "create_order", {**ORDER, "customer_id": "c-other", "idempotency_key": "mcp-reuse"}
+        )
+        with pytest.raises(MCPError):
+            await session.call_tool("launch_rocket", {"idempotency_key": "k"})
+
+    assert missing.is_error
+    assert missing.structured_content["type"].endswith("idempotency-key-missing")
+    assert control.is_error
+    assert control.structured_content["type"].endswith("idempotency-key-malformed")
+    assert reused.is_error
+    assert reused.structured_content["status"] == 422
+    assert count(database, "orders") == 1
+    assert count(database, "idempotency_records") == 1
+
+
+def start_mcp_http(stack: Stack, log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
+    log = log_path.open("wb")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "mcp", "--transport", "http", "--port", "0"],
+        cwd=repo_root(),
+        env={**os.environ, **stack.env()},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    log.close()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for line in log_path.read_text(errors="replace").splitlines():
+            if line.startswith("onceflow MCP server ready on "):
+                return process, line.split()[5]
+        if process.poll() is not None:
+            raise AssertionError(log_path.read_text())
+        time.sleep(0.05)
+    process.kill()
+    raise AssertionError("MCP server not ready")
+
+
+async def test_streamable_http_authenticates_each_request_with_its_bearer_key(
+    stack: Stack, agent: Caller, database: str, tmp_path: Path
+) -> None:
+    process, url = start_mcp_http(stack, tmp_path / "mcp.log")
+    try:
+        results = {}
+        for label, headers in (("agent", agent.headers), ("nobody", {})):
+            async with httpx2.AsyncClient(headers=headers, timeout=30) as http:
+                async with streamable_http_client(url, http_client=http) as (read, write):
+                    async with ClientSession(read, write) as session:
+                        await session.initialize()
+                        results[label] = await session.call_tool(
+                            "issue_coupon",
+                            {"user_id": "u-mcp", "coupon_id": "C1", "idempotency_key": "mcp-http"},
+                        )
+    finally:
+        process.terminate()
+        process.wait(timeout=15)
+
+    assert not results["agent"].is_error
+    assert results["agent"].structured_content["state"] == "succeeded"
+    assert results["nobody"].is_error
+    assert results["nobody"].structured_content["status"] == 401
+    assert count(database, "coupon_issuances") == 1

@@ -1,0 +1,196 @@
+"""Payments on real servers: the local Stripe-compatible provider over HTTP, the official
+``stripe`` SDK, the Temporal dev server and PostgreSQL. Nothing is mocked.
+
+Every test gets its own provider (fresh ledger and request log, ephemeral port) and its
+own task queue; assertions read the provider's ledger, not only the task's result.
+"""
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg_pool import AsyncConnectionPool
+from temporalio import activity
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from activities import PaymentActivities
+from devstack.stripe_provider import (
+    ProviderConfig,
+    ProviderControl,
+    RunningProvider,
+    running_provider,
+)
+from payments import StripePaymentProvider, StripeSettings, open_stripe_provider
+from retry_policy import RetryBudget
+from settings import OnceflowSettings
+from storage import build_pool
+from task_api import TaskClient
+from tools import CATALOGUE, ToolAttemptResult, ToolCallInput, derive_task_workflow_id
+from tools.payments import PaymentToolSettings, charge_payment_contract
+from worker import build_worker
+from workflows.task_models import AgentTaskInput, StepInput, TaskStatus
+
+API_KEY = "sk_test_onceflow_payments"
+ACCOUNT = "acct_onceflow_test"
+TENANT = "acme"
+VISA_CHARGE: dict[str, Any] = {
+    "amount": 4200,
+    "currency": "eur",
+    "customer": "cus_alice",
+    "payment_method": "pm_card_visa",
+    "order_id": "ord-1001",
+}
+FAST_BUDGET = RetryBudget(
+    max_attempts_per_task=6,
+    max_attempts_per_step=3,
+    initial_backoff=timedelta(milliseconds=50),
+    max_backoff=timedelta(milliseconds=200),
+    deadline=timedelta(minutes=2),
+)
+"""Three attempts per step, milliseconds apart: budget decisions without waiting."""
+
+SHORT_RETENTION_CHARGE = charge_payment_contract(
+    PaymentToolSettings(
+        key_retention=timedelta(milliseconds=500),
+        retention_margin=timedelta(milliseconds=100),
+        attempt_timeout=timedelta(seconds=10),
+    ),
+    name="charge_payment_short_key_retention",
+)
+"""``charge_payment`` at a provider that keeps keys for half a second, so a first attempt
+that took a one-second client timeout is already older than the key's retention."""
+
+
+def stripe_settings(base_url: str, **overrides: Any) -> StripeSettings:
+    """Settings for a worker's Stripe client pointed at the local provider."""
+    values: dict[str, Any] = {
+        "api_key": API_KEY,
+        "api_base": base_url,
+        "account": ACCOUNT,
+        "connect_timeout": timedelta(milliseconds=500),
+        "request_timeout": timedelta(seconds=1),
+        **overrides,
+    }
+    return StripeSettings(**values)
+
+
+@pytest.fixture
+async def provider() -> AsyncIterator[RunningProvider]:
+    """A fresh local Stripe-compatible provider served in the test's event loop."""
+    async with running_provider(ProviderConfig()) as running:
+        yield running
+
+
+@pytest.fixture
+async def control(provider: RunningProvider) -> AsyncIterator[ProviderControl]:
+    """Faults, configuration, ledger and request log of the test's provider."""
+    async with ProviderControl(provider.base_url) as client:
+        yield client
+
+
+@pytest.fixture
+async def payment_provider(provider: RunningProvider) -> AsyncIterator[StripePaymentProvider]:
+    """onceflow's Stripe provider (the real SDK over HTTP) pointed at the test's provider."""
+    async with open_stripe_provider(stripe_settings(provider.base_url)) as opened:
+        assert opened is not None
+        yield opened
+
+
+@pytest.fixture
+async def pool(database: str) -> AsyncIterator[AsyncConnectionPool]:
+    async with build_pool(database) as opened:
+        yield opened
+
+
+def register_test_contracts() -> None:
+    """Put the test-only contract variants in the shared catalogue (once per process)."""
+    if SHORT_RETENTION_CHARGE.name not in CATALOGUE:
+        CATALOGUE.register(SHORT_RETENTION_CHARGE)
+
+
+def variant_activities(payments: PaymentActivities) -> tuple[Callable[..., Any], ...]:
+    """The test-only tool names, performed by the real payment activities."""
+
+    @activity.defn(name=SHORT_RETENTION_CHARGE.name)
+    async def charge_with_short_key_retention(call: ToolCallInput) -> ToolAttemptResult:
+        return await payments.charge_payment(call)
+
+    return (charge_with_short_key_retention,)
+
+
+@pytest.fixture
+async def worker(
+    dev_server: WorkflowEnvironment,
+    pool: AsyncConnectionPool,
+    payment_provider: StripePaymentProvider,
+    task_queue: str,
+) -> AsyncIterator[Worker]:
+    """A worker built by onceflow's one composition point, with the payment provider."""
+    register_test_contracts()
+    settings = OnceflowSettings(task_queue=task_queue, shutdown_grace_seconds=1)
+    async with build_worker(
+        dev_server.client,
+        pool,
+        settings,
+        payment_provider=payment_provider,
+        extra_activities=variant_activities(PaymentActivities(payment_provider, pool)),
+    ) as running:
+        yield running
+
+
+@pytest.fixture
+def tasks(dev_server: WorkflowEnvironment, task_queue: str) -> TaskClient:
+    """The operators' and the boundary's client for tasks on the test's queue."""
+    return TaskClient(dev_server.client, task_queue=task_queue)
+
+
+async def start_task(
+    tasks: TaskClient,
+    *steps: tuple[str, str, dict[str, Any]],
+    budget: RetryBudget = FAST_BUDGET,
+) -> str:
+    """Start a task of ``(step_id, tool, arguments)`` steps; returns its workflow id."""
+    task = AgentTaskInput(
+        tenant=TENANT,
+        principal="agent-7",
+        steps=[StepInput(step_id=sid, tool=tool, arguments=args) for sid, tool, args in steps],
+        budget=budget,
+    )
+    workflow_id = derive_task_workflow_id(
+        tenant=TENANT, scope="task", idempotency_key=f"client-key-{uuid.uuid4().hex}"
+    )
+    await tasks.start(task, workflow_id=workflow_id)
+    return workflow_id
+
+
+async def wait_for(
+    tasks: TaskClient,
+    workflow_id: str,
+    done: Callable[[TaskStatus], bool],
+    *,
+    timeout: float = 20.0,
+) -> TaskStatus:
+    """Poll the task's status query until ``done`` holds."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        status = await tasks.status(workflow_id)
+        if done(status):
+            return status
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"condition never held; last status: {status.model_dump_json()}")
+        await asyncio.sleep(0.05)
+
+
+def operation_row(database: str, child_key: str) -> tuple[Any, ...] | None:
+    """``(state, resource_id, provider_request_id, result)`` of one operations row."""
+    with psycopg.connect(database) as conn:
+        return conn.execute(
+            "SELECT state, resource_id, provider_request_id, result FROM operations "
+            "WHERE child_key = %s",
+            (child_key,),
+        ).fetchone()

@@ -1,0 +1,149 @@
+"""The lookup activities in ``ActivityEnvironment``, against the local provider and PostgreSQL.
+
+A lookup may only say ``succeeded`` when a read proves the effect exists; a miss in
+Stripe's eventually consistent search is inconclusive.
+"""
+
+from collections.abc import AsyncIterator
+
+import pytest
+from psycopg_pool import AsyncConnectionPool
+from temporalio.testing import ActivityEnvironment
+
+from activities import PaymentActivities
+from devstack.stripe_provider import ProviderControl
+from payments import ChargeRequest, PaymentIntentView, StripePaymentProvider
+from retry_policy import OutcomeClass
+from tools import ToolCallInput, derive_child_key, key_digest
+
+from .conftest import ACCOUNT, TENANT, VISA_CHARGE, operation_row
+
+pytestmark = [pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")]
+
+
+@pytest.fixture
+async def activities(
+    payment_provider: StripePaymentProvider, pool: AsyncConnectionPool
+) -> AsyncIterator[PaymentActivities]:
+    yield PaymentActivities(payment_provider, pool)
+
+
+def call(tool: str, arguments: dict[str, object], **evidence: str) -> ToolCallInput:
+    return ToolCallInput(
+        tenant=TENANT,
+        principal="agent-7",
+        workflow_id="task-lookups",
+        step_id="pay",
+        tool=tool,
+        arguments=arguments,
+        attempt=2,
+        evidence=evidence,
+    )
+
+
+async def charge_as_an_earlier_attempt(provider: StripePaymentProvider) -> PaymentIntentView:
+    """The charge a lost attempt of step ``pay`` made: its key, its metadata."""
+    child_key = derive_child_key(
+        tenant=TENANT,
+        workflow_id="task-lookups",
+        step_id="pay",
+        child_op="charge",
+        provider_account=ACCOUNT,
+    )
+    return await provider.create_payment_intent(
+        ChargeRequest(
+            amount=4200,
+            currency="eur",
+            customer="cus_alice",
+            payment_method="pm_card_visa",
+            description="order ord-1001",
+            metadata={"onceflow_operation": key_digest(child_key)},
+        ),
+        idempotency_key=child_key,
+    )
+
+
+async def test_search_finds_a_charge_whose_answer_was_lost(
+    activities: PaymentActivities,
+    payment_provider: StripePaymentProvider,
+    control: ProviderControl,
+    database: str,
+) -> None:
+    intent = await charge_as_an_earlier_attempt(payment_provider)
+    found = await ActivityEnvironment().run(
+        activities.look_up_charge, call("charge_payment", VISA_CHARGE)
+    )
+    assert found.outcome is OutcomeClass.SUCCEEDED
+    assert found.resource_id == intent.id
+    assert found.result["found_by"] == "lookup:search"
+    # Found effects are recorded like answered ones, before they are reported.
+    row = operation_row(
+        database,
+        derive_child_key(
+            tenant=TENANT,
+            workflow_id="task-lookups",
+            step_id="pay",
+            child_op="charge",
+            provider_account=ACCOUNT,
+        ),
+    )
+    assert row is not None and row[:2] == ("succeeded", intent.id)
+    assert len(await control.ledger()) == 1
+
+
+async def test_a_search_miss_is_inconclusive_and_a_known_id_is_read_directly(
+    activities: PaymentActivities,
+    payment_provider: StripePaymentProvider,
+    control: ProviderControl,
+) -> None:
+    await control.configure(search_lag_seconds=3600)
+    intent = await charge_as_an_earlier_attempt(payment_provider)
+
+    missed = await ActivityEnvironment().run(
+        activities.look_up_charge, call("charge_payment", VISA_CHARGE)
+    )
+    assert missed.outcome is OutcomeClass.UNKNOWN
+    assert "eventually consistent" in missed.evidence["lookup_search"]
+    assert missed.evidence["child_key_digest"].startswith("sha256:")
+
+    known = await ActivityEnvironment().run(
+        activities.look_up_charge, call("charge_payment", VISA_CHARGE, payment_intent=intent.id)
+    )
+    assert known.outcome is OutcomeClass.SUCCEEDED
+    assert known.result["found_by"] == "lookup:retrieve"
+    assert len(await control.ledger()) == 1
+
+
+async def test_a_refund_without_a_known_id_is_inconclusive_with_the_charges_refunded_amount(
+    activities: PaymentActivities,
+    payment_provider: StripePaymentProvider,
+) -> None:
+    intent = await charge_as_an_earlier_attempt(payment_provider)
+    looked = await ActivityEnvironment().run(
+        activities.look_up_refund,
+        call("refund_payment", {"payment_intent": intent.id, "amount": 100}),
+    )
+    assert looked.outcome is OutcomeClass.UNKNOWN
+    assert looked.evidence["lookup_charge"] == f"{intent.id}: 0 of 4200 refunded"
+
+
+async def test_without_a_stripe_key_payment_tools_reject_with_a_clear_reason(
+    pool: AsyncConnectionPool,
+) -> None:
+    unconfigured = PaymentActivities(None, pool)
+    result = await ActivityEnvironment().run(
+        unconfigured.charge_payment, call("charge_payment", VISA_CHARGE)
+    )
+    assert result.outcome is OutcomeClass.REJECTED
+    assert "STRIPE_API_KEY" in (result.reason or "")
+
+
+def test_an_attempt_timeout_shorter_than_two_provider_calls_is_refused(
+    payment_provider: StripePaymentProvider,
+) -> None:
+    class Slow:
+        account = ACCOUNT
+        request_timeout = payment_provider.request_timeout * 100
+
+    with pytest.raises(ValueError, match="ONCEFLOW_PAYMENTS_ATTEMPT_TIMEOUT"):
+        PaymentActivities(Slow(), pool=None)  # type: ignore[arg-type]
