@@ -2,7 +2,9 @@
 
 The agent welcomes a new customer (a coupon and a first order), then behaves like real
 agents do: it retries the whole call after a timeout, and a second agent asks for the
-same coupon. The database shows one coupon and one order all the same.
+same coupon. The database shows one coupon and one order all the same. Then a charge
+whose response is lost (one charge at the provider), a charge that parks for a person,
+an email through the outbox and an approved deployment.
 """
 
 import uuid
@@ -11,7 +13,18 @@ from dataclasses import dataclass
 import psycopg
 from rich.console import Console
 
-from devstack.stack import StackAlreadyRunning, embedded_stack, running_stack_database_url
+from devstack.demo_email_deploy import email_and_deploy_scenario
+from devstack.demo_payments import payments_scenario
+from devstack.email_deploy_services import (
+    running_stack_deploy_target_url,
+    running_stack_smtp_sink_control_url,
+)
+from devstack.stack import (
+    StackAlreadyRunning,
+    embedded_stack,
+    running_stack_database_url,
+    running_stack_provider_url,
+)
 from settings import OnceflowSettings
 from task_api import TaskClient, connect_temporal
 from tools import derive_task_workflow_id
@@ -24,6 +37,9 @@ class _Endpoints:
     database_url: str
     ui_url: str
     task_queue: str
+    local_provider_url: str | None = None
+    local_deploy_target_url: str | None = None
+    smtp_sink_control_url: str | None = None
 
 
 async def run_demo(
@@ -39,10 +55,23 @@ async def run_demo(
             progress=lambda message: console.print(f"[dim]… {message}[/]"),
         ) as stack:
             entered = True
+            services = stack.email_and_deploy
             await _scenario(
                 console,
                 _Endpoints(
-                    stack.temporal_address, stack.database_url, stack.ui_url, stack.task_queue
+                    stack.temporal_address,
+                    stack.database_url,
+                    stack.ui_url,
+                    stack.task_queue,
+                    local_provider_url=(
+                        stack.payment_provider_url if stack.payment_provider_is_local else None
+                    ),
+                    local_deploy_target_url=(
+                        services.deploy_target.url
+                        if services and services.deploy_target_is_local
+                        else None
+                    ),
+                    smtp_sink_control_url=services.smtp_sink_control_url if services else None,
                 ),
             )
             console.print(
@@ -63,6 +92,9 @@ async def run_demo(
                 database_url,
                 f"http://localhost:{ui_port}",
                 settings.task_queue,
+                local_provider_url=running_stack_provider_url(settings.state_dir),
+                local_deploy_target_url=running_stack_deploy_target_url(settings.state_dir),
+                smtp_sink_control_url=running_stack_smtp_sink_control_url(settings.state_dir),
             ),
         )
 
@@ -143,6 +175,20 @@ async def _scenario(console: Console, endpoints: _Endpoints) -> None:
         soft_wrap=True,
     )
     console.print(f"Or in a terminal: onceflow status {task_id}", soft_wrap=True)
+
+    if endpoints.local_provider_url is not None:
+        await payments_scenario(
+            console, client, endpoints.local_provider_url, ui_url=endpoints.ui_url
+        )
+    await email_and_deploy_scenario(
+        console,
+        client,
+        database_url=endpoints.database_url,
+        deploy_target_url=endpoints.local_deploy_target_url,
+        smtp_sink_control_url=endpoints.smtp_sink_control_url,
+        ui_url=endpoints.ui_url,
+        first_section=7,
+    )
 
 
 def _show(console: Console, status: TaskStatus) -> None:
