@@ -5,8 +5,9 @@ Temporal's own connection settings (``TEMPORAL_ADDRESS``, ``TEMPORAL_NAMESPACE``
 """
 
 from pathlib import Path
+from typing import TypeVar
 
-from pydantic import Field, ValidationError
+from pydantic import AliasChoices, Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -28,23 +29,38 @@ class OnceflowSettings(BaseSettings):
     """Most database connections one worker process holds. Default 10."""
 
 
+AnySettings = TypeVar("AnySettings", bound=BaseSettings)
+
+
 class InvalidSettings(ValueError):
     """An environment variable holds a value onceflow cannot use."""
 
 
-def load_settings() -> OnceflowSettings:
-    """Read the settings; a bad value raises ``InvalidSettings`` naming the variable."""
+def read_settings(settings_class: type[AnySettings]) -> AnySettings:
+    """Read a settings class from the environment; a bad value raises ``InvalidSettings``
+    naming the environment variable, never a validation traceback."""
     try:
-        return OnceflowSettings()
+        return settings_class()
     except ValidationError as invalid:
         problems = "; ".join(
-            f"{_variable_name(problem['loc'])}: {problem['msg']}" for problem in invalid.errors()
+            f"{_variable_name(settings_class, problem['loc'])}: {problem['msg']}"
+            for problem in invalid.errors()
         )
         raise InvalidSettings(f"invalid setting {problems}") from None
 
 
-def _variable_name(location: tuple[int | str, ...]) -> str:
-    field = str(location[0]) if location else "?"
-    if field == "database_url":
-        return "DATABASE_URL"
-    return f"ONCEFLOW_{field.upper()}"
+def load_settings() -> OnceflowSettings:
+    """onceflow's own settings (see ``read_settings``)."""
+    return read_settings(OnceflowSettings)
+
+
+def _variable_name(settings_class: type[BaseSettings], location: tuple[int | str, ...]) -> str:
+    name = str(location[0]) if location else "?"
+    field = settings_class.model_fields.get(name)
+    alias = field.validation_alias if field is not None else None
+    if isinstance(alias, str):
+        return alias
+    if isinstance(alias, AliasChoices) and alias.choices:
+        return str(alias.choices[0])
+    prefix = str(settings_class.model_config.get("env_prefix", ""))
+    return f"{prefix}{name}".upper()

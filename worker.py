@@ -92,7 +92,7 @@ async def serve_worker(
 
 def main() -> None:
     """Entry point for ``python worker.py``: the same as ``onceflow worker``."""
-    from cli.main import run
+    from cli import run
 
     run(["worker"])
 

@@ -19,6 +19,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from settings import read_settings
 from tools._contract import DedupeStrategy, EffectFlags, ToolContract
 
 DEPLOY_CHILD_OP = "deploy"
@@ -96,6 +97,6 @@ def start_deployment_contract(
     )
 
 
-DEPLOYMENT_TOOL_SETTINGS = DeploymentToolSettings()
+DEPLOYMENT_TOOL_SETTINGS = read_settings(DeploymentToolSettings)
 """The settings every worker read at import; the contract below is built from them."""
 START_DEPLOYMENT = start_deployment_contract(DEPLOYMENT_TOOL_SETTINGS)

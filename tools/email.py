@@ -18,6 +18,7 @@ from typing import Annotated
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from settings import read_settings
 from tools._contract import DedupeStrategy, EffectFlags, ToolContract
 
 EMAIL_CHILD_OP = "email"
@@ -91,6 +92,6 @@ def send_email_contract(settings: EmailToolSettings, *, name: str = "send_email"
     )
 
 
-EMAIL_TOOL_SETTINGS = EmailToolSettings()
+EMAIL_TOOL_SETTINGS = read_settings(EmailToolSettings)
 """The settings every worker read at import; the contract below is built from them."""
 SEND_EMAIL = send_email_contract(EMAIL_TOOL_SETTINGS)

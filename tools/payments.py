@@ -20,6 +20,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from settings import read_settings
 from tools._contract import ApprovalThreshold, DedupeStrategy, EffectFlags, ToolContract
 
 CHARGE_CHILD_OP = "charge"
@@ -152,7 +153,7 @@ def refund_payment_contract(
     )
 
 
-PAYMENT_TOOL_SETTINGS = PaymentToolSettings()
+PAYMENT_TOOL_SETTINGS = read_settings(PaymentToolSettings)
 """The settings every worker read at import; the contracts below are built from them."""
 CHARGE_PAYMENT = charge_payment_contract(PAYMENT_TOOL_SETTINGS)
 REFUND_PAYMENT = refund_payment_contract(PAYMENT_TOOL_SETTINGS)

@@ -110,3 +110,11 @@ def test_a_bad_setting_names_the_variable() -> None:
     assert result.returncode == 2
     assert "ONCEFLOW_DB_POOL_MAX_SIZE" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_bad_tool_setting_read_at_start_up_names_the_variable() -> None:
+    result = run("status", "t-1", env={"ONCEFLOW_PAYMENTS_KEY_RETENTION": "forever"})
+    assert result.returncode == 2
+    assert "ONCEFLOW_PAYMENTS_KEY_RETENTION" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

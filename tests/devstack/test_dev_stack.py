@@ -46,7 +46,7 @@ def state_dir(tmp_path: Path) -> Iterator[Path]:
     yield state
     for pid_file, marker in (
         (state / "temporal.pid", b"start-dev"),
-        (state / "dev.lock", b"cli.main"),
+        (state / "dev.lock", b"\x00cli\x00dev"),
     ):
         if pid_file.exists() and pid_file.read_text().strip().isdigit():
             pid = int(pid_file.read_text())
