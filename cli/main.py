@@ -135,8 +135,22 @@ def dev(
 
 @app.command()
 def worker(temporal_address: TemporalAddress = None) -> None:
-    """Run a worker until SIGTERM/SIGINT, then drain running activities and exit."""
-    from devstack.stack import running_stack_database_url
+    """Run a worker until SIGTERM/SIGINT, then drain running activities and exit.
+
+    Without DATABASE_URL, STRIPE_API_KEY or DEPLOY_TARGET_URL it joins the services of
+    the embedded stack last started from ONCEFLOW_STATE_DIR.
+    """
+    from pydantic import SecretStr
+
+    from deployments import DeployTargetSettings
+    from devstack.email_deploy_services import running_stack_deploy_target_url
+    from devstack.stack import (
+        LOCAL_PROVIDER_KEY,
+        running_stack_database_url,
+        running_stack_provider_url,
+    )
+    from payments import StripeSettings
+    from settings import read_settings
     from worker import serve_worker
 
     settings = load_settings()
@@ -146,6 +160,16 @@ def worker(temporal_address: TemporalAddress = None) -> None:
             "DATABASE_URL is not set and no embedded stack has run from "
             f"{settings.state_dir}; run `onceflow dev` or set DATABASE_URL"
         )
+    stripe = read_settings(StripeSettings)
+    local_provider = running_stack_provider_url(settings.state_dir)
+    if not (stripe.api_base or stripe.configured) and local_provider:
+        stripe = stripe.model_copy(
+            update={"api_key": SecretStr(LOCAL_PROVIDER_KEY), "api_base": local_provider}
+        )
+    deploy_target = read_settings(DeployTargetSettings)
+    local_target = running_stack_deploy_target_url(settings.state_dir)
+    if deploy_target.url is None and local_target:
+        deploy_target = deploy_target.model_copy(update={"url": local_target})
 
     async def body() -> None:
         stop, ready = asyncio.Event(), asyncio.Event()
@@ -163,6 +187,8 @@ def worker(temporal_address: TemporalAddress = None) -> None:
             stop=stop,
             temporal_address=temporal_address,
             on_ready=announce,
+            stripe=stripe,
+            deploy_target=deploy_target,
         )
         console.print("onceflow worker stopped")
 

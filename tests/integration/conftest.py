@@ -2,6 +2,7 @@
 
 import subprocess
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from temporalio.testing import WorkflowEnvironment
@@ -13,7 +14,7 @@ WorkerFactory = Callable[[], subprocess.Popen[str]]
 
 @pytest.fixture
 def worker_processes(
-    dev_server: WorkflowEnvironment, database: str, task_queue: str
+    dev_server: WorkflowEnvironment, database: str, task_queue: str, tmp_path: Path
 ) -> Iterator[WorkerFactory]:
     """Starts ``onceflow worker`` processes on this test's task queue; stops them after."""
     started: list[subprocess.Popen[str]] = []
@@ -22,6 +23,8 @@ def worker_processes(
         "DATABASE_URL": database,
         "ONCEFLOW_TASK_QUEUE": task_queue,
         "ONCEFLOW_SHUTDOWN_GRACE_SECONDS": "5",
+        # Never join services a developer's own `onceflow dev` left recorded in the repo.
+        "ONCEFLOW_STATE_DIR": str(tmp_path / "state"),
     }
 
     def start() -> subprocess.Popen[str]:
