@@ -39,10 +39,13 @@ class Arm:
 
 def machine() -> str:
     """What the numbers were measured on."""
-    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}"
+    processor = platform.processor() or platform.machine()
+    return f"{processor}, {os.cpu_count()} cores, Python {platform.python_version()}"
 
 
-def report(title: str, baseline: Arm, candidate: Arm, notes: dict[str, object]) -> dict[str, object]:
+def report(
+    title: str, baseline: Arm, candidate: Arm, notes: dict[str, object]
+) -> dict[str, object]:
     """Print the two arms and their ratios, save JSON and a latency plot; return the ratios."""
     base, cand = baseline.summary(), candidate.summary()
     ratios = {
@@ -60,14 +63,21 @@ def report(title: str, baseline: Arm, candidate: Arm, notes: dict[str, object]) 
         )
     print(
         f"  ratio {candidate.name} / {baseline.name}: p50 {ratios['p50']:.2f}x  "
-        f"p99 {ratios['p99']:.2f}x  mean {ratios['mean']:.2f}x  throughput {ratios['throughput']:.2f}x"
+        f"p99 {ratios['p99']:.2f}x  mean {ratios['mean']:.2f}x  "
+        f"throughput {ratios['throughput']:.2f}x"
     )
     RESULTS.mkdir(exist_ok=True)
     slug = title.lower().replace(" ", "_").replace("/", "_")
     (RESULTS / f"{slug}.json").write_text(
         json.dumps(
-            {"title": title, "machine": machine(), "notes": notes, baseline.name: base,
-             candidate.name: cand, "ratios": ratios},
+            {
+                "title": title,
+                "machine": machine(),
+                "notes": notes,
+                baseline.name: base,
+                candidate.name: cand,
+                "ratios": ratios,
+            },
             indent=2,
             default=str,
         )

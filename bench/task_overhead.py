@@ -33,7 +33,9 @@ from workflows.task_models import AgentTaskInput, StepInput, TaskState
 from workflows.visibility import ALL_SEARCH_ATTRIBUTES
 
 
-async def _measure(arm: Arm, count: int, concurrency: int, one: Callable[[], Awaitable[None]]) -> None:
+async def _measure(
+    arm: Arm, count: int, concurrency: int, one: Callable[[], Awaitable[None]]
+) -> None:
     gate = asyncio.Semaphore(concurrency)
 
     async def timed() -> None:
@@ -86,11 +88,14 @@ async def main(tasks: int, concurrency: int, rounds: int) -> None:
             assert result.state is TaskState.SUCCEEDED
 
         try:
-            async with build_pool(postgres.url) as pool, Worker(
-                env.client,
-                task_queue=queue,
-                workflows=[AgentTaskWorkflow, BareWorkflow],
-                activities=[*build_activities(pool), no_op],
+            async with (
+                build_pool(postgres.url) as pool,
+                Worker(
+                    env.client,
+                    task_queue=queue,
+                    workflows=[AgentTaskWorkflow, BareWorkflow],
+                    activities=[*build_activities(pool), no_op],
+                ),
             ):
                 await _measure(Arm("warm-up"), 20, concurrency, bare)
                 await _measure(Arm("warm-up"), 20, concurrency, onceflow)

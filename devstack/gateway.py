@@ -19,8 +19,6 @@ from gateway import (
     load_gateway_settings,
     open_boundary,
 )
-from gateway.http_api import build_app
-from gateway.http_server import HttpServer
 from settings import OnceflowSettings
 from storage import build_pool
 
@@ -58,6 +56,10 @@ async def running_gateway(
     progress: Callable[[str], None] = lambda message: None,
 ) -> AsyncIterator[DevGateway]:
     """Serve the HTTP API on ``127.0.0.1:port`` (another free port if it is taken)."""
+    # Imported here so that every other command does not load the web stack.
+    from gateway.http_api import build_app
+    from gateway.http_server import HttpServer
+
     logging.getLogger("onceflow.gateway").setLevel(logging.INFO)
     progress("starting the gateway")
     api_key = await _dev_api_key(database_url, state_dir / DEV_API_KEY_FILE)

@@ -35,8 +35,7 @@ from gateway._service import (
     CreateTaskRequest,
     ReconcileRequest,
 )
-from tools import CATALOGUE, Catalogue
-from tools._identity import IDEMPOTENCY_KEY_MAX_LENGTH as _KEY_MAX
+from tools import CATALOGUE, IDEMPOTENCY_KEY_MAX_LENGTH, Catalogue
 from workflows.task_models import NAME_PATTERN, DecisionResult, TaskStatus
 
 log = logging.getLogger("onceflow.gateway")
@@ -140,7 +139,8 @@ _TASK_ANSWERS: dict[int | str, dict[str, Any]] = {
 }
 _KEY_HEADER_DOC = (
     "Identifies one logical attempt; send the same key with every retry of it. "
-    f"At most {_KEY_MAX} characters of A-Z a-z 0-9 . _ : - starting with a letter or digit. "
+    f"At most {IDEMPOTENCY_KEY_MAX_LENGTH} characters of A-Z a-z 0-9 . _ : - "
+    "starting with a letter or digit. "
     "Scoped to the principal and the tool (or task creation)."
 )
 
@@ -149,7 +149,11 @@ IdempotencyKeyHeader = Annotated[
     Header(
         alias="Idempotency-Key",
         description=_KEY_HEADER_DOC,
-        json_schema_extra={"pattern": _KEY_PATTERN, "maxLength": _KEY_MAX, "minLength": 1},
+        json_schema_extra={
+            "pattern": _KEY_PATTERN,
+            "maxLength": IDEMPOTENCY_KEY_MAX_LENGTH,
+            "minLength": 1,
+        },
     ),
 ]
 _bearer = HTTPBearer(auto_error=False, description="An API key from `onceflow principal add`.")

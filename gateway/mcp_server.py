@@ -23,8 +23,7 @@ from mcp.shared.exceptions import MCPError
 from gateway._errors import BoundaryError, UnknownToolRequested
 from gateway._principals import Principal
 from gateway._service import BoundaryAnswer, BoundaryService
-from tools import ToolContract
-from tools._identity import IDEMPOTENCY_KEY_MAX_LENGTH
+from tools import IDEMPOTENCY_KEY_MAX_LENGTH, ToolContract
 from workflows.task_models import TaskState
 
 log = logging.getLogger("onceflow.gateway")

@@ -7,6 +7,7 @@ from tools._attempts import ToolAttemptResult, ToolCallInput
 from tools._catalogue import Catalogue, UnknownTool
 from tools._contract import ApprovalThreshold, DedupeStrategy, EffectFlags, ToolContract
 from tools._identity import (
+    IDEMPOTENCY_KEY_MAX_LENGTH,
     MalformedIdempotencyKey,
     arguments_digest,
     check_idempotency_key,
@@ -38,6 +39,7 @@ CATALOGUE = Catalogue(
 )
 
 __all__ = [
+    "IDEMPOTENCY_KEY_MAX_LENGTH",
     "CATALOGUE",
     "CHARGE_PAYMENT",
     "CREATE_ORDER",

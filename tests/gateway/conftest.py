@@ -27,7 +27,9 @@ from temporalio.testing import WorkflowEnvironment
 from gateway import BoundaryService, GatewaySettings, Principal, PrincipalStore, open_boundary
 from settings import OnceflowSettings
 from storage import build_pool
+from task_api import TaskClient
 from worker import build_worker
+from workflows.task_models import AgentTaskInput, StepInput
 
 from ..conftest import BUSINESS_TABLES, repo_root
 
@@ -132,6 +134,23 @@ async def stack(postgres_url: str, dev_server: WorkflowEnvironment) -> AsyncIter
     settings = OnceflowSettings(task_queue=task_queue, shutdown_grace_seconds=2)
     async with build_pool(postgres_url, max_size=10) as pool:
         async with build_worker(dev_server.client, pool, settings):
+            # The first task of a worker pays for loading the workflow sandbox; pay it here
+            # rather than inside a test's bounded wait.
+            await TaskClient(dev_server.client, task_queue=task_queue).start(
+                AgentTaskInput(
+                    tenant="warm-up",
+                    principal="warm-up",
+                    steps=[
+                        StepInput(
+                            step_id="1",
+                            tool="issue_coupon",
+                            arguments={"user_id": task_queue, "coupon_id": "WARM-UP"},
+                        )
+                    ],
+                ),
+                workflow_id=f"warm-up-{task_queue}",
+            )
+            await dev_server.client.get_workflow_handle(f"warm-up-{task_queue}").result()
             yield Stack(
                 postgres_url=postgres_url,
                 temporal_address=dev_server.client.service_client.config.target_host,

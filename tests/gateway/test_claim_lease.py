@@ -119,6 +119,7 @@ async def test_a_request_meeting_an_unexpired_claim_gets_409_with_retry_after(
             await other.call_tool(agent.principal, "create_order", ORDER, "order-busy-1")
 
         claiming.cancel()  # the owner "dies" while holding the claim
+        await asyncio.gather(claiming, return_exceptions=True)
     assert 25 <= busy.value.retry_after_seconds <= 30
     assert busy.value.problem()["status"] == 409
     assert count(database, "orders") == 0
