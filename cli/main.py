@@ -125,7 +125,7 @@ def dev(
             ready.set()
             console.print("[bold green]onceflow dev stack is running[/]")
             for what, where in stack.describe():
-                console.print(f"  {what:<22} {where}", highlight=False)
+                console.print(f"  {what:<26} {where}", highlight=False, soft_wrap=True)
             console.print("Press Ctrl-C to stop.")
             await stop.wait()
         console.print("stopped cleanly")
