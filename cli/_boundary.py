@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 
 from cli._failures import CommandFailed
-from settings import OnceflowSettings, load_settings
+from cli._services import settings_and_database
 
 T = TypeVar("T")
 Operate = Callable[[Callable[[], Awaitable[Any]]], Any]
@@ -48,7 +48,7 @@ def register(app: typer.Typer, operate: Operate) -> None:
         temporal_address: TemporalAddress = None,
     ) -> None:
         """Serve the HTTP API (OpenAPI at /openapi.json) until SIGTERM/SIGINT."""
-        settings, database_url = _settings_and_database()
+        settings, database_url = settings_and_database()
         gateway_settings = _gateway_settings()
 
         async def body() -> None:
@@ -83,7 +83,7 @@ def register(app: typer.Typer, operate: Operate) -> None:
         temporal_address: TemporalAddress = None,
     ) -> None:
         """Serve every catalogue tool over MCP, through the same boundary as the HTTP API."""
-        settings, database_url = _settings_and_database()
+        settings, database_url = settings_and_database()
         gateway_settings = _gateway_settings()
         api_key = os.environ.get(API_KEY_VARIABLE)
         if transport is McpTransport.STDIO and not api_key:
@@ -152,7 +152,7 @@ def register(app: typer.Typer, operate: Operate) -> None:
                 f"unknown tool(s) {', '.join(unknown) or '(none given)'}; known: {known}",
                 exit_code=2,
             )
-        _, database_url = _settings_and_database()
+        _, database_url = settings_and_database()
 
         async def body() -> None:
             from gateway import PrincipalExists, PrincipalStore
@@ -178,19 +178,6 @@ def register(app: typer.Typer, operate: Operate) -> None:
         operate(body)
 
     app.add_typer(principal, name="principal")
-
-
-def _settings_and_database() -> tuple[OnceflowSettings, str]:
-    from devstack.stack import running_stack_database_url
-
-    settings = load_settings()
-    database_url = settings.database_url or running_stack_database_url(settings.state_dir)
-    if database_url is None:
-        raise CommandFailed(
-            "DATABASE_URL is not set and no embedded stack has run from "
-            f"{settings.state_dir}; run `onceflow dev` or set DATABASE_URL"
-        )
-    return settings, database_url
 
 
 def _gateway_settings() -> Any:

@@ -18,6 +18,7 @@ from rich.console import Console
 from cli._boundary import register as register_boundary_commands
 from cli._failures import CommandFailed, explain
 from cli._render import render_status, render_task_list
+from cli._services import settings_and_database
 from settings import InvalidSettings, load_settings
 from task_api import TaskClient, connect_temporal
 from tools import CATALOGUE, check_idempotency_key, derive_task_workflow_id
@@ -144,22 +145,12 @@ def worker(temporal_address: TemporalAddress = None) -> None:
 
     from deployments import DeployTargetSettings
     from devstack.email_deploy_services import running_stack_deploy_target_url
-    from devstack.stack import (
-        LOCAL_PROVIDER_KEY,
-        running_stack_database_url,
-        running_stack_provider_url,
-    )
+    from devstack.stack import LOCAL_PROVIDER_KEY, running_stack_provider_url
     from payments import StripeSettings
     from settings import read_settings
     from worker import serve_worker
 
-    settings = load_settings()
-    database_url = settings.database_url or running_stack_database_url(settings.state_dir)
-    if database_url is None:
-        raise CommandFailed(
-            "DATABASE_URL is not set and no embedded stack has run from "
-            f"{settings.state_dir}; run `onceflow dev` or set DATABASE_URL"
-        )
+    settings, database_url = settings_and_database()
     stripe = read_settings(StripeSettings)
     local_provider = running_stack_provider_url(settings.state_dir)
     if not (stripe.api_base or stripe.configured) and local_provider:
@@ -202,16 +193,9 @@ def relay() -> None:
     Run as many as you like: each armed email is claimed by one relay at a time.
     """
     from devstack.email_deploy_services import running_stack_smtp_url
-    from devstack.stack import running_stack_database_url
     from email_outbox import EmailSettings, serve_relay
 
-    settings = load_settings()
-    database_url = settings.database_url or running_stack_database_url(settings.state_dir)
-    if database_url is None:
-        raise CommandFailed(
-            "DATABASE_URL is not set and no embedded stack has run from "
-            f"{settings.state_dir}; run `onceflow dev` or set DATABASE_URL"
-        )
+    settings, database_url = settings_and_database()
     email = EmailSettings()
     if email.smtp_url is None:
         recorded = running_stack_smtp_url(settings.state_dir)
