@@ -1,9 +1,8 @@
 """Deployments on real servers: the local deployment target over HTTP, the Temporal dev
 server and PostgreSQL. Assertions read the target's record of every write."""
 
-import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
@@ -19,9 +18,10 @@ from retry_policy import RetryBudget
 from settings import OnceflowSettings
 from storage import build_pool
 from task_api import TaskClient
+from tests.tasks import wait_for  # noqa: F401 - re-exported for the tests
 from tools import derive_child_key, derive_task_workflow_id
 from worker import build_worker
-from workflows.task_models import AgentTaskInput, StepInput, TaskStatus
+from workflows.task_models import AgentTaskInput, StepInput
 
 TENANT = "acme"
 ACCOUNT = "target-test"
@@ -101,23 +101,6 @@ def deployment_id(workflow_id: str) -> str:
         child_op="deploy",
         provider_account=ACCOUNT,
     )
-
-
-async def wait_for(
-    tasks: TaskClient,
-    workflow_id: str,
-    done: Callable[[TaskStatus], bool],
-    *,
-    timeout: float = 20.0,
-) -> TaskStatus:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        status = await tasks.status(workflow_id)
-        if done(status):
-            return status
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"condition never held; last status: {status.model_dump_json()}")
-        await asyncio.sleep(0.05)
 
 
 def deployment_rows(database: str) -> list[tuple[Any, ...]]:

@@ -4,7 +4,7 @@ server and PostgreSQL. Nothing is mocked; assertions read what the sink received
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
@@ -20,9 +20,10 @@ from retry_policy import RetryBudget
 from settings import OnceflowSettings
 from storage import build_pool
 from task_api import TaskClient
+from tests.tasks import parked, wait_for  # noqa: F401 - re-exported for the tests
 from tools import derive_task_workflow_id
 from worker import build_worker
-from workflows.task_models import AgentTaskInput, StepInput, TaskState, TaskStatus
+from workflows.task_models import AgentTaskInput, StepInput
 
 TENANT = "acme"
 FAST_BUDGET = RetryBudget(
@@ -120,27 +121,6 @@ async def start_email(tasks: TaskClient, arguments: dict[str, Any]) -> str:
     )
     await tasks.start(task, workflow_id=workflow_id)
     return workflow_id
-
-
-async def wait_for(
-    tasks: TaskClient,
-    workflow_id: str,
-    done: Callable[[TaskStatus], bool],
-    *,
-    timeout: float = 20.0,
-) -> TaskStatus:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        status = await tasks.status(workflow_id)
-        if done(status):
-            return status
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"condition never held; last status: {status.model_dump_json()}")
-        await asyncio.sleep(0.05)
-
-
-def parked(status: TaskStatus) -> bool:
-    return status.state is TaskState.PARKED
 
 
 def deliveries(database: str, message_id: str) -> list[tuple[Any, ...]]:

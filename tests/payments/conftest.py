@@ -5,7 +5,6 @@ Every test gets its own provider (fresh ledger and request log, ephemeral port) 
 own task queue; assertions read the provider's ledger, not only the task's result.
 """
 
-import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable
 from datetime import timedelta
@@ -30,10 +29,11 @@ from retry_policy import RetryBudget
 from settings import OnceflowSettings
 from storage import build_pool
 from task_api import TaskClient
+from tests.tasks import wait_for  # noqa: F401 - re-exported for the tests
 from tools import CATALOGUE, ToolAttemptResult, ToolCallInput, derive_task_workflow_id
 from tools.payments import PaymentToolSettings, charge_payment_contract
 from worker import build_worker
-from workflows.task_models import AgentTaskInput, StepInput, TaskStatus
+from workflows.task_models import AgentTaskInput, StepInput
 
 API_KEY = "sk_test_onceflow_payments"
 ACCOUNT = "acct_onceflow_test"
@@ -166,24 +166,6 @@ async def start_task(
     )
     await tasks.start(task, workflow_id=workflow_id)
     return workflow_id
-
-
-async def wait_for(
-    tasks: TaskClient,
-    workflow_id: str,
-    done: Callable[[TaskStatus], bool],
-    *,
-    timeout: float = 20.0,
-) -> TaskStatus:
-    """Poll the task's status query until ``done`` holds."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        status = await tasks.status(workflow_id)
-        if done(status):
-            return status
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"condition never held; last status: {status.model_dump_json()}")
-        await asyncio.sleep(0.05)
 
 
 def operation_row(database: str, child_key: str) -> tuple[Any, ...] | None:
