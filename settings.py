@@ -27,6 +27,10 @@ class OnceflowSettings(BaseSettings):
     (``ONCEFLOW_SHUTDOWN_GRACE_SECONDS``). Default 30."""
     db_pool_max_size: int = Field(default=10, ge=1, le=200)
     """Most database connections one worker process holds. Default 10."""
+    parked_scan_seconds: float = Field(default=30.0, gt=0, le=3600)
+    """How often a worker that exports metrics counts parked tasks in Temporal's
+    visibility store for the parked-task gauges (``ONCEFLOW_PARKED_SCAN_SECONDS``).
+    Default 30."""
 
 
 AnySettings = TypeVar("AnySettings", bound=BaseSettings)

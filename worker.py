@@ -21,6 +21,7 @@ from payments import PaymentProvider, StripeSettings, open_stripe_provider
 from settings import OnceflowSettings
 from storage import build_pool
 from task_api import connect_temporal
+from telemetry import AttemptAnnotations, watch_parked_tasks
 from workflows import AgentTaskWorkflow
 from workflows.pruning import PruneIdempotencyRecordsWorkflow
 
@@ -35,7 +36,12 @@ def build_worker(
     email_settings: EmailSettings | None = None,
     extra_activities: tuple[Callable[..., Any], ...] = (),
 ) -> Worker:
-    """The one composition point: workflows and every activity with its clients."""
+    """The one composition point: workflows and every activity with its clients.
+
+    Tracing comes with ``client`` (``connect_temporal`` puts Temporal's interceptor on it,
+    and a worker inherits its client's); ``AttemptAnnotations`` adds onceflow's fields to
+    each attempt's span and logs one line per attempt.
+    """
     return Worker(
         client,
         task_queue=settings.task_queue,
@@ -50,6 +56,7 @@ def build_worker(
             *extra_activities,
         ],
         graceful_shutdown_timeout=timedelta(seconds=settings.shutdown_grace_seconds),
+        interceptors=[AttemptAnnotations()],
     )
 
 
@@ -67,10 +74,12 @@ async def serve_worker(
 
     ``stripe`` defaults to ``StripeSettings()`` (``STRIPE_API_KEY``, ``STRIPE_API_BASE``);
     ``deploy_target`` to ``DeployTargetSettings()`` (``DEPLOY_TARGET_URL``). Email
-    settings come from ``EmailSettings()``; relays run apart (``onceflow relay``).
+    settings come from ``EmailSettings()``; relays run apart (``onceflow relay``). When
+    the process exports metrics, the worker also publishes the parked-task gauges.
     """
     client = await connect_temporal(address=temporal_address)
     async with (
+        watch_parked_tasks(client, every=timedelta(seconds=settings.parked_scan_seconds)),
         build_pool(database_url, max_size=settings.db_pool_max_size) as pool,
         open_stripe_provider(stripe or StripeSettings()) as payment_provider,
         open_deploy_target(deploy_target or DeployTargetSettings()) as target,

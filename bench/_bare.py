@@ -25,3 +25,20 @@ class BareWorkflow:
             start_to_close_timeout=timedelta(seconds=15),
             retry_policy=RetryPolicy(maximum_attempts=1),
         )
+
+
+@workflow.defn
+class BareWaitingWorkflow:
+    """The memory baseline: a bare workflow that stays open until signalled."""
+
+    def __init__(self) -> None:
+        self._released = False
+
+    @workflow.run
+    async def run(self, value: str) -> str:
+        await workflow.wait_condition(lambda: self._released)
+        return value
+
+    @workflow.signal
+    def release(self) -> None:
+        self._released = True

@@ -54,6 +54,7 @@ def register(app: typer.Typer, operate: Operate) -> None:
         async def body() -> None:
             from gateway import open_boundary
             from gateway.http_api import build_app
+            from telemetry import process_telemetry
 
             app = build_app(
                 lambda: open_boundary(
@@ -63,7 +64,7 @@ def register(app: typer.Typer, operate: Operate) -> None:
                     temporal_address=temporal_address,
                 )
             )
-            async with _serving(app, host, port) as url:
+            async with process_telemetry("onceflow-gateway"), _serving(app, host, port) as url:
                 print(f"onceflow gateway ready on {url} (pid {os.getpid()})", flush=True)
             print("onceflow gateway stopped", flush=True)
 
@@ -98,13 +99,17 @@ def register(app: typer.Typer, operate: Operate) -> None:
 
             from gateway import open_boundary
             from gateway.mcp_server import bearer_principal, build_mcp_server, fixed_principal
+            from telemetry import process_telemetry
 
-            async with open_boundary(
-                settings,
-                gateway_settings,
-                database_url=database_url,
-                temporal_address=temporal_address,
-            ) as service:
+            async with (
+                process_telemetry("onceflow-mcp"),
+                open_boundary(
+                    settings,
+                    gateway_settings,
+                    database_url=database_url,
+                    temporal_address=temporal_address,
+                ) as service,
+            ):
                 if transport is McpTransport.STDIO:
                     principal = await service.authenticate(api_key)
                     server = build_mcp_server(service, fixed_principal(principal))

@@ -21,6 +21,7 @@ from cli._render import render_status, render_task_list
 from cli._services import settings_and_database
 from settings import InvalidSettings, load_settings
 from task_api import TaskClient, connect_temporal
+from telemetry import process_telemetry
 from tools import CATALOGUE, check_idempotency_key, derive_task_workflow_id
 from workflows.task_models import (
     AgentTaskInput,
@@ -117,12 +118,15 @@ def dev(
     async def body() -> None:
         stop, ready = asyncio.Event(), asyncio.Event()
         _stop_on_signals(stop, ready=ready)
-        async with embedded_stack(
-            load_settings(),
-            temporal_port=temporal_port,
-            ui_port=ui_port,
-            progress=lambda message: errors.print(f"[dim]… {message}[/]"),
-        ) as stack:
+        async with (
+            process_telemetry("onceflow-dev"),
+            embedded_stack(
+                load_settings(),
+                temporal_port=temporal_port,
+                ui_port=ui_port,
+                progress=lambda message: errors.print(f"[dim]… {message}[/]"),
+            ) as stack,
+        ):
             ready.set()
             console.print("[bold green]onceflow dev stack is running[/]")
             for what, where in stack.describe():
@@ -172,15 +176,16 @@ def worker(temporal_address: TemporalAddress = None) -> None:
                 f"onceflow worker ready on task queue {settings.task_queue} (pid {os.getpid()})"
             )
 
-        await serve_worker(
-            settings,
-            database_url=database_url,
-            stop=stop,
-            temporal_address=temporal_address,
-            on_ready=announce,
-            stripe=stripe,
-            deploy_target=deploy_target,
-        )
+        async with process_telemetry("onceflow-worker"):
+            await serve_worker(
+                settings,
+                database_url=database_url,
+                stop=stop,
+                temporal_address=temporal_address,
+                on_ready=announce,
+                stripe=stripe,
+                deploy_target=deploy_target,
+            )
         console.print("onceflow worker stopped")
 
     _operate(body)
@@ -206,17 +211,18 @@ def relay() -> None:
     async def body() -> None:
         stop = asyncio.Event()
         _stop_on_signals(stop)
-        await serve_relay(
-            email,
-            database_url=database_url,
-            stop=stop,
-            on_ready=lambda running: console.print(
-                f"onceflow relay {running.relay_id} ready, delivering to "
-                f"{running.server.describe()} (pid {os.getpid()})",
-                highlight=False,
-                soft_wrap=True,
-            ),
-        )
+        async with process_telemetry("onceflow-relay"):
+            await serve_relay(
+                email,
+                database_url=database_url,
+                stop=stop,
+                on_ready=lambda running: console.print(
+                    f"onceflow relay {running.relay_id} ready, delivering to "
+                    f"{running.server.describe()} (pid {os.getpid()})",
+                    highlight=False,
+                    soft_wrap=True,
+                ),
+            )
         console.print("onceflow relay stopped")
 
     _operate(body)

@@ -27,6 +27,7 @@ import httpx
 
 from deployments._settings import DeployTargetSettings
 from retry_policy import OutcomeClass
+from telemetry import outbound_call
 
 STALE_TOKEN = "stale_fencing_token"
 """The error code a target answers with when a write carries an older token."""
@@ -81,6 +82,24 @@ class HttpDeployTarget:
         return self._account
 
     async def apply_step(self, write: StepWrite) -> None:
+        with outbound_call(
+            "deploy-target",
+            "POST /deployments/{id}/steps/{step}",
+            {
+                "onceflow.deployment_id": write.deployment_id,
+                "onceflow.deployment_step": write.step,
+                "onceflow.fencing_token": write.fencing_token,
+            },
+        ) as span:
+            try:
+                await self._apply_step(write)
+            except DeployTargetError as refused:
+                span.set_attribute("onceflow.outcome", refused.outcome.value)
+                if refused.fenced_by is not None:
+                    span.set_attribute("onceflow.fenced_by", refused.fenced_by)
+                raise
+
+    async def _apply_step(self, write: StepWrite) -> None:
         path = f"/deployments/{write.deployment_id}/steps/{write.step}"
         try:
             response = await self._client.post(

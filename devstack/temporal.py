@@ -119,7 +119,12 @@ class TemporalDevServer:
 
 def _type_name(key: object) -> str:
     # The CLI spells types as in the UI: Keyword, KeywordList, Int, Bool, ...
-    names = {"KEYWORD": "Keyword", "KEYWORD_LIST": "KeywordList", "TEXT": "Text"}
+    names = {
+        "KEYWORD": "Keyword",
+        "KEYWORD_LIST": "KeywordList",
+        "TEXT": "Text",
+        "DATETIME": "Datetime",
+    }
     return names[key.indexed_value_type.name]  # type: ignore[attr-defined]
 
 

@@ -19,6 +19,7 @@ from email_outbox._settings import EmailSettings, SmtpServer
 from email_outbox._smtp import DeliveryOutcome, DeliveryReport, deliver
 from email_outbox._store import Claim, EmailOutbox
 from storage import build_pool
+from telemetry import outbound_call
 
 _log = logging.getLogger(__name__)
 
@@ -77,22 +78,33 @@ class OutboxRelay:
         if delivery_id is None:
             return None  # the claim expired before we began; another relay has it
         keeper = asyncio.create_task(self._keep_claim(claim))
-        try:
-            report = await asyncio.to_thread(
-                deliver,
-                self._server,
-                claim.message,
-                timeout=self._settings.smtp_timeout.total_seconds(),
-            )
-        except Exception as error:  # a bug must not end the relay; how far it got is unknown
-            _log.exception("relay %s failed delivering %s", self.relay_id, claim.event_id)
-            report = DeliveryReport(
-                DeliveryOutcome.UNKNOWN,
-                f"the relay failed while delivering ({type(error).__name__})",
-            )
-        finally:
-            keeper.cancel()
-            await asyncio.gather(keeper, return_exceptions=True)
+        with outbound_call(
+            "smtp",
+            "deliver",
+            {
+                "smtp.message_id": claim.message.message_id,
+                "onceflow.email_event_id": claim.event_id,
+                "onceflow.email_arming": claim.arming,
+                "onceflow.relay": self.relay_id,
+            },
+        ) as span:
+            try:
+                report = await asyncio.to_thread(
+                    deliver,
+                    self._server,
+                    claim.message,
+                    timeout=self._settings.smtp_timeout.total_seconds(),
+                )
+            except Exception as error:  # a bug must not end the relay; how far it got is unknown
+                _log.exception("relay %s failed delivering %s", self.relay_id, claim.event_id)
+                report = DeliveryReport(
+                    DeliveryOutcome.UNKNOWN,
+                    f"the relay failed while delivering ({type(error).__name__})",
+                )
+            finally:
+                keeper.cancel()
+                await asyncio.gather(keeper, return_exceptions=True)
+            span.set_attribute("smtp.outcome", report.outcome.value)
         try:
             current = await self._outbox.record(claim, delivery_id, report)
         except Exception as error:

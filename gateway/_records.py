@@ -150,7 +150,11 @@ WITH claimed AS (
         statement_timestamp() + %(lease)s, %(tenant)s, %(principal_id)s, %(workflow_id)s,
         %(result_retention)s, statement_timestamp() + %(result_retention)s
     )
-    ON CONFLICT (scope, idempotency_key) DO NOTHING
+    -- No conflict target: the workflow id is derived from (scope, key) and unique too, and
+    -- two concurrent claims of one key can collide on that index first; with only the
+    -- (scope, key) arbiter the loser raised a unique violation (a 500) instead of
+    -- finding the winner's record. Found by the chaos run (bench/chaos.py).
+    ON CONFLICT DO NOTHING
     RETURNING {_COLUMNS}
 ), counted AS (
     INSERT INTO principal_key_usage AS usage (principal_id, window_start, keys_claimed)

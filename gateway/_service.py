@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+from opentelemetry import trace
+from opentelemetry.util.types import AttributeValue
 from psycopg_pool import PoolTimeout
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from temporalio.client import (
@@ -67,6 +69,7 @@ from gateway._settings import GatewaySettings
 from retry_policy import RetryBudget
 from task_api import DecisionRefused as TaskRefusedDecision
 from task_api import TaskClient
+from telemetry import boundary_span, sensitive_locations
 from tools import (
     CATALOGUE,
     Catalogue,
@@ -212,6 +215,17 @@ class BoundaryService:
         self, principal: Principal, tool: str, arguments: Any, idempotency_key: str | None
     ) -> BoundaryAnswer:
         """Run one tool call as a one-step task, at most once per key and fingerprint."""
+        # Only a catalogue name goes into the span: the path segment is the caller's text.
+        known = tool if tool in self._catalogue else "unknown"
+        attributes = _request_attributes(
+            principal, _scope(principal, known, "call"), idempotency_key
+        )
+        with boundary_span(f"tools.call {known}", {**attributes, "onceflow.tool": known}):
+            return _annotated(await self._call_tool(principal, tool, arguments, idempotency_key))
+
+    async def _call_tool(
+        self, principal: Principal, tool: str, arguments: Any, idempotency_key: str | None
+    ) -> BoundaryAnswer:
         contract = self._allowed_tool(principal, tool)
         key = _checked_key(idempotency_key)
         if not isinstance(arguments, dict):
@@ -244,11 +258,23 @@ class BoundaryService:
         self, principal: Principal, body: Any, idempotency_key: str | None
     ) -> BoundaryAnswer:
         """Run a multi-step task, at most once per key and fingerprint."""
+        attributes = _request_attributes(
+            principal, _scope(principal, "task", "create"), idempotency_key
+        )
+        with boundary_span("tasks.create", attributes):
+            return _annotated(await self._create_task(principal, body, idempotency_key))
+
+    async def _create_task(
+        self, principal: Principal, body: Any, idempotency_key: str | None
+    ) -> BoundaryAnswer:
         try:
             request = CreateTaskRequest.model_validate(body)
         except ValidationError as invalid:
             raise _invalid(invalid, location=()) from None
         contracts = [self._allowed_tool(principal, step.tool) for step in request.steps]
+        trace.get_current_span().set_attribute(
+            "onceflow.tools", [step.tool for step in request.steps]
+        )
         key = _checked_key(idempotency_key)
         if len({step.step_id for step in request.steps}) != len(request.steps):
             raise InvalidRequest(
@@ -319,6 +345,10 @@ class BoundaryService:
 
     async def approve(self, principal: Principal, task_id: str, body: Any) -> DecisionResult:
         """Approve or deny a step awaiting approval, as the calling principal."""
+        with boundary_span("tasks.approve", _decision_attributes(principal, task_id)):
+            return await self._approve(principal, task_id, body)
+
+    async def _approve(self, principal: Principal, task_id: str, body: Any) -> DecisionResult:
         self._check_decider(principal)
         decision = _parsed(ApproveRequest, body)
         await self.task_status(principal, task_id)
@@ -339,6 +369,10 @@ class BoundaryService:
 
     async def reconcile(self, principal: Principal, task_id: str, body: Any) -> DecisionResult:
         """Decide a parked step, as the calling principal."""
+        with boundary_span("tasks.reconcile", _decision_attributes(principal, task_id)):
+            return await self._reconcile(principal, task_id, body)
+
+    async def _reconcile(self, principal: Principal, task_id: str, body: Any) -> DecisionResult:
         self._check_decider(principal)
         decision = _parsed(ReconcileRequest, body)
         try:
@@ -475,8 +509,9 @@ class BoundaryService:
                 current = await asyncio.wait_for(
                     self._tasks.status(record.workflow_id), STATUS_QUERY_TIMEOUT
                 )
-            except TimeoutError:
-                # No worker answered the query: still accepted, just nothing more to tell.
+            except (TimeoutError, RPCError):
+                # No worker answered the query (none polling, or the one holding the task
+                # died mid-query: "context canceled"): still accepted, nothing more to tell.
                 current = None
             if current is None or not is_terminal(current):
                 view = (
@@ -569,9 +604,57 @@ def _validated_arguments(
     model: type[BaseModel], arguments: Any, *, location: tuple[str | int, ...]
 ) -> dict[str, Any]:
     try:
-        return model.model_validate(arguments).model_dump(mode="json")
+        normalized: dict[str, Any] = model.model_validate(arguments).model_dump(mode="json")
     except ValidationError as invalid:
         raise _invalid(invalid, location=location) from None
+    # Arguments become the task's history, shown in the Temporal UI and kept for its
+    # retention: a card number or an API key there would be stored and shown in clear.
+    sensitive = sensitive_locations(normalized)
+    if sensitive:
+        kinds = " and ".join(sorted({kind for _, kind in sensitive}))
+        raise InvalidRequest(
+            f"the arguments hold a {kinds}; onceflow never takes card data or credentials "
+            "as tool arguments (pass a saved payment method, pm_…, for a card)",
+            errors=[
+                {"loc": [*location, *found], "msg": f"looks like a {kind}"}
+                for found, kind in sensitive
+            ],
+        )
+    return normalized
+
+
+def _request_attributes(
+    principal: Principal, scope: str, idempotency_key: str | None
+) -> dict[str, AttributeValue]:
+    """The gateway span's identity attributes; the key only as its digest."""
+    attributes: dict[str, AttributeValue] = {
+        "onceflow.tenant": principal.tenant,
+        "onceflow.principal": principal.name,
+        "onceflow.scope": scope,
+    }
+    if idempotency_key:
+        attributes["onceflow.key_digest"] = key_digest(idempotency_key)
+    return attributes
+
+
+def _decision_attributes(principal: Principal, task_id: str) -> dict[str, AttributeValue]:
+    return {
+        "onceflow.tenant": principal.tenant,
+        "onceflow.principal": principal.name,
+        "onceflow.workflow_id": task_id[:1000],
+    }
+
+
+def _annotated(answer: BoundaryAnswer) -> BoundaryAnswer:
+    """Record on the request's span which task answered it and how."""
+    trace.get_current_span().set_attributes(
+        {
+            "onceflow.workflow_id": answer.task_id,
+            "onceflow.replayed": answer.replayed,
+            "http.response.status_code": answer.status_code,
+        }
+    )
+    return answer
 
 
 def _parsed(model: type[Any], body: Any) -> Any:

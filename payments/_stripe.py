@@ -15,6 +15,8 @@ from typing import Any, NoReturn
 
 import httpx
 import stripe
+from opentelemetry.trace import Span
+from opentelemetry.util.types import AttributeValue
 
 from payments._errors import (
     PaymentProviderError,
@@ -31,6 +33,7 @@ from payments._provider import (
     RefundView,
 )
 from payments._settings import StripeSettings
+from telemetry import outbound_call
 
 _log = logging.getLogger(__name__)
 
@@ -107,49 +110,70 @@ class StripePaymentProvider:
         self, request: ChargeRequest, *, idempotency_key: str
     ) -> PaymentIntentView:
         """Create and confirm a PaymentIntent (one POST) under ``idempotency_key``."""
-        try:
-            intent = await self._client.v1.payment_intents.create_async(
-                params={
-                    "amount": request.amount,
-                    "currency": request.currency,
-                    "customer": request.customer,
-                    "payment_method": request.payment_method,
-                    "confirm": True,
-                    # Confirming server-side must never wait for a browser redirect.
-                    "automatic_payment_methods": {"enabled": True, "allow_redirects": "never"},
-                    "description": request.description,
-                    "metadata": dict(request.metadata),
-                },
-                options={"idempotency_key": idempotency_key},
-            )
-        except Exception as error:  # every failure leaves here classified
-            _raise_classified(error)
-        return _intent_view(intent)
+        with outbound_call(
+            "stripe", "POST /v1/payment_intents", _operation_attributes(request.metadata)
+        ) as span:
+            try:
+                intent = await self._create_payment_intent(request, idempotency_key)
+            except Exception as error:  # every failure leaves here classified
+                _raise_classified(error, span)
+            view = _intent_view(intent)
+            _annotate(span, view.reply, {"stripe.payment_intent": view.id})
+            return view
+
+    async def _create_payment_intent(
+        self, request: ChargeRequest, idempotency_key: str
+    ) -> stripe.PaymentIntent:
+        return await self._client.v1.payment_intents.create_async(
+            params={
+                "amount": request.amount,
+                "currency": request.currency,
+                "customer": request.customer,
+                "payment_method": request.payment_method,
+                "confirm": True,
+                # Confirming server-side must never wait for a browser redirect.
+                "automatic_payment_methods": {"enabled": True, "allow_redirects": "never"},
+                "description": request.description,
+                "metadata": dict(request.metadata),
+            },
+            options={"idempotency_key": idempotency_key},
+        )
 
     async def retrieve_payment_intent(
         self, payment_intent_id: str, *, with_charge: bool = False
     ) -> PaymentIntentView:
         """Read a PaymentIntent by id, optionally with its latest charge."""
-        try:
-            intent = await self._client.v1.payment_intents.retrieve_async(
-                payment_intent_id, params={"expand": ["latest_charge"]} if with_charge else None
-            )
-        except Exception as error:
-            _raise_classified(error)
-        return _intent_view(intent)
+        with outbound_call(
+            "stripe", "GET /v1/payment_intents/{id}", {"stripe.payment_intent": payment_intent_id}
+        ) as span:
+            try:
+                intent = await self._client.v1.payment_intents.retrieve_async(
+                    payment_intent_id,
+                    params={"expand": ["latest_charge"]} if with_charge else None,
+                )
+            except Exception as error:
+                _raise_classified(error, span)
+            view = _intent_view(intent)
+            _annotate(span, view.reply, {"stripe.payment_intent_status": view.status})
+            return view
 
     async def search_payment_intents(self, operation_id: str) -> list[PaymentIntentView]:
         """PaymentIntents whose metadata names ``operation_id``; a miss proves nothing."""
         if not _SEARCHABLE_OPERATION_ID.fullmatch(operation_id):
             raise ValueError("an operation id holds only letters, digits and : _ . -")
         query = f"metadata['{OPERATION_METADATA_KEY}']:'{operation_id}'"
-        try:
-            found = await self._client.v1.payment_intents.search_async(
-                params={"query": query, "limit": 10}
-            )
-        except Exception as error:
-            _raise_classified(error)
-        return [_intent_view(intent, reply_from=found) for intent in found.data]
+        with outbound_call(
+            "stripe", "GET /v1/payment_intents/search", {"onceflow.child_key_digest": operation_id}
+        ) as span:
+            try:
+                found = await self._client.v1.payment_intents.search_async(
+                    params={"query": query, "limit": 10}
+                )
+            except Exception as error:
+                _raise_classified(error, span)
+            views = [_intent_view(intent, reply_from=found) for intent in found.data]
+            span.set_attribute("stripe.found", [view.id for view in views])
+            return views
 
     async def create_refund(self, request: RefundRequest, *, idempotency_key: str) -> RefundView:
         """Create a refund (one POST) under ``idempotency_key``."""
@@ -161,21 +185,34 @@ class StripePaymentProvider:
             params["amount"] = request.amount
         if request.reason is not None:
             params["reason"] = request.reason
-        try:
-            refund = await self._client.v1.refunds.create_async(
-                params=params, options={"idempotency_key": idempotency_key}
-            )
-        except Exception as error:
-            _raise_classified(error)
-        return _refund_view(refund)
+        with outbound_call(
+            "stripe",
+            "POST /v1/refunds",
+            {
+                **_operation_attributes(request.metadata),
+                "stripe.payment_intent": request.payment_intent,
+            },
+        ) as span:
+            try:
+                refund = await self._client.v1.refunds.create_async(
+                    params=params, options={"idempotency_key": idempotency_key}
+                )
+            except Exception as error:
+                _raise_classified(error, span)
+            view = _refund_view(refund)
+            _annotate(span, view.reply, {"stripe.refund": view.id})
+            return view
 
     async def retrieve_refund(self, refund_id: str) -> RefundView:
         """Read a refund by id."""
-        try:
-            refund = await self._client.v1.refunds.retrieve_async(refund_id)
-        except Exception as error:
-            _raise_classified(error)
-        return _refund_view(refund)
+        with outbound_call("stripe", "GET /v1/refunds/{id}", {"stripe.refund": refund_id}) as span:
+            try:
+                refund = await self._client.v1.refunds.retrieve_async(refund_id)
+            except Exception as error:
+                _raise_classified(error, span)
+            view = _refund_view(refund)
+            _annotate(span, view.reply, {"stripe.refund_status": view.status})
+            return view
 
 
 @asynccontextmanager
@@ -194,11 +231,12 @@ async def open_stripe_provider(
         await provider.aclose()
 
 
-def _raise_classified(error: Exception) -> NoReturn:
+def _raise_classified(error: Exception, span: Span) -> NoReturn:
     outcome, reason = classify_stripe_error(error)
+    span.set_attribute("onceflow.outcome", outcome.value)
     if not isinstance(error, stripe.StripeError):
         raise PaymentProviderError(outcome, reason) from error
-    raise PaymentProviderError(
+    classified = PaymentProviderError(
         outcome,
         reason,
         request_id=error.request_id,
@@ -206,7 +244,36 @@ def _raise_classified(error: Exception) -> NoReturn:
         code=stripe_error_code(error),
         replayed=is_replay(error),
         payment_intent=_named_payment_intent(error),
-    ) from error
+    )
+    span.set_attributes(
+        {
+            name: value
+            for name, value in {
+                "stripe.request_id": classified.request_id,
+                "http.response.status_code": classified.http_status,
+                "stripe.error_code": classified.code,
+                "stripe.idempotent_replayed": classified.replayed,
+                "stripe.payment_intent": classified.payment_intent,
+            }.items()
+            if value is not None
+        }
+    )
+    raise classified from error
+
+
+def _operation_attributes(metadata: dict[str, str]) -> dict[str, AttributeValue]:
+    """The child key's digest (the operation id in the metadata), never the key itself."""
+    operation = metadata.get(OPERATION_METADATA_KEY)
+    return {"onceflow.child_key_digest": operation} if operation else {}
+
+
+def _annotate(span: Span, reply: ProviderReply, ids: dict[str, AttributeValue]) -> None:
+    span.set_attributes(ids)
+    span.set_attribute("stripe.idempotent_replayed", reply.replayed)
+    if reply.request_id:
+        span.set_attribute("stripe.request_id", reply.request_id)
+    if reply.original_request_id:
+        span.set_attribute("stripe.original_request_id", reply.original_request_id)
 
 
 def _named_payment_intent(error: stripe.StripeError) -> str | None:

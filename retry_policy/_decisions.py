@@ -30,6 +30,8 @@ class FailStep(BaseModel):
     model_config = ConfigDict(frozen=True)
     kind: Literal["fail"] = "fail"
     reason: str
+    budget_exhausted: bool = False
+    """The step stops because the budget ran out (a metric operators page on)."""
 
 
 class ParkStep(BaseModel):
@@ -38,6 +40,8 @@ class ParkStep(BaseModel):
     model_config = ConfigDict(frozen=True)
     kind: Literal["park"] = "park"
     reason: str
+    budget_exhausted: bool = False
+    """The step parks because the budget ran out after an unknown outcome."""
 
 
 Decision = RetryStep | FailStep | ParkStep
@@ -84,8 +88,11 @@ def decide_after_attempt(
         exhausted = f"the task deadline ({budget.deadline}) would pass before the next attempt"
     if exhausted is not None:
         if usage.step_saw_unknown:
-            return ParkStep(reason=f"retry budget exhausted after an unknown outcome: {exhausted}")
-        return FailStep(reason=f"retry budget exhausted: {exhausted}")
+            return ParkStep(
+                reason=f"retry budget exhausted after an unknown outcome: {exhausted}",
+                budget_exhausted=True,
+            )
+        return FailStep(reason=f"retry budget exhausted: {exhausted}", budget_exhausted=True)
     if guarded and safe_repeat_window is not None and delay >= safe_repeat_window:
         return ParkStep(
             reason="outcome unknown and the provider may forget the idempotency key "

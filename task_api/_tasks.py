@@ -9,11 +9,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from opentelemetry import trace
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
+from telemetry import current_trace_id
 from workflows import AgentTaskWorkflow
+from workflows.agent_task import TRACE_ID_MEMO
 from workflows.task_models import (
     AgentTaskInput,
     ApproveInput,
@@ -23,6 +26,8 @@ from workflows.task_models import (
     TaskStatus,
 )
 from workflows.visibility import TASK_STATE, TASK_TENANT
+
+_tracer = trace.get_tracer("onceflow.tasks")
 
 
 class DecisionRefused(Exception):
@@ -55,25 +60,42 @@ class TaskClient:
         (``REJECT_DUPLICATE``): the same id always means the same task and its result.
         ``memo`` is stored only when this call starts the task (the boundary keeps the
         request fingerprint there, to tell a joined task's request from its own).
+
+        The start runs in a ``StartTask`` span (a child of the caller's span, e.g. the
+        gateway request's), so every task has one trace; its id goes into the memo as
+        ``trace_id`` for an operator who finds the task in the Temporal UI.
         """
         tools = ", ".join(step.tool for step in task.steps)
-        try:
-            return await self._client.start_workflow(
-                AgentTaskWorkflow.run,
-                task,
-                id=workflow_id,
-                task_queue=self._task_queue,
-                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-                static_summary=f"{task.tenant}: {tools}",
-                static_details=(
-                    f"Agent task of tenant `{task.tenant}` for principal `{task.principal}`, "
-                    f"{len(task.steps)} step(s): {tools}."
-                ),
-                memo=memo,
-            )
-        except WorkflowAlreadyStartedError:
-            return self._client.get_workflow_handle_for(AgentTaskWorkflow.run, workflow_id)
+        with _tracer.start_as_current_span(
+            "StartTask",
+            attributes={
+                "onceflow.workflow_id": workflow_id,
+                "onceflow.tenant": task.tenant,
+                "onceflow.principal": task.principal,
+                "onceflow.tools": [step.tool for step in task.steps],
+            },
+        ):
+            trace_id = current_trace_id()
+            if trace_id is not None:
+                memo = {**(memo or {}), TRACE_ID_MEMO: trace_id}
+            try:
+                return await self._client.start_workflow(
+                    AgentTaskWorkflow.run,
+                    task,
+                    id=workflow_id,
+                    task_queue=self._task_queue,
+                    id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                    id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                    static_summary=f"{task.tenant}: {tools}",
+                    static_details=(
+                        f"Agent task of tenant `{task.tenant}` for principal "
+                        f"`{task.principal}`, {len(task.steps)} step(s): {tools}."
+                        + (f"\n\nTrace: `{trace_id}`" if trace_id else "")
+                    ),
+                    memo=memo,
+                )
+            except WorkflowAlreadyStartedError:
+                return self._client.get_workflow_handle_for(AgentTaskWorkflow.run, workflow_id)
 
     async def status(self, workflow_id: str) -> TaskStatus:
         """The task's current status (works for running and closed tasks)."""

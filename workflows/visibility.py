@@ -1,7 +1,9 @@
 """Search attributes onceflow publishes so operators can filter tasks in the Temporal UI.
 
-A production namespace must have them registered once, e.g.
-``temporal operator search-attribute create --name OnceflowState --type Keyword``.
+A production namespace must have them registered once (the embedded stack and the tests
+register them), e.g.
+``temporal operator search-attribute create --name OnceflowState --type Keyword``;
+README's "Operate it" lists all four.
 """
 
 from temporalio.common import SearchAttributeKey
@@ -12,5 +14,8 @@ TASK_TENANT = SearchAttributeKey.for_keyword("OnceflowTenant")
 """The tenant the task belongs to."""
 TASK_TOOLS = SearchAttributeKey.for_keyword_list("OnceflowTools")
 """Every tool the task calls."""
+TASK_PARKED_AT = SearchAttributeKey.for_datetime("OnceflowParkedAt")
+"""When the task last parked; unset again once a decision resumes it. Set in the same
+upsert as ``OnceflowState``, so parking adds no workflow command."""
 
-ALL_SEARCH_ATTRIBUTES = (TASK_STATE, TASK_TENANT, TASK_TOOLS)
+ALL_SEARCH_ATTRIBUTES = (TASK_STATE, TASK_TENANT, TASK_TOOLS, TASK_PARKED_AT)

@@ -199,9 +199,12 @@ async def test_a_provider_keyed_tool_parks_once_the_provider_may_have_forgotten_
     time_skipping_env: WorkflowEnvironment, task_queue: str, script: Script, worker: Worker
 ) -> None:
     label = script.plan("keyed-unknown", U)
+    # Caps far above what 23 hours of ≥10 h backoff caps can use, so only the key
+    # retention can stop the repeats, whatever the jitter draws.
     patient = FAST_BUDGET.model_copy(
         update={
-            "max_attempts_per_step": 5,
+            "max_attempts_per_task": 100,
+            "max_attempts_per_step": 100,
             "initial_backoff": timedelta(hours=10),
             "max_backoff": timedelta(hours=30),
             "deadline": timedelta(days=7),

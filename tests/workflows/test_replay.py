@@ -7,6 +7,7 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
+from tests.telemetry.replay_spans import spans_emitted_by_replay
 from workflows import AgentTaskWorkflow
 
 from .scripted_tools import register_scripted_tools
@@ -25,3 +26,10 @@ async def test_saved_history_replays_deterministically(path: Path) -> None:
     history = WorkflowHistory.from_json(path.stem, path.read_text())
     result = await replayer.replay_workflow(history, raise_on_replay_failure=True)
     assert result.replay_failure is None
+
+
+@pytest.mark.parametrize("path", HISTORIES, ids=[path.stem for path in HISTORIES])
+async def test_a_replay_emits_no_workflow_spans(path: Path) -> None:
+    register_scripted_tools()
+    history = WorkflowHistory.from_json(path.stem, path.read_text())
+    assert await spans_emitted_by_replay(history) == []

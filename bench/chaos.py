@@ -1,0 +1,1135 @@
+"""The chaos run: many tasks of every tool through the real stack while it is being broken.
+
+What runs (all real processes, nothing mocked)::
+
+    driver (this module) ── HTTP ──▶ gateway A, gateway B      (onceflow gateway)
+      │  agents retry like agents:       │
+      │  same key on timeout / 409 / 5xx ▼
+      │                           Temporal dev server (state in a db file)
+      │                                  ▼
+      │                           worker A, worker B            (onceflow worker)
+      │                           relay A, relay B              (onceflow relay)
+      │                                  ▼
+      └─ faults, records ──▶ far sides (python -m bench._far_sides): Stripe-compatible
+                             provider, SMTP sink, deployment target;  PostgreSQL
+
+While agents drive the tasks the run injects: SIGKILL of a random worker (a replacement
+is started each time), provider faults (responses dropped or delayed after the commit,
+resets, 429/500/503), SMTP faults (connection dropped after DATA with the message kept or
+lost, delayed replies, deferred recipients), ``pg_terminate_backend`` on onceflow's
+PostgreSQL connections, and one restart of the Temporal dev server (its state persists
+in its db file). Steps that need approval are approved (a few deployments denied) by an
+operator principal through the HTTP API; a parked step is reconciled by that operator
+from the far side's own record (provider ledger, SMTP sink): ``happened`` with the
+resource found there, else ``did_not_happen``, and ``abandon`` once a step has come back
+parked after three ``did_not_happen`` with still nothing at the far side (a provider that
+stored a 500 under the key replays it for the key's whole retention).
+
+Then, with the faults healed, it checks a Jepsen-style history against the far sides'
+own records (provider ledger, the SMTP sink's applied Message-IDs, the deployment
+target's writes, PostgreSQL's business rows): every acknowledged task's succeeded steps
+have exactly one effect, failed steps none, parked steps their evidence; no key has
+more than one task or effect; no effect belongs to no task; none is stuck.
+
+Usage: ``.venv/bin/python -m bench.chaos [--tasks 2000] [--concurrency 24] [--kill-every 6]``
+(exit status 1 on any violation). ``run_chaos`` is what ``tests/chaos`` calls at CI size.
+"""
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
+from temporalio.service import RPCError
+
+from devstack.postgres import EmbeddedPostgres
+from devstack.temporal import TemporalDevServer
+from gateway import PrincipalStore
+from storage import apply_migrations, build_pool
+from task_api import connect_temporal
+from workflows import AgentTaskWorkflow
+
+REPO = Path(__file__).resolve().parent.parent
+TOOLS = (
+    "issue_coupon",
+    "create_order",
+    "charge_payment",
+    "refund_payment",
+    "send_email",
+    "start_deployment",
+)
+STRIPE_KEY = "sk_test_onceflow_chaos"
+BIG_REFUND = 12_000
+"""Above ``ONCEFLOW_PAYMENTS_REFUND_APPROVAL_ABOVE`` (10,000): needs approval."""
+BUDGET = {
+    "max_attempts_per_task": 24,
+    "max_attempts_per_step": 12,
+    "initial_backoff": "PT0.2S",
+    "max_backoff": "PT3S",
+    "deadline": "PT20M",
+}
+"""Every task's retry budget: many fast attempts, since every fault here is a fault on
+purpose; the budget still bounds them."""
+PROVIDER_FAULTS = (
+    ("drop_after_commit", 0.0),
+    ("drop_after_commit", 0.0),
+    ("delay_after_commit", 3.0),
+    ("error_500_after_commit", 0.0),
+    ("delay_before_commit", 3.0),
+    ("error_500_before_commit", 0.0),
+    ("reset_before_commit", 0.0),
+    ("error_503", 0.0),
+    ("rate_limit_429", 0.0),
+)
+"""Provider faults and their delays; the stack's Stripe request timeout is 2 s, so a 3 s
+delay is a response that never arrives in time."""
+ABANDON_AFTER = 3
+"""An operator abandons a parked step after this many ``did_not_happen`` decisions that
+ended parked again with still no effect at the far side."""
+MAX_PENDING_FAULTS = 2
+"""Faults wait for the next matching request; at most this many wait at a time, so the
+fault rate follows the traffic instead of piling up while a far side is quiet."""
+SMTP_FAULTS: tuple[dict[str, Any], ...] = (
+    {"fault": "drop_after_data", "apply": True},
+    {"fault": "drop_after_data", "apply": False},
+    {"fault": "delay_reply", "delay_seconds": 3.0, "apply": True},
+    {"fault": "defer_rcpt"},
+)
+"""SMTP faults: the relays' SMTP timeout is 2 s, so a 3 s reply delay is a lost reply."""
+
+
+def stack_environment(
+    *, database_url: str, temporal_address: str, task_queue: str, far: dict[str, str], state: Path
+) -> dict[str, str]:
+    """Environment shared by every onceflow process of the run (one set of tool settings)."""
+    return {
+        "DATABASE_URL": database_url,
+        "TEMPORAL_ADDRESS": temporal_address,
+        "ONCEFLOW_TASK_QUEUE": task_queue,
+        "ONCEFLOW_STATE_DIR": str(state),
+        "PYTHONUNBUFFERED": "1",
+        "ONCEFLOW_SHUTDOWN_GRACE_SECONDS": "2",
+        "STRIPE_API_KEY": STRIPE_KEY,
+        "STRIPE_API_BASE": far["provider_url"],
+        "ONCEFLOW_STRIPE_CONNECT_TIMEOUT": "PT1S",
+        "ONCEFLOW_STRIPE_REQUEST_TIMEOUT": "PT2S",
+        "ONCEFLOW_PAYMENTS_ATTEMPT_TIMEOUT": "PT10S",
+        "SMTP_URL": far["smtp_url"],
+        "ONCEFLOW_EMAIL_SMTP_TIMEOUT": "PT2S",
+        "ONCEFLOW_EMAIL_CLAIM_LEASE": "PT4S",
+        "ONCEFLOW_EMAIL_POLL_INTERVAL": "PT0.2S",
+        "ONCEFLOW_EMAIL_ATTEMPT_TIMEOUT": "PT30S",
+        "ONCEFLOW_EMAIL_HEARTBEAT_TIMEOUT": "PT5S",
+        "DEPLOY_TARGET_URL": far["deploy_target_url"],
+        "ONCEFLOW_DEPLOY_TARGET_REQUEST_TIMEOUT": "PT5S",
+        "ONCEFLOW_DEPLOYMENTS_LEASE_TTL": "PT5S",
+        "ONCEFLOW_DEPLOYMENTS_HEARTBEAT_TIMEOUT": "PT4S",
+        "ONCEFLOW_DEPLOYMENTS_ATTEMPT_TIMEOUT": "PT60S",
+        "ONCEFLOW_GATEWAY_REPLAY_WAIT_SECONDS": "3",
+        "ONCEFLOW_GATEWAY_CLAIM_LEASE_SECONDS": "5",
+        "ONCEFLOW_DB_POOL_MAX_SIZE": "8",
+        "ONCEFLOW_GATEWAY_DB_POOL_MAX_SIZE": "8",
+    }
+
+
+@dataclass(frozen=True)
+class ChaosConfig:
+    """Size and fault rates of one run.
+
+    Attributes:
+        tasks: Tasks to drive (spread evenly over the six tools). Default 300.
+        concurrency: Agents driving tasks at once. Default 16.
+        kill_every: Mean seconds between worker SIGKILLs (0: none). Default 6.
+        fault_every: Mean seconds between provider faults and between SMTP faults. Default 1.
+        pg_kill_every: Mean seconds between rounds of ``pg_terminate_backend``. Default 10.
+        restart_temporal_at: Share of tasks submitted when the Temporal dev server is
+            restarted (None: never). Default 0.4.
+        duplicate_share: Share of tasks whose first request is sent to both gateways at
+            once. Default 0.2.
+        deny_share: Share of deployments the operator denies. Default 0.1.
+        settle_seconds: After the last task was acknowledged and the faults healed, how
+            long the tasks get to end before any still open counts as stuck. Default 120.
+        seed: Seed of every random choice the driver makes. Default 7.
+        progress_every: Seconds between progress lines. Default 10.
+    """
+
+    tasks: int = 300
+    concurrency: int = 16
+    kill_every: float = 6.0
+    fault_every: float = 1.0
+    pg_kill_every: float = 10.0
+    restart_temporal_at: float | None = 0.4
+    duplicate_share: float = 0.2
+    deny_share: float = 0.1
+    settle_seconds: float = 120.0
+    seed: int = 7
+    progress_every: float = 10.0
+
+
+@dataclass
+class TaskRecord:
+    """One logical agent call and everything observed about it."""
+
+    number: int
+    tool: str
+    key: str
+    body: dict[str, Any]
+    task_ids: set[str] = field(default_factory=set)
+    acknowledged: bool = False
+    answers: Counter[int] = field(default_factory=Counter)
+    final_state: str | None = None
+    final_status: dict[str, Any] | None = None
+    parked_seen: list[dict[str, Any]] = field(default_factory=list)
+    reconciled: list[str] = field(default_factory=list)
+    approvals: list[bool] = field(default_factory=list)
+    refusal: str | None = None
+    deny: bool = False
+    """Whether the operator denies this task's approval (some deployments)."""
+
+    @property
+    def task_id(self) -> str | None:
+        return next(iter(self.task_ids)) if len(self.task_ids) == 1 else None
+
+
+@dataclass
+class ChaosReport:
+    """What a run did and found."""
+
+    config: ChaosConfig
+    tasks: list[TaskRecord]
+    figures: dict[str, Any]
+    violations: list[str]
+    stuck: list[str]
+    per_tool: dict[str, Counter[str]]
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations and not self.stuck
+
+    def table(self) -> str:
+        """The summary table: per tool, then the run's figures."""
+        columns = (
+            "tasks",
+            "succeeded",
+            "failed",
+            "were parked",
+            "reconciled",
+            "parked at end",
+            "stuck",
+            "effects",
+        )
+        lines = [f"{'tool':<18}" + "".join(f"{name:>14}" for name in columns)]
+        total: Counter[str] = Counter()
+        for tool in TOOLS:
+            counts = self.per_tool.get(tool, Counter())
+            total.update(counts)
+            lines.append(f"{tool:<18}" + "".join(f"{counts[name]:>14}" for name in columns))
+        lines.append(f"{'all':<18}" + "".join(f"{total[name]:>14}" for name in columns))
+        lines.append("")
+        width = max(len(name) for name in self.figures)
+        lines.extend(f"{name:<{width}}  {value}" for name, value in self.figures.items())
+        lines.append("")
+        lines.append(
+            f"violations: {len(self.violations)}   stuck: {len(self.stuck)}   "
+            f"verdict: {'PASS' if self.ok else 'FAIL'}"
+        )
+        lines.extend(f"  VIOLATION {line}" for line in self.violations[:50])
+        lines.extend(f"  STUCK {line}" for line in self.stuck[:50])
+        return "\n".join(lines)
+
+
+def plan_task(number: int, tool: str, rng: random.Random) -> dict[str, Any]:
+    """The task body (``POST /v1/tasks``) of one logical call; unique far-side identity
+    per task (user, customer, order id, subject, service) so effects can be attributed."""
+    arguments: dict[str, Any]
+    steps: list[dict[str, Any]]
+    if tool == "issue_coupon":
+        arguments = {"user_id": f"u-{number}", "coupon_id": "CHAOS"}
+    elif tool == "create_order":
+        arguments = {
+            "customer_id": f"c-{number}",
+            "currency": "eur",
+            "lines": [{"sku": "mug", "quantity": 1 + number % 3, "unit_price_cents": 1100}],
+        }
+    elif tool == "charge_payment":
+        declined = rng.random() < 0.1
+        arguments = {
+            "amount": 1000 + number,
+            "currency": "eur",
+            "customer": "cus_chaos",
+            "payment_method": "pm_card_chargeDeclined" if declined else "pm_card_visa",
+            "order_id": f"ord-{number}",
+        }
+    elif tool == "refund_payment":
+        # A charge and its refund in one task; a big refund waits for approval.
+        amount = BIG_REFUND if rng.random() < 0.5 else 500
+        steps = [
+            {
+                "step_id": "charge",
+                "tool": "charge_payment",
+                "arguments": {
+                    "amount": 20_000,
+                    "currency": "eur",
+                    "customer": "cus_chaos",
+                    "payment_method": "pm_card_visa",
+                    "order_id": f"ord-{number}",
+                },
+            },
+            {
+                "step_id": "refund",
+                "tool": "refund_payment",
+                "arguments": {"charge_step": "charge", "amount": amount},
+            },
+        ]
+        return {"steps": steps, "budget": BUDGET}
+    elif tool == "send_email":
+        arguments = {
+            "to": [f"customer-{number}@example.com"],
+            "subject": f"chaos #{number}",
+            "body": f"Order update #{number}.\n.\nA lone dot above.",
+        }
+    elif tool == "start_deployment":
+        arguments = {
+            "service": f"svc-{number}",
+            "version": f"1.0.{number}",
+            "environment": "staging",
+        }
+    else:
+        raise ValueError(tool)
+    return {"steps": [{"step_id": "s1", "tool": tool, "arguments": arguments}], "budget": BUDGET}
+
+
+# ── processes ──────────────────────────────────────────────────────────────────────────
+
+
+@dataclass
+class Process:
+    """An onceflow process of the run with its log file."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    async def ready(self, needle: str, *, timeout: float = 90) -> str:
+        """Wait for a log line containing ``needle``; returns that line."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in self.log().splitlines():
+                if needle in line:
+                    return line
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited ({self.process.returncode}):\n{self.log()}")
+            await asyncio.sleep(0.1)
+        raise RuntimeError(f"{self.name} not ready within {timeout} s:\n{self.log()}")
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def spawn(name: str, arguments: list[str], env: dict[str, str], logs: Path) -> Process:
+    """Start a process with its output in ``logs/<name>.log``."""
+    log_path = logs / f"{name}.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            arguments,
+            cwd=REPO,
+            env={**os.environ, **env},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return Process(name, process, log_path)
+
+
+def onceflow(*arguments: str) -> list[str]:
+    return [sys.executable, "-m", "cli.main", *arguments]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+# ── the run ────────────────────────────────────────────────────────────────────────────
+
+
+class ChaosRun:
+    """One run: the stack, the agents, the nemesis and the final check."""
+
+    def __init__(self, config: ChaosConfig, scratch: Path, say: Callable[[str], None]) -> None:
+        self.config = config
+        self.scratch = scratch
+        self.logs = scratch / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.say = say
+        self.rng = random.Random(config.seed)
+        self.tenant = f"chaos-{uuid.uuid4().hex[:8]}"
+        self.task_queue = f"chaos-{uuid.uuid4().hex[:8]}"
+        self.records: list[TaskRecord] = []
+        self.figures: Counter[str] = Counter()
+        self.durations: dict[str, float] = {}
+        self.workers: list[Process] = []
+        self.worker_serial = 0
+        self.processes: list[Process] = []
+        self.submitted = 0
+        self.acknowledged = 0
+        self.finished = 0
+        self.driving = True
+        self.started = time.monotonic()
+        self.temporal_down = asyncio.Event()
+        self.violations: list[str] = []
+
+    # stack ───────────────────────────────────────────────────────────────────────────
+
+    @contextlib.asynccontextmanager
+    async def stack(self) -> AsyncIterator[None]:
+        self.say(f"starting the stack in {self.scratch}")
+        postgres = EmbeddedPostgres(self.scratch / "pg", delete_on_stop=True)
+        self.database_url = postgres.url
+        temporal = TemporalDevServer(
+            self.scratch / "temporal", port=free_port(), ui_port=free_port()
+        )
+        try:
+            await apply_migrations(postgres.url)
+            self.temporal = temporal
+            await temporal.start()
+            far = spawn(
+                "far-sides",
+                [sys.executable, "-m", "bench._far_sides"],
+                {"PYTHONUNBUFFERED": "1"},
+                self.logs,
+            )
+            self.processes.append(far)
+            self.far = json.loads(await far.ready('"provider_url"'))
+            self.env = stack_environment(
+                database_url=postgres.url,
+                temporal_address=temporal.endpoints.address,
+                task_queue=self.task_queue,
+                far=self.far,
+                state=self.scratch / "state",
+            )
+            async with build_pool(postgres.url, max_size=1) as pool:
+                store = PrincipalStore(pool)
+                _, self.agent_key = await store.create(
+                    tenant=self.tenant, name="agent", tools=["*"]
+                )
+                _, self.operator_key = await store.create(
+                    tenant=self.tenant, name="operator", tools=["*"], may_decide=True
+                )
+            gateways = [
+                spawn(f"gateway-{n}", onceflow("gateway", "--port", "0"), self.env, self.logs)
+                for n in "ab"
+            ]
+            relays = [spawn(f"relay-{n}", onceflow("relay"), self.env, self.logs) for n in "ab"]
+            self.processes += [*gateways, *relays]
+            for _ in range(2):
+                self.start_worker()
+            self.gateway_urls = [
+                (await gateway.ready("onceflow gateway ready on ")).split("ready on ")[1].split()[0]
+                for gateway in gateways
+            ]
+            for relay in relays:
+                await relay.ready("ready, delivering")
+            for worker in self.workers:
+                await worker.ready("onceflow worker ready")
+            self.say(
+                f"stack up in {time.monotonic() - self.started:.0f} s: gateways "
+                f"{', '.join(self.gateway_urls)}, 2 workers, 2 relays, far sides, "
+                f"Temporal {temporal.endpoints.address}"
+            )
+            yield
+        finally:
+            for process in [*self.workers, *self.processes]:
+                process.stop()
+            await asyncio.to_thread(temporal.stop)
+            postgres.stop()
+
+    def start_worker(self) -> Process:
+        self.worker_serial += 1
+        worker = spawn(f"worker-{self.worker_serial}", onceflow("worker"), self.env, self.logs)
+        self.workers.append(worker)
+        return worker
+
+    # agents ──────────────────────────────────────────────────────────────────────────
+
+    async def drive(self) -> None:
+        queue: asyncio.Queue[TaskRecord] = asyncio.Queue()
+        for record in self.records:
+            queue.put_nowait(record)
+
+        async def agent() -> None:
+            while not queue.empty():
+                record = queue.get_nowait()
+                try:
+                    await self.run_task(record)
+                except Exception as error:  # an agent must never die silently
+                    self.violations.append(f"task {record.number}: driver error {error!r}")
+                self.finished += 1
+
+        await asyncio.gather(*(agent() for _ in range(self.config.concurrency)))
+
+    def headers(self, key: str | None = None, *, operator: bool = False) -> dict[str, str]:
+        api_key = self.operator_key if operator else self.agent_key
+        headers = {"Authorization": f"Bearer {api_key}"}
+        if key is not None:
+            headers["Idempotency-Key"] = key
+        return headers
+
+    def gateway(self) -> str:
+        return self.rng.choice(self.gateway_urls)
+
+    async def submit(self, record: TaskRecord, url: str | None = None) -> dict[str, Any] | None:
+        """POST the task with its key until a gateway answers 200/202 (like an agent)."""
+        pause = 0.2
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            try:
+                response = await self.http.post(
+                    f"{url or self.gateway()}/v1/tasks",
+                    json=record.body,
+                    headers=self.headers(record.key),
+                )
+            except httpx.HTTPError:
+                self.figures["client retries after a timeout or reset"] += 1
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 3)
+                continue
+            record.answers[response.status_code] += 1
+            if response.status_code in (200, 202):
+                body: dict[str, Any] = response.json()
+                record.task_ids.add(body["task_id"])
+                if response.headers.get("Idempotent-Replayed") == "true":
+                    self.figures["replayed answers"] += 1
+                return body
+            if response.status_code in (409, 429) or response.status_code >= 500:
+                self.figures[f"answers {response.status_code} (retried, same key)"] += 1
+                retry_after = float(response.headers.get("Retry-After", pause))
+                await asyncio.sleep(min(retry_after, 3) * self.rng.uniform(0.5, 1.0))
+                pause = min(pause * 2, 3)
+                continue
+            record.refusal = f"{response.status_code} {response.text[:300]}"
+            return None
+        record.refusal = "no gateway accepted the task within 600 s"
+        return None
+
+    async def run_task(self, record: TaskRecord) -> None:
+        self.submitted += 1
+        if self.rng.random() < self.config.duplicate_share:
+            # The same request at the same moment through both gateways.
+            self.figures["tasks sent to both gateways at once"] += 1
+            answers = await asyncio.gather(*(self.submit(record, url) for url in self.gateway_urls))
+            answer = answers[0] or answers[1]
+        else:
+            answer = await self.submit(record)
+        if answer is None:
+            return
+        if not record.acknowledged:
+            record.acknowledged = True
+            self.acknowledged += 1
+        await self.follow(record, answer)
+
+    async def follow(self, record: TaskRecord, answer: dict[str, Any]) -> None:
+        """Approve, reconcile and re-ask (same key) until the task ends."""
+        while self.driving or time.monotonic() < self.settle_deadline:
+            state = answer.get("state")
+            if state in ("succeeded", "failed"):
+                record.final_state = state
+                return
+            if state in ("awaiting_approval", "parked"):
+                status = await self.status(answer["task_id"])
+                if status is not None:
+                    await self.decide(record, status)
+            else:
+                await asyncio.sleep(0.5)
+            next_answer = await self.submit(record)
+            if next_answer is None:
+                return
+            answer = next_answer
+
+    async def status(self, task_id: str) -> dict[str, Any] | None:
+        try:
+            response = await self.http.get(
+                f"{self.gateway()}/v1/tasks/{task_id}", headers=self.headers(operator=True)
+            )
+        except httpx.HTTPError:
+            return None
+        if response.status_code != 200:
+            await asyncio.sleep(0.5)
+            return None
+        status: dict[str, Any] = response.json()
+        return status
+
+    async def decide(self, record: TaskRecord, status: dict[str, Any]) -> None:
+        for step in status["steps"]:
+            if step["state"] == "awaiting_approval":
+                approved = not record.deny
+                body = {
+                    "step_id": step["step_id"],
+                    "approved": approved,
+                    "reason": "chaos run operator",
+                    "arguments_digest": step["arguments_digest"],
+                }
+                if await self.decision(status["workflow_id"], "approve", body):
+                    record.approvals.append(approved)
+                    self.figures["approvals" if approved else "denials"] += 1
+            elif step["state"] == "parked":
+                if not step.get("park_reason") or not step.get("evidence"):
+                    self.violations.append(
+                        f"task {record.number} ({record.tool}) parked without evidence: "
+                        f"{step.get('park_reason')!r} {step.get('evidence')!r}"
+                    )
+                record.parked_seen.append(
+                    {
+                        "step": step["step_id"],
+                        "reason": step.get("park_reason"),
+                        "evidence": step.get("evidence"),
+                    }
+                )
+                resource = await self.find_effect(record, step)
+                decision = "happened" if resource else "did_not_happen"
+                if not resource and record.reconciled.count("did_not_happen") >= ABANDON_AFTER:
+                    # The provider keeps answering this key with the error it stored
+                    # (Stripe replays a stored 500 for the key's whole retention), so an
+                    # authorised attempt can never succeed; no effect exists: give up.
+                    decision = "abandon"
+                body = {
+                    "step_id": step["step_id"],
+                    "decision": decision,
+                    "reason": "chaos run: looked up at the far side",
+                    **({"resource_id": resource} if resource else {}),
+                }
+                if await self.decision(status["workflow_id"], "reconcile", body):
+                    record.reconciled.append(body["decision"])
+                    self.figures[f"parked steps reconciled: {body['decision']}"] += 1
+
+    async def decision(self, task_id: str, kind: str, body: dict[str, Any]) -> bool:
+        try:
+            response = await self.http.post(
+                f"{self.gateway()}/v1/tasks/{task_id}/{kind}",
+                json=body,
+                headers=self.headers(operator=True),
+            )
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    async def find_effect(self, record: TaskRecord, step: dict[str, Any]) -> str | None:
+        """What an operator would look up: the effect of a parked step at the far side."""
+        order_id = f"ord-{record.number}"
+        if step["tool"] == "charge_payment":
+            for entry in await self.ledger():
+                if entry["kind"] == "charge" and entry["metadata"].get("order_id") == order_id:
+                    return str(entry["payment_intent"])
+            return None
+        if step["tool"] == "refund_payment":
+            ledger = await self.ledger()
+            intents = {
+                e["payment_intent"]
+                for e in ledger
+                if e["kind"] == "charge" and e["metadata"].get("order_id") == order_id
+            }
+            for entry in ledger:
+                if entry["kind"] == "refund" and entry["payment_intent"] in intents:
+                    return str(entry["object_id"])
+            return None
+        if step["tool"] == "send_email":
+            message_id = step["evidence"].get("message_id")
+            received = (await self.http.get(f"{self.far['smtp_control_url']}/messages")).json()
+            return message_id if message_id in received["applied"] else None
+        return None
+
+    async def ledger(self) -> list[dict[str, Any]]:
+        response = await self.http.get(f"{self.far['provider_url']}/_test/ledger")
+        entries: list[dict[str, Any]] = response.json()["data"]
+        return entries
+
+    # nemesis ─────────────────────────────────────────────────────────────────────────
+
+    async def every(self, mean: float, action: Callable[[], Any]) -> None:
+        if mean <= 0:
+            return
+        while self.driving:
+            await asyncio.sleep(mean * self.rng.uniform(0.5, 1.5))
+            if not self.driving:
+                return
+            try:
+                await action()
+            except Exception as error:  # a failed injection is reported, never fatal
+                self.figures[f"injections that failed ({type(error).__name__})"] += 1
+
+    async def kill_a_worker(self) -> None:
+        ready = [w for w in self.workers if w.process.poll() is None and "ready" in w.log()]
+        if not ready:
+            return
+        victim = self.rng.choice(ready)
+        victim.kill()
+        self.workers.remove(victim)
+        self.figures["workers SIGKILLed (each replaced)"] += 1
+        self.start_worker()
+
+    async def supervise_workers(self) -> None:
+        """Keep two workers: a replacement that exits on its own (it cannot start while the
+        Temporal server is down) is started again, as a process supervisor would."""
+        while True:
+            await asyncio.sleep(0.5)
+            for worker in list(self.workers):
+                if worker.process.poll() is not None:
+                    self.workers.remove(worker)
+                    self.figures["worker starts that failed and were retried"] += 1
+                    self.start_worker()
+
+    async def provider_fault(self) -> None:
+        pending = (await self.http.get(f"{self.far['provider_url']}/_test/faults")).json()
+        if len(pending["data"]) >= MAX_PENDING_FAULTS:
+            return  # faults are consumed by traffic; never let a backlog fault every request
+        fault, delay = self.rng.choice(PROVIDER_FAULTS)
+        await self.http.post(
+            f"{self.far['provider_url']}/_test/faults",
+            json={
+                "fault": fault,
+                "method": "POST",
+                "path_prefix": "/v1/",
+                "times": 1,
+                "delay_seconds": delay,
+            },
+        )
+        self.figures["provider faults injected"] += 1
+
+    async def smtp_fault(self) -> None:
+        pending = (await self.http.get(f"{self.far['smtp_control_url']}/messages")).json()
+        if len(pending["faults"]) >= MAX_PENDING_FAULTS:
+            return
+        rule = dict(self.rng.choice(SMTP_FAULTS))
+        await self.http.post(f"{self.far['smtp_control_url']}/faults", json=rule)
+        self.figures["SMTP faults injected"] += 1
+
+    async def kill_connections(self) -> None:
+        async with await psycopg.AsyncConnection.connect(
+            self.database_url, autocommit=True
+        ) as conn:
+            cursor = await conn.execute(
+                "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                " AND backend_type = 'client backend' AND random() < 0.5"
+            )
+            row = await cursor.fetchone()
+        self.figures["PostgreSQL connections terminated"] += int(row[0]) if row else 0
+        self.figures["pg_terminate_backend rounds"] += 1
+
+    async def restart_temporal_once(self) -> None:
+        share = self.config.restart_temporal_at
+        if share is None:
+            return
+        while self.driving and self.submitted < share * self.config.tasks:
+            await asyncio.sleep(0.2)
+        if not self.driving:
+            return
+        self.say("restarting the Temporal dev server (state kept in its db file)")
+        began = time.monotonic()
+        await asyncio.to_thread(self.temporal.stop)
+        await self.temporal.start()
+        self.figures["Temporal dev server restarts"] += 1
+        self.durations["Temporal downtime (s)"] = round(time.monotonic() - began, 1)
+        self.say(f"Temporal back after {time.monotonic() - began:.1f} s")
+
+    async def progress(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.progress_every)
+            done = Counter(r.final_state for r in self.records if r.final_state)
+            self.say(
+                f"t={time.monotonic() - self.started:4.0f}s submitted {self.submitted}/"
+                f"{self.config.tasks} acknowledged {self.acknowledged} ended "
+                f"{sum(done.values())} (succeeded {done['succeeded']}, failed "
+                f"{done['failed']}) kills {self.figures['workers SIGKILLed (each replaced)']}"
+                f" pg-kills {self.figures['PostgreSQL connections terminated']}"
+                f" provider-faults {self.figures['provider faults injected']}"
+                f" smtp-faults {self.figures['SMTP faults injected']}"
+            )
+
+    async def heal(self) -> None:
+        with contextlib.suppress(httpx.HTTPError):
+            await self.http.delete(f"{self.far['provider_url']}/_test/faults")
+            await self.http.delete(f"{self.far['smtp_control_url']}/faults")
+
+    # the run ─────────────────────────────────────────────────────────────────────────
+
+    def plan(self) -> None:
+        tools = [TOOLS[n % len(TOOLS)] for n in range(self.config.tasks)]
+        self.rng.shuffle(tools)
+        for n, tool in enumerate(tools):
+            record = TaskRecord(n, tool, f"chaos-{n}", plan_task(n, tool, self.rng))
+            record.deny = tool == "start_deployment" and self.rng.random() < self.config.deny_share
+            self.records.append(record)
+
+    async def run(self) -> ChaosReport:
+        self.plan()
+        limits = httpx.Limits(max_connections=self.config.concurrency * 3)
+        async with self.stack(), httpx.AsyncClient(timeout=15, limits=limits) as self.http:
+            return await self.chaos()
+
+    async def chaos(self) -> ChaosReport:
+        self.settle_deadline = float("inf")
+        self.started_driving = time.monotonic()
+        progress = asyncio.create_task(self.progress())
+        supervisor = asyncio.create_task(self.supervise_workers())
+        driving = asyncio.create_task(self.drive())
+        nemesis = [
+            asyncio.create_task(self.every(self.config.kill_every, self.kill_a_worker)),
+            asyncio.create_task(self.every(self.config.fault_every, self.provider_fault)),
+            asyncio.create_task(self.every(self.config.fault_every, self.smtp_fault)),
+            asyncio.create_task(self.every(self.config.pg_kill_every, self.kill_connections)),
+            asyncio.create_task(self.restart_temporal_once()),
+        ]
+        while (
+            self.acknowledged + sum(1 for r in self.records if r.refusal)
+            < max(self.config.tasks, 1)
+            and not driving.done()
+        ):
+            await asyncio.sleep(0.2)
+        # Every task has been acknowledged: stop breaking things, let them end.
+        self.driving = False
+        self.settle_deadline = time.monotonic() + self.config.settle_seconds
+        await asyncio.gather(*nemesis)
+        await self.heal()
+        self.durations["chaos phase (s)"] = round(time.monotonic() - self.started_driving, 1)
+        self.say("faults healed; waiting for the remaining tasks to end")
+        await driving
+        self.durations["driving incl. settling (s)"] = round(
+            time.monotonic() - self.started_driving, 1
+        )
+        progress.cancel()
+        # Replacement workers still starting must be up, so queries are answered.
+        for worker in list(self.workers):
+            with contextlib.suppress(RuntimeError):
+                await worker.ready("onceflow worker ready")
+        try:
+            return await self.check()
+        finally:
+            supervisor.cancel()
+
+    # the check ───────────────────────────────────────────────────────────────────────
+
+    async def check(self) -> ChaosReport:
+        self.say("checking the history against the far sides' records")
+        async with httpx.AsyncClient(timeout=30) as http:
+            ledger = (await http.get(f"{self.far['provider_url']}/_test/ledger")).json()["data"]
+            sink = (await http.get(f"{self.far['smtp_control_url']}/messages")).json()
+            target = (await http.get(f"{self.far['deploy_target_url']}/deployments")).json()
+        with psycopg.connect(self.database_url, autocommit=True) as conn:
+            coupons = Counter(
+                user
+                for (user,) in conn.execute(
+                    "SELECT user_id FROM coupon_issuances WHERE tenant = %s", (self.tenant,)
+                )
+            )
+            orders = Counter(
+                customer
+                for (customer,) in conn.execute(
+                    "SELECT customer_id FROM orders WHERE tenant = %s", (self.tenant,)
+                )
+            )
+            records = defaultdict(list)
+            for key, workflow_id, state in conn.execute(
+                "SELECT idempotency_key, workflow_id, state FROM idempotency_records"
+                " WHERE tenant = %s",
+                (self.tenant,),
+            ):
+                records[key].append((workflow_id, state))
+        charges: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        refunds: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for entry in ledger:
+            if entry["kind"] == "charge":
+                charges[entry["metadata"].get("order_id", "?")].append(entry)
+            else:
+                refunds[entry["payment_intent"]].append(entry)
+        emails: dict[str, set[str]] = defaultdict(set)
+        applications: Counter[str] = Counter()
+        for message in sink["received"]:
+            if message["applied"]:
+                emails[message["subject"] or "?"].add(message["message_id"])
+                applications[message["message_id"]] += 1
+        deployments: dict[str, dict[str, Any]] = {}
+        for deployment in target["deployments"]:
+            applied = [w for w in deployment["writes"] if w["applied"]]
+            if applied:
+                deployments[deployment["deployment_id"]] = {
+                    "service": applied[0]["service"],
+                    "steps": {w["step"] for w in applied},
+                    "tokens": [w["fencing_token"] for w in applied],
+                }
+        services: dict[str, list[str]] = defaultdict(list)
+        for deployment_id, deployment in deployments.items():
+            services[deployment["service"]].append(deployment_id)
+
+        client = await connect_temporal(address=self.temporal.endpoints.address)
+        violations = list(self.violations)
+        stuck: list[str] = []
+        per_tool: dict[str, Counter[str]] = defaultdict(Counter)
+        for message_id, times in applications.items():
+            if times > 1:
+                violations.append(f"Message-ID {message_id} applied {times} times")
+        for deployment_id, deployment in deployments.items():
+            if deployment["tokens"] != sorted(deployment["tokens"]):
+                violations.append(
+                    f"deployment {deployment_id}: a write under an older token was applied "
+                    f"after a newer one ({deployment['tokens']})"
+                )
+        claimed: set[str] = set()
+        for record in self.records:
+            counts = per_tool[record.tool]
+            counts["tasks"] += 1
+            label = f"task {record.number} ({record.tool}, key {record.key})"
+            if record.refusal is not None:
+                violations.append(f"{label}: refused by the gateway: {record.refusal}")
+            if len(record.task_ids) > 1:
+                violations.append(f"{label}: one key answered with tasks {record.task_ids}")
+            key_records = records.get(record.key, [])
+            if record.acknowledged and len(key_records) != 1:
+                violations.append(f"{label}: {len(key_records)} idempotency records")
+            if record.task_id and key_records and key_records[0][0] != record.task_id:
+                violations.append(f"{label}: record names another task {key_records[0][0]}")
+            status = await self.final_status(client, record.task_id) if record.task_id else None
+            effects = self.effects_of(
+                record, charges, refunds, emails, coupons, orders, services, deployments, claimed
+            )
+            counts["effects"] += sum(len(found) for found in effects.values())
+            if status is None:
+                if record.acknowledged:
+                    stuck.append(f"{label}: no status from its task")
+                elif any(len(found) > 1 for found in effects.values()):
+                    violations.append(f"{label}: unacknowledged but {effects}")
+                continue
+            state = status["state"]
+            counts[
+                {"succeeded": "succeeded", "failed": "failed", "parked": "parked at end"}.get(
+                    state, "stuck"
+                )
+            ] += 1
+            counts["were parked"] += bool(record.parked_seen)
+            counts["reconciled"] += bool(record.reconciled)
+            if state not in ("succeeded", "failed", "parked"):
+                stuck.append(f"{label}: still {state} ({status['workflow_id']})")
+            if state == "failed":
+                ended = [
+                    st for st in status["steps"] if st["state"] not in ("succeeded", "pending")
+                ]
+                cause = ended[-1] if ended else {"state": "?", "tool": record.tool}
+                self.figures[f"failed tasks: {cause['tool']} step {cause['state']}"] += 1
+            for step in status["steps"]:
+                found = effects.get(step["step_id"], [])
+                step_state = step["state"]
+                if step_state == "succeeded":
+                    if len(found) != 1:
+                        violations.append(
+                            f"{label}: step {step['step_id']} succeeded with {len(found)} "
+                            f"effects {found}"
+                        )
+                    elif (
+                        step.get("resource_id")
+                        and step["tool"]
+                        in (
+                            "charge_payment",
+                            "refund_payment",
+                        )
+                        and step["resource_id"] != found[0]
+                    ):
+                        violations.append(
+                            f"{label}: step {step['step_id']} names {step['resource_id']} but "
+                            f"the provider's effect is {found[0]}"
+                        )
+                elif step_state == "parked":
+                    if len(found) > 1:
+                        violations.append(f"{label}: parked step with {len(found)} effects")
+                    if not step.get("evidence") or not step.get("park_reason"):
+                        violations.append(f"{label}: parked without evidence")
+                elif found:
+                    violations.append(
+                        f"{label}: step {step['step_id']} is {step_state} but has effects {found}"
+                    )
+        # Effects that belong to no task of the run.
+        known_orders = {f"ord-{r.number}" for r in self.records}
+        for order_id in charges:
+            if order_id not in known_orders:
+                violations.append(f"charge for unknown order {order_id}")
+        for deployment_id in deployments:
+            if deployment_id not in claimed:
+                violations.append(f"deployment {deployment_id} belongs to no task")
+        workflows = await self.count_workflows(client)
+        acknowledged = sum(1 for r in self.records if r.acknowledged)
+        if workflows != acknowledged:
+            violations.append(f"{workflows} task workflows for {acknowledged} acknowledged keys")
+        figures: dict[str, Any] = {
+            "tasks (keys)": len(self.records),
+            "acknowledged": acknowledged,
+            "task workflows in Temporal": workflows,
+            "provider ledger entries": len(ledger),
+            "emails applied at the sink": len(applications),
+            "emails received (incl. redeliveries)": len(sink["received"]),
+            "deployments applied at the target": len(deployments),
+            "deployment writes refused by the fence": sum(
+                1 for d in target["deployments"] for w in d["writes"] if not w["applied"]
+            ),
+            **self.durations,
+            **dict(sorted(self.figures.items())),
+        }
+        return ChaosReport(self.config, self.records, figures, violations, stuck, per_tool)
+
+    def effects_of(
+        self,
+        record: TaskRecord,
+        charges: dict[str, list[dict[str, Any]]],
+        refunds: dict[str, list[dict[str, Any]]],
+        emails: dict[str, set[str]],
+        coupons: Counter[str],
+        orders: Counter[str],
+        services: dict[str, list[str]],
+        deployments: dict[str, dict[str, Any]],
+        claimed: set[str],
+    ) -> dict[str, list[str]]:
+        """Each step's effects as the far sides recorded them, by the task's identity."""
+        n = record.number
+        if record.tool == "issue_coupon":
+            return {"s1": [f"coupon u-{n}"] * coupons[f"u-{n}"]}
+        if record.tool == "create_order":
+            return {"s1": [f"order c-{n}"] * orders[f"c-{n}"]}
+        charged = [e["payment_intent"] for e in charges.get(f"ord-{n}", [])]
+        if record.tool == "charge_payment":
+            return {"s1": charged}
+        if record.tool == "refund_payment":
+            refunded = [e["object_id"] for pi in charged for e in refunds.get(pi, [])]
+            return {"charge": charged, "refund": refunded}
+        if record.tool == "send_email":
+            return {"s1": sorted(emails.get(f"chaos #{n}", set()))}
+        ids = services.get(f"svc-{n}", [])
+        claimed.update(ids)
+        incomplete = [
+            i
+            for i in ids
+            if deployments[i]["steps"] != {"prepare", "roll_out", "verify", "activate"}
+        ]
+        return {"s1": [*ids, *(f"{i} (incomplete)" for i in incomplete)]}
+
+    async def final_status(self, client: Client, task_id: str) -> dict[str, Any] | None:
+        """The task's own final word: its result if it closed, else its status query."""
+        handle = client.get_workflow_handle_for(AgentTaskWorkflow.run, task_id)
+        for _ in range(5):
+            try:
+                described = await handle.describe()
+                if described.status is WorkflowExecutionStatus.RUNNING:
+                    status = await asyncio.wait_for(handle.query(AgentTaskWorkflow.status), 20)
+                elif described.status is WorkflowExecutionStatus.COMPLETED:
+                    status = await handle.result()
+                else:
+                    return {"workflow_id": task_id, "state": str(described.status), "steps": []}
+                return status.model_dump(mode="json")
+            except (RPCError, TimeoutError, WorkflowFailureError):
+                await asyncio.sleep(1)
+        return None
+
+    async def count_workflows(self, client: Client) -> int:
+        query = f"WorkflowType = 'AgentTaskWorkflow' AND OnceflowTenant = '{self.tenant}'"
+        previous, stable_since = -1, time.monotonic()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            count = (await client.count_workflows(query)).count
+            if count != previous:
+                previous, stable_since = count, time.monotonic()
+            elif time.monotonic() - stable_since > 2:
+                break
+            await asyncio.sleep(0.2)
+        return previous
+
+
+async def run_chaos(
+    config: ChaosConfig, *, scratch: Path | None = None, say: Callable[[str], None] = print
+) -> ChaosReport:
+    """Run the chaos run once and return its report (``report.ok`` when it passed)."""
+    if scratch is not None:
+        return await ChaosRun(config, scratch, lambda line: say(line)).run()
+    with tempfile.TemporaryDirectory(prefix="onceflow-chaos-") as directory:
+        return await ChaosRun(config, Path(directory), say).run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    defaults = ChaosConfig()
+    parser.add_argument("--tasks", type=int, default=2000)
+    parser.add_argument("--concurrency", type=int, default=24)
+    parser.add_argument("--kill-every", type=float, default=defaults.kill_every)
+    parser.add_argument("--fault-every", type=float, default=defaults.fault_every)
+    parser.add_argument("--pg-kill-every", type=float, default=defaults.pg_kill_every)
+    parser.add_argument("--settle-seconds", type=float, default=300)
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--scratch", type=Path, default=None, help="keep logs here")
+    parser.add_argument("--json", type=Path, default=None, help="write the figures here")
+    arguments = parser.parse_args(argv)
+    config = ChaosConfig(
+        tasks=arguments.tasks,
+        concurrency=arguments.concurrency,
+        kill_every=arguments.kill_every,
+        fault_every=arguments.fault_every,
+        pg_kill_every=arguments.pg_kill_every,
+        settle_seconds=arguments.settle_seconds,
+        seed=arguments.seed,
+    )
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # asyncio.run cancels the run: its processes are stopped
+
+    signal.signal(signal.SIGTERM, interrupt)
+    report = asyncio.run(run_chaos(config, scratch=arguments.scratch, say=say))
+    print(report.table(), flush=True)
+    if arguments.json is not None:
+        arguments.json.write_text(
+            json.dumps(
+                {
+                    "config": config.__dict__,
+                    "figures": report.figures,
+                    "per_tool": {tool: dict(c) for tool, c in report.per_tool.items()},
+                    "violations": report.violations,
+                    "stuck": report.stuck,
+                },
+                indent=2,
+                default=str,
+            )
+        )
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

