@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed-from-pyproject
 
-.PHONY: demo test lint dev
+.PHONY: demo test lint dev docs
 
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -24,3 +24,6 @@ dev: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy .
+
+docs: $(STAMP)
+	$(VENV)/bin/python docs/api_reference.py

@@ -7,6 +7,7 @@ scale out. SIGTERM or SIGINT shuts it down gracefully: running activities get
 
 import asyncio
 from collections.abc import Callable
+from contextlib import AsyncExitStack
 from datetime import timedelta
 from typing import Any
 
@@ -17,6 +18,7 @@ from temporalio.worker import Worker
 from activities import build_activities
 from deployments import DeployTarget, DeployTargetSettings, open_deploy_target
 from email_outbox import EmailSettings
+from onceflow_tools import load_configured_tools, open_tool_client, tool_activities
 from payments import PaymentProvider, StripeSettings, open_stripe_provider
 from settings import OnceflowSettings
 from storage import build_pool
@@ -76,14 +78,24 @@ async def serve_worker(
     ``deploy_target`` to ``DeployTargetSettings()`` (``DEPLOY_TARGET_URL``). Email
     settings come from ``EmailSettings()``; relays run apart (``onceflow relay``). When
     the process exports metrics, the worker also publishes the parked-task gauges.
+    The custom tools of ``settings.tools`` are loaded and registered first, and their
+    clients opened for the worker's lifetime; an unsafe tool stops the start-up with
+    ``ToolRegistrationError``.
     """
+    custom_tools = load_configured_tools(settings.tools)
     client = await connect_temporal(address=temporal_address)
     async with (
         watch_parked_tasks(client, every=timedelta(seconds=settings.parked_scan_seconds)),
         build_pool(database_url, max_size=settings.db_pool_max_size) as pool,
         open_stripe_provider(stripe or StripeSettings()) as payment_provider,
         open_deploy_target(deploy_target or DeployTargetSettings()) as target,
+        AsyncExitStack() as tool_clients,
     ):
+        custom_activities = [
+            activity
+            for tool in custom_tools
+            for activity in tool_activities(tool, pool, await open_tool_client(tool, tool_clients))
+        ]
         # Leaving the block calls worker.shutdown(): no new work is taken and running
         # activities get the grace period, so their completions are not dropped.
         async with build_worker(
@@ -93,6 +105,7 @@ async def serve_worker(
             payment_provider=payment_provider,
             deploy_target=target,
             email_settings=EmailSettings(),
+            extra_activities=tuple(custom_activities),
         ):
             if on_ready is not None:
                 on_ready()

@@ -112,7 +112,7 @@ class EmailActivities:
 
     async def _await_outcome(self, row: OutboxRow, *, replayed: bool) -> ToolAttemptResult:
         loop = asyncio.get_running_loop()
-        timeout = activity.info().start_to_close_timeout or SEND_EMAIL.start_to_close_timeout
+        timeout = activity.info().start_to_close_timeout or SEND_EMAIL.attempt_timeout
         deadline = loop.time() + timeout.total_seconds() * (1 - _MARGIN)
         arming = row.arming
         poll = self._settings.poll_interval.total_seconds()

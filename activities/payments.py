@@ -160,9 +160,9 @@ class PaymentActivities:
         self._pool = pool
         if provider is not None:
             for contract in (CHARGE_PAYMENT, REFUND_PAYMENT):
-                if contract.start_to_close_timeout <= 2 * provider.request_timeout:
+                if contract.attempt_timeout <= 2 * provider.request_timeout:
                     raise ValueError(
-                        f"{contract.name}'s attempt timeout ({contract.start_to_close_timeout}) "
+                        f"{contract.name}'s attempt timeout ({contract.attempt_timeout}) "
                         f"must exceed two provider calls (2 × {provider.request_timeout}); "
                         "raise ONCEFLOW_PAYMENTS_ATTEMPT_TIMEOUT or lower "
                         "ONCEFLOW_STRIPE_REQUEST_TIMEOUT / ONCEFLOW_STRIPE_CONNECT_TIMEOUT"

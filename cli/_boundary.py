@@ -15,7 +15,7 @@ import typer
 from rich.console import Console
 
 from cli._failures import CommandFailed
-from cli._services import settings_and_database
+from cli._services import register_configured_tools, settings_and_database
 
 T = TypeVar("T")
 Operate = Callable[[Callable[[], Awaitable[Any]]], Any]
@@ -149,6 +149,8 @@ def register(app: typer.Typer, operate: Operate) -> None:
         """Create a principal and print its API key (shown this once, stored hashed)."""
         from tools import CATALOGUE
 
+        settings, database_url = settings_and_database()
+        register_configured_tools(settings)
         allowed = [tool.strip() for tool in tools.split(",") if tool.strip()]
         unknown = [tool for tool in allowed if tool != "*" and tool not in CATALOGUE]
         if not allowed or unknown:
@@ -157,7 +159,6 @@ def register(app: typer.Typer, operate: Operate) -> None:
                 f"unknown tool(s) {', '.join(unknown) or '(none given)'}; known: {known}",
                 exit_code=2,
             )
-        _, database_url = settings_and_database()
 
         async def body() -> None:
             from gateway import PrincipalExists, PrincipalStore

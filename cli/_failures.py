@@ -9,7 +9,7 @@ from devstack.stack import StackAlreadyRunning
 from devstack.temporal import PortInUse
 from settings import InvalidSettings
 from task_api import DecisionRefused
-from tools import UnknownTool
+from tools import ToolRegistrationError, UnknownTool
 
 
 class CommandFailed(Exception):
@@ -35,6 +35,8 @@ def explain(error: BaseException) -> CommandFailed:
     if isinstance(error, ValidationError):
         return CommandFailed(f"invalid input: {describe_validation_error(error)}", exit_code=2)
     if isinstance(error, InvalidSettings):
+        return CommandFailed(str(error), exit_code=2)
+    if isinstance(error, ToolRegistrationError):
         return CommandFailed(str(error), exit_code=2)
     if isinstance(error, UnknownTool):
         return CommandFailed(str(error), exit_code=2)

@@ -1,7 +1,9 @@
-"""Where a command finds onceflow's services: the environment, else the embedded stack."""
+"""Where a command finds onceflow's services and tools: the environment, else the embedded
+stack."""
 
 from cli._failures import CommandFailed
 from settings import OnceflowSettings, load_settings
+from tools import ToolRegistrationError
 
 
 def settings_and_database() -> tuple[OnceflowSettings, str]:
@@ -16,3 +18,13 @@ def settings_and_database() -> tuple[OnceflowSettings, str]:
             f"{settings.state_dir}; run `onceflow dev` or set DATABASE_URL"
         )
     return settings, database_url
+
+
+def register_configured_tools(settings: OnceflowSettings) -> None:
+    """Add the custom tools of ``ONCEFLOW_TOOLS`` to the catalogue, or fail with the fix."""
+    from onceflow_tools import load_configured_tools
+
+    try:
+        load_configured_tools(settings.tools)
+    except ToolRegistrationError as refused:
+        raise CommandFailed(str(refused), exit_code=2) from None

@@ -9,6 +9,7 @@ from gateway._pruning import ensure_prune_schedule
 from gateway._records import IdempotencyStore
 from gateway._service import BoundaryService
 from gateway._settings import GatewaySettings, check_retention
+from onceflow_tools import load_configured_tools
 from settings import OnceflowSettings
 from storage import build_pool
 from task_api import TaskClient, connect_temporal
@@ -25,9 +26,12 @@ async def open_boundary(
     """The boundary service with its clients, for the duration of the block.
 
     Refuses to start (``RetentionTooShort``) when results would be pruned inside the
-    retry window, and makes sure the prune schedule exists.
+    retry window, or (``ToolRegistrationError``) when a configured tool is unsafe, and
+    makes sure the prune schedule exists.
     """
     check_retention(gateway_settings)
+    # The configured custom tools join the shared catalogue the boundary validates against.
+    load_configured_tools(settings.tools)
     client = await connect_temporal(address=temporal_address)
     await ensure_prune_schedule(
         client,

@@ -196,4 +196,14 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         );
         """,
     ),
+    (
+        5,
+        "custom tools: provider correlation ids of each child operation",
+        """
+        -- Ids a custom tool learns from its provider (request ids, resource ids), merged
+        -- attempt by attempt, so a lookup or an operator can find the effect later.
+        ALTER TABLE operations ADD COLUMN correlation jsonb NOT NULL DEFAULT '{}'::jsonb
+            CHECK (jsonb_typeof(correlation) = 'object');
+        """,
+    ),
 )

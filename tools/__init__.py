@@ -5,6 +5,7 @@
 
 from tools._attempts import ToolAttemptResult, ToolCallInput
 from tools._catalogue import Catalogue, UnknownTool
+from tools._checks import ToolRegistrationError
 from tools._contract import ApprovalThreshold, DedupeStrategy, EffectFlags, ToolContract
 from tools._identity import (
     IDEMPOTENCY_KEY_MAX_LENGTH,
@@ -63,6 +64,7 @@ __all__ = [
     "ToolAttemptResult",
     "ToolCallInput",
     "ToolContract",
+    "ToolRegistrationError",
     "UnknownTool",
     "arguments_digest",
     "check_idempotency_key",

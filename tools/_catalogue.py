@@ -2,6 +2,7 @@
 
 from collections.abc import Iterator
 
+from tools._checks import contract_problems, refuse
 from tools._contract import ToolContract
 
 
@@ -10,7 +11,7 @@ class UnknownTool(LookupError):
 
 
 class Catalogue:
-    """Tool contracts by name; registering a name twice is refused."""
+    """Tool contracts by name; an unsafe contract or a name taken twice is refused."""
 
     def __init__(self, contracts: tuple[ToolContract, ...] = ()) -> None:
         self._contracts: dict[str, ToolContract] = {}
@@ -18,9 +19,17 @@ class Catalogue:
             self.register(contract)
 
     def register(self, contract: ToolContract) -> None:
-        """Add a tool; a second tool with the same name is a configuration error."""
+        """Add a tool; raises ``ToolRegistrationError`` naming every mistake and its fix."""
+        problems = contract_problems(contract)
         if contract.name in self._contracts:
-            raise ValueError(f"tool {contract.name!r} is already registered")
+            problems.append(
+                (
+                    "another tool of that name is already registered",
+                    "give each tool its own name",
+                )
+            )
+        if problems:
+            raise refuse(contract.name, problems)
         self._contracts[contract.name] = contract
 
     def get(self, name: str) -> ToolContract:

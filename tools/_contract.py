@@ -68,8 +68,10 @@ class ToolContract:
     """What the tool does to the world."""
     dedupe: DedupeStrategy
     """What makes a repeat safe."""
-    start_to_close_timeout: timedelta
-    """Longest time one attempt may run before its outcome counts as unknown."""
+    start_to_close_timeout: timedelta | None = None
+    """Longest time one attempt may run before its outcome counts as unknown. Required:
+    registration refuses a tool without one (an attempt with no limit could hang forever
+    with its outcome unknown). Default None, i.e. not set."""
     requires_approval: bool = False
     """Whether a person must approve the exact arguments before the first attempt."""
     approval_threshold: ApprovalThreshold | None = None
@@ -88,6 +90,13 @@ class ToolContract:
     """Longest silence between an attempt's heartbeats before Temporal ends the attempt
     (its outcome then counts as unknown), so a dead or paused worker is noticed long
     before ``start_to_close_timeout``. None: no heartbeats expected. Default None."""
+
+    @property
+    def attempt_timeout(self) -> timedelta:
+        """``start_to_close_timeout``, which the catalogue refuses to register unset."""
+        if self.start_to_close_timeout is None:
+            raise ValueError(f"tool {self.name!r} has no start_to_close_timeout")
+        return self.start_to_close_timeout
 
     def needs_approval(self, args: BaseModel) -> bool:
         """Whether these validated arguments must be approved before the first attempt."""

@@ -249,7 +249,7 @@ class AgentTaskWorkflow:
                 contract.name,
                 call,
                 result_type=ToolAttemptResult,
-                start_to_close_timeout=contract.start_to_close_timeout,
+                start_to_close_timeout=contract.attempt_timeout,
                 heartbeat_timeout=contract.heartbeat_timeout,
                 retry_policy=ONE_ATTEMPT,
                 summary=f"{contract.name} · step {step.step_id} · attempt {attempt}",
@@ -294,7 +294,7 @@ class AgentTaskWorkflow:
                 contract.lookup_activity,
                 call,
                 result_type=ToolAttemptResult,
-                start_to_close_timeout=contract.start_to_close_timeout,
+                start_to_close_timeout=contract.attempt_timeout,
                 retry_policy=ONE_ATTEMPT,
                 summary=f"look up step {step.step_id}'s effect before parking",
             )

@@ -1,0 +1,116 @@
+"""The public API for bringing your own tool to onceflow.
+
+A tool is a ``Tool``: a ``ToolContract`` (what it does to the world and what makes a
+repeat safe) plus an async ``perform`` function, optionally a ``look_up`` and an
+``open_client``. Put it in your own package and name it in configuration
+(``ONCEFLOW_TOOLS=package.module:TOOL`` or an ``onceflow.tools`` entry point); the
+worker, the gateway and the MCP server load it at start-up and refuse it, with a fix,
+if it is unsafe: no attempt timeout, an ``idempotent`` claim with no dedupe strategy, a
+client that retries on its own.
+
+A minimal tool (``examples/ticketdesk`` has the whole of it)::
+
+    from collections.abc import AsyncIterator
+    from contextlib import asynccontextmanager
+    from datetime import timedelta
+
+    import httpx
+    from pydantic import BaseModel
+
+    from onceflow_tools import (
+        DedupeStrategy, EffectFlags, OutcomeClass, Tool, ToolAttemptResult, ToolCall,
+        ToolContract, classify_http_error, classify_http_status,
+    )
+
+    class CreateTicket(BaseModel):
+        title: str
+
+    @asynccontextmanager
+    async def open_desk() -> AsyncIterator[httpx.AsyncClient]:
+        async with httpx.AsyncClient(base_url="http://127.0.0.1:8700", timeout=5) as desk:
+            yield desk  # httpx does not retry by default; keep it that way
+
+    async def create_ticket(call: ToolCall[CreateTicket]) -> ToolAttemptResult:
+        operation = await call.begin("create", provider_account="ticketdesk")
+        if operation.earlier_success:
+            return operation.earlier_success
+        try:
+            response = await call.client.post(
+                "/tickets", json=call.args.model_dump(),
+                headers={"Idempotency-Key": operation.key},
+            )
+        except httpx.HTTPError as error:
+            return await operation.failed(*classify_http_error(error))
+        outcome, reason = classify_http_status(response.status_code)
+        if outcome is not OutcomeClass.SUCCEEDED:
+            return await operation.failed(outcome, reason)
+        ticket = response.json()
+        return await operation.succeeded(ticket["id"], ticket)
+
+    CREATE_TICKET = Tool(
+        contract=ToolContract(
+            name="create_ticket",
+            description="Open a ticket at the help desk.",
+            input_model=CreateTicket,
+            effects=EffectFlags(idempotent=True),
+            dedupe=DedupeStrategy.PROVIDER_IDEMPOTENCY_KEY,
+            provider_key_retention=timedelta(hours=24),
+            start_to_close_timeout=timedelta(seconds=10),
+        ),
+        perform=create_ticket,
+        open_client=open_desk,
+    )
+
+The full walk-through is README.md, "Add your own tool"; the reference is
+docs/tool-api.md, generated from these docstrings.
+"""
+
+from onceflow_tools._activities import tool_activities
+from onceflow_tools._call import DEFAULT_HEARTBEAT_EVERY, ChildOperation, ToolCall
+from onceflow_tools._classify import NothingSent, classify_http_error, classify_http_status
+from onceflow_tools._client_retries import client_retry_problems, open_tool_client
+from onceflow_tools._loading import (
+    ENTRY_POINT_GROUP,
+    load_configured_tools,
+    load_tools,
+    register_tools,
+)
+from onceflow_tools._tool import ClientOpener, Implementation, Tool, lookup_activity_name
+from retry_policy import OutcomeClass
+from storage import classify_database_error
+from tools import (
+    ApprovalThreshold,
+    DedupeStrategy,
+    EffectFlags,
+    ToolAttemptResult,
+    ToolContract,
+    ToolRegistrationError,
+)
+
+__all__ = [
+    "DEFAULT_HEARTBEAT_EVERY",
+    "ENTRY_POINT_GROUP",
+    "ApprovalThreshold",
+    "ChildOperation",
+    "ClientOpener",
+    "DedupeStrategy",
+    "EffectFlags",
+    "Implementation",
+    "NothingSent",
+    "OutcomeClass",
+    "Tool",
+    "ToolAttemptResult",
+    "ToolCall",
+    "ToolContract",
+    "ToolRegistrationError",
+    "classify_database_error",
+    "classify_http_error",
+    "classify_http_status",
+    "client_retry_problems",
+    "load_configured_tools",
+    "load_tools",
+    "lookup_activity_name",
+    "open_tool_client",
+    "register_tools",
+    "tool_activities",
+]

@@ -1,0 +1,126 @@
+"""A custom tool run as onceflow runs it: arguments validated, ids persisted before the
+step finishes, earlier successes replayed, and every ending classified."""
+
+import asyncio
+from dataclasses import replace
+from datetime import timedelta
+
+import psycopg
+from temporalio.testing import ActivityEnvironment
+
+from onceflow_tools import (
+    NothingSent,
+    OutcomeClass,
+    Tool,
+    ToolAttemptResult,
+    ToolCall,
+    tool_activities,
+)
+from storage import build_pool
+from tests.onceflow_tools import sample_tools
+from tools import ToolCallInput
+
+
+def attempt(arguments: dict[str, object], *, number: int = 1, step_id: str = "s1") -> ToolCallInput:
+    return ToolCallInput(
+        tenant="acme",
+        principal="agent",
+        workflow_id="wf-custom",
+        step_id=step_id,
+        tool="write_note",
+        arguments=arguments,
+        attempt=number,
+    )
+
+
+async def test_a_repeat_replays_the_recorded_success_with_its_correlation_ids(
+    database: str,
+) -> None:
+    async with build_pool(database) as pool:
+        [perform] = tool_activities(sample_tools.SOUND, pool, None)
+        env = ActivityEnvironment()
+        first = await env.run(perform, attempt({"text": "hello"}))
+        repeat = await env.run(perform, attempt({"text": "hello"}, number=2))
+
+    assert first.outcome is repeat.outcome is OutcomeClass.SUCCEEDED
+    assert (first.resource_id, repeat.resource_id) == ("note-s1", "note-s1")
+    assert first.evidence["request_id"] == "req-1"
+    assert first.evidence["write_key_digest"].startswith("sha256:")
+    assert repeat.evidence["found_by"] == "local_record"
+    with psycopg.connect(database) as conn:
+        rows = conn.execute(
+            "SELECT tool, child_op, state, resource_id, correlation FROM operations"
+        ).fetchall()
+    assert rows == [("write_note", "write", "succeeded", "note-s1", {"request_id": "req-1"})]
+
+
+async def test_bad_arguments_are_rejected_before_the_tool_runs(database: str) -> None:
+    async with build_pool(database) as pool:
+        [perform] = tool_activities(sample_tools.SOUND, pool, None)
+        result = await ActivityEnvironment().run(perform, attempt({"txt": "typo"}))
+    assert result.outcome is OutcomeClass.REJECTED
+    assert result.reason == "invalid arguments: text: Field required"
+    with psycopg.connect(database) as conn:
+        assert conn.execute("SELECT count(*) FROM operations").fetchone() == (0,)
+
+
+async def test_an_exception_is_unknown_and_nothing_sent_is_transient(database: str) -> None:
+    async def crash_after_sending(call: ToolCall[sample_tools.Note]) -> ToolAttemptResult:
+        operation = await call.begin("write", provider_account="notes")
+        await operation.record(request_id="req-sent")
+        raise KeyError("secret-looking-body")
+
+    async def refuse_before_sending(call: ToolCall[sample_tools.Note]) -> ToolAttemptResult:
+        raise NothingSent("the queue was full")
+
+    crashing = Tool(contract=sample_tools.CONTRACT, perform=crash_after_sending)
+    refusing = Tool(contract=sample_tools.CONTRACT, perform=refuse_before_sending)
+    async with build_pool(database) as pool:
+        env = ActivityEnvironment()
+        [crash] = tool_activities(crashing, pool, None)
+        [refuse] = tool_activities(refusing, pool, None)
+        crashed = await env.run(crash, attempt({"text": "x"}))
+        refused = await env.run(refuse, attempt({"text": "x"}, step_id="s2"))
+
+    assert crashed.outcome is OutcomeClass.UNKNOWN
+    assert crashed.reason == "write_note raised KeyError; the effect may have happened"
+    assert "secret-looking-body" not in (crashed.reason or "")
+    assert (refused.outcome, refused.reason) == (OutcomeClass.TRANSIENT, "the queue was full")
+    with psycopg.connect(database) as conn:
+        # The request id learnt before the crash is kept for the lookup and the operator.
+        assert conn.execute("SELECT state, correlation FROM operations").fetchall() == [
+            ("started", {"request_id": "req-sent"})
+        ]
+
+
+async def test_a_lookup_finds_the_recorded_operation_and_keep_alive_heartbeats(
+    database: str,
+) -> None:
+    async def slow_write(call: ToolCall[sample_tools.Note]) -> ToolAttemptResult:
+        operation = await call.begin("write", provider_account="notes")
+        async with call.keep_alive(every=timedelta(milliseconds=20)):
+            await asyncio.sleep(0.2)
+        await operation.record(ticket="t-1")
+        return await operation.failed(OutcomeClass.UNKNOWN, "no answer")
+
+    async def look_up(call: ToolCall[sample_tools.Note]) -> ToolAttemptResult:
+        operation = await call.find("write", provider_account="notes")
+        if "ticket" in operation.correlation:
+            return await operation.succeeded(operation.correlation["ticket"], {"found": True})
+        return ToolAttemptResult(outcome=OutcomeClass.UNKNOWN, reason="not found")
+
+    contract = replace(sample_tools.CONTRACT, heartbeat_timeout=timedelta(seconds=1))
+    tool = Tool(contract=contract, perform=slow_write, look_up=look_up)
+    heartbeats: list[object] = []
+    async with build_pool(database) as pool:
+        env = ActivityEnvironment()
+        env.on_heartbeat = lambda *details: heartbeats.append(details)
+        perform, run_look_up = tool_activities(tool, pool, None)
+        unknown = await env.run(perform, attempt({"text": "x"}))
+        found = await env.run(run_look_up, attempt({"text": "x"}, number=1))
+
+    assert tool.registered_contract.lookup_activity == "look_up_write_note"
+    assert len(heartbeats) >= 3
+    assert unknown.outcome is OutcomeClass.UNKNOWN
+    assert unknown.evidence["ticket"] == "t-1"
+    assert (found.outcome, found.resource_id) == (OutcomeClass.SUCCEEDED, "t-1")
