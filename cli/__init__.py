@@ -4,12 +4,24 @@ import sys
 
 
 def run(argv: list[str] | None = None) -> None:
-    """Console-script entry point: settings read while loading become one line too."""
-    from settings import InvalidSettings
+    """Console-script entry point.
 
+    ``--config`` takes effect before the tool modules read their settings at import; a
+    problem in those settings is reported with every other problem, one line each.
+    """
+    from cli._configuration import preset_config_file
+    from settings import InvalidSettings, settings_problems_collected
+
+    preset_config_file(sys.argv[1:] if argv is None else argv)
     try:
-        from cli.main import run as run_app
+        with settings_problems_collected() as problems:
+            from cli.main import run as run_app
+
+            if problems:  # the tools read bad settings: look at the others too
+                from configuration import load_configuration
+
+                load_configuration()
     except InvalidSettings as invalid:
-        sys.stderr.write(f"error: {invalid}\n")
+        sys.stderr.writelines(f"error: {problem}\n" for problem in invalid.problems)
         raise SystemExit(2) from None
     run_app(argv)

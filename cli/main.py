@@ -14,11 +14,14 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from cli._boundary import register as register_boundary_commands
+from cli._configuration import register as register_configuration_commands
 from cli._failures import CommandFailed, explain
 from cli._render import render_status, render_task_list
-from cli._services import settings_and_database
+from cli._services import register_configured_tools, settings_and_database
+from cli._tools import register as register_tool_commands
 from settings import InvalidSettings, load_settings
 from task_api import TaskClient, connect_temporal
 from telemetry import process_telemetry
@@ -62,8 +65,14 @@ def _operate(action: Callable[[], Awaitable[T]]) -> T:
         raise typer.Exit(130) from None
     except Exception as error:  # the one place every failure is phrased for the operator
         failure = explain(error)
-        errors.print(f"[red]error:[/] {failure}", highlight=False, soft_wrap=True)
+        _print_failure(failure)
         raise typer.Exit(failure.exit_code) from None
+
+
+def _print_failure(failure: CommandFailed) -> None:
+    """One ``error:`` line per problem; escaped, as settings problems name [tables]."""
+    for line in str(failure).splitlines() or [""]:
+        errors.print(f"[red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
 
 
 def _run_to_completion(main: Awaitable[T]) -> T:
@@ -239,6 +248,8 @@ def call(
     temporal_address: TemporalAddress = None,
 ) -> None:
     """Call one tool as a one-step task; the same key returns the same task."""
+
+    register_configured_tools(load_settings())
 
     async def body() -> None:
         task = _one_step_task(tool, tenant, principal, key, args)
@@ -431,6 +442,8 @@ def demo(
 
 
 register_boundary_commands(app, _operate)  # gateway, mcp, principal
+register_configuration_commands(app)  # --config, config check|show, the start-up check
+register_tool_commands(app)  # tools
 
 
 def run(argv: list[str] | None = None) -> None:
@@ -439,7 +452,7 @@ def run(argv: list[str] | None = None) -> None:
         app(args=argv)
     except (CommandFailed, InvalidSettings) as failure:  # raised outside _operate
         explained = explain(failure)
-        errors.print(f"[red]error:[/] {explained}", highlight=False, soft_wrap=True)
+        _print_failure(explained)
         raise SystemExit(explained.exit_code) from None
 
 

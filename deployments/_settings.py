@@ -1,19 +1,22 @@
-"""How a worker reaches the deployment target, read from the environment once."""
+"""How a worker reaches the deployment target (``[deploy_target]``), read once at start-up."""
 
 from datetime import timedelta
 
 from pydantic import AliasChoices, Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
+
+from settings import FileBackedSettings
 
 
-class DeployTargetSettings(BaseSettings):
+class DeployTargetSettings(FileBackedSettings):
     """The deployment target's address and the client's timeouts.
 
     Read from ``DEPLOY_TARGET_URL`` and ``ONCEFLOW_DEPLOY_TARGET_*``; durations are
     ISO 8601 (``PT10S``) or ``HH:MM:SS``. ``account`` is part of every deployment id, so
-    it must be the same on every worker.
+    it must be the same on every worker. File table: ``[deploy_target]``.
     """
 
+    config_table = "deploy_target"
     model_config = SettingsConfigDict(
         env_prefix="ONCEFLOW_DEPLOY_TARGET_", extra="ignore", frozen=True, populate_by_name=True
     )

@@ -7,7 +7,9 @@ from datetime import timedelta
 from urllib.parse import urlsplit
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
+
+from settings import FileBackedSettings
 
 _SCHEMES = ("smtp", "smtps")
 
@@ -17,13 +19,14 @@ def default_relay_id() -> str:
     return f"relay-{socket.gethostname()}-{os.getpid()}"
 
 
-class EmailSettings(BaseSettings):
+class EmailSettings(FileBackedSettings):
     """How the ``send_email`` activity writes messages and how relays deliver them.
 
     Read from ``SMTP_URL`` and ``ONCEFLOW_EMAIL_*``; durations are ISO 8601 (``PT20S``)
-    or ``HH:MM:SS``.
+    or ``HH:MM:SS``. File table: ``[email]``.
     """
 
+    config_table = "email"
     model_config = SettingsConfigDict(
         env_prefix="ONCEFLOW_EMAIL_", extra="ignore", frozen=True, populate_by_name=True
     )

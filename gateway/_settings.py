@@ -1,17 +1,21 @@
-"""The boundary's settings (``ONCEFLOW_GATEWAY_*``) and the retention check made at start-up."""
+"""The boundary's settings (``ONCEFLOW_GATEWAY_*``, ``[gateway]``) and the retention check
+made at start-up."""
 
 from datetime import timedelta
 
-from pydantic import Field, ValidationError
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
 
 from retry_policy import RetryBudget
+from settings import FileBackedSettings, InvalidSettings, read_settings
 
 
-class GatewaySettings(BaseSettings):
+class GatewaySettings(FileBackedSettings):
     """How long records live, how long claims and waits last, and how many keys a
-    principal may create; read from ``ONCEFLOW_GATEWAY_<FIELD>``."""
+    principal may create; read from ``ONCEFLOW_GATEWAY_<FIELD>`` and the file's
+    ``[gateway]``."""
 
+    config_table = "gateway"
     model_config = SettingsConfigDict(env_prefix="ONCEFLOW_GATEWAY_", extra="ignore")
 
     result_retention_seconds: float = Field(default=86_400.0, gt=0)
@@ -53,20 +57,16 @@ class RetentionTooShort(ValueError):
     """Result retention does not outlast the longest retry window: refuse to start."""
 
 
-class InvalidGatewaySettings(ValueError):
-    """An ``ONCEFLOW_GATEWAY_*`` variable holds a value the boundary cannot use."""
+class InvalidGatewaySettings(InvalidSettings):
+    """A gateway setting (``ONCEFLOW_GATEWAY_*``, ``[gateway]``) the boundary cannot use."""
 
 
 def load_gateway_settings() -> GatewaySettings:
     """Read and check the settings; raises ``InvalidGatewaySettings`` or ``RetentionTooShort``."""
     try:
-        settings = GatewaySettings()
-    except ValidationError as invalid:
-        problems = "; ".join(
-            f"ONCEFLOW_GATEWAY_{str(problem['loc'][0]).upper()}: {problem['msg']}"
-            for problem in invalid.errors()
-        )
-        raise InvalidGatewaySettings(f"invalid setting {problems}") from None
+        settings = read_settings(GatewaySettings)
+    except InvalidSettings as invalid:
+        raise InvalidGatewaySettings(*invalid.problems) from None
     check_retention(settings)
     return settings
 

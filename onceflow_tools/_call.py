@@ -40,14 +40,22 @@ VALUES (%(child_key)s, %(tenant)s, %(workflow_id)s, %(step_id)s, %(tool)s, %(chi
 ON CONFLICT (child_key) DO NOTHING
 """
 _MERGE_CORRELATION = """
-UPDATE operations SET correlation = correlation || %(ids)s, updated_at = now()
-WHERE child_key = %(child_key)s
+INSERT INTO operations
+    (child_key, tenant, workflow_id, step_id, tool, child_op, state, correlation)
+VALUES (%(child_key)s, %(tenant)s, %(workflow_id)s, %(step_id)s, %(tool)s, %(child_op)s,
+        'started', %(ids)s)
+ON CONFLICT (child_key) DO UPDATE
+SET correlation = operations.correlation || EXCLUDED.correlation, updated_at = now()
 """
 _SUCCEEDED = """
-UPDATE operations
-SET state = 'succeeded', resource_id = %(resource_id)s, result = %(result)s,
-    correlation = correlation || %(ids)s, updated_at = now()
-WHERE child_key = %(child_key)s
+INSERT INTO operations
+    (child_key, tenant, workflow_id, step_id, tool, child_op, state, resource_id, result,
+     correlation)
+VALUES (%(child_key)s, %(tenant)s, %(workflow_id)s, %(step_id)s, %(tool)s, %(child_op)s,
+        'succeeded', %(resource_id)s, %(result)s, %(ids)s)
+ON CONFLICT (child_key) DO UPDATE
+SET state = 'succeeded', resource_id = EXCLUDED.resource_id, result = EXCLUDED.result,
+    correlation = operations.correlation || EXCLUDED.correlation, updated_at = now()
 """
 _FAILED = """
 UPDATE operations SET state = 'failed', result = %(result)s,
@@ -162,7 +170,7 @@ class ChildOperation:
         if self._call is None:
             raise RuntimeError("this child operation is not bound to a call")
         async with self._call.pool.connection() as conn:
-            await conn.execute(statement, {"child_key": self.key, **params})
+            await conn.execute(statement, {**self._call.operation_params(self), **params})
 
 
 @dataclass(frozen=True)
@@ -259,16 +267,22 @@ class ToolCall(Generic[ArgsT]):
             beating.cancel()
             await asyncio.gather(beating, return_exceptions=True)
 
-    async def _load(self, child_op: str, provider_account: str, *, start: bool) -> ChildOperation:
-        key = self.child_key(child_op, provider_account=provider_account)
-        params = {
-            "child_key": key,
+    def operation_params(self, operation: ChildOperation) -> dict[str, str]:
+        """The identity columns of ``operation``'s record."""
+        return {
+            "child_key": operation.key,
             "tenant": self.tenant,
             "workflow_id": self.workflow_id,
             "step_id": self.step_id,
             "tool": self.contract.name,
-            "child_op": child_op,
+            "child_op": operation.child_op,
         }
+
+    async def _load(self, child_op: str, provider_account: str, *, start: bool) -> ChildOperation:
+        key = self.child_key(child_op, provider_account=provider_account)
+        params = self.operation_params(
+            ChildOperation(key=key, child_op=child_op, state=None, correlation={})
+        )
         try:
             async with self.pool.connection() as conn:
                 if start:

@@ -37,8 +37,8 @@ def client_retry_problems(client: Any) -> list[Problem]:
         if retries:
             problems.append(
                 (
-                    f"its client {label} ({type(candidate).__name__}) retries on its own "
-                    f"({retries})",
+                    f"its client {label + ' ' if label else ''}({type(candidate).__name__}) "
+                    f"retries on its own ({retries})",
                     _FIXES.get(type(candidate).__module__.split(".")[0], "turn its retries off"),
                 )
             )

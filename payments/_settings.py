@@ -1,19 +1,22 @@
-"""The Stripe connection settings of one worker process, read from the environment once."""
+"""The Stripe connection settings of one worker process (``[stripe]``), read once at start-up."""
 
 from datetime import timedelta
 
 from pydantic import AliasChoices, Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
+
+from settings import FileBackedSettings
 
 
-class StripeSettings(BaseSettings):
+class StripeSettings(FileBackedSettings):
     """How a worker reaches Stripe (or a Stripe-compatible provider).
 
     Durations read from the environment are ISO 8601 (``PT20S``) or ``HH:MM:SS``.
     ``account`` is part of every derived child key, so it must be the same on every
-    worker and must not change while tasks are running.
+    worker and must not change while tasks are running. File table: ``[stripe]``.
     """
 
+    config_table = "stripe"
     model_config = SettingsConfigDict(
         env_prefix="ONCEFLOW_STRIPE_", extra="ignore", frozen=True, populate_by_name=True
     )

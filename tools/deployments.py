@@ -9,17 +9,18 @@ the step is therefore always safe (``safe_repeat_window`` of a fenced lease is N
 but whether to deploy at all is a person's decision: the step waits for approval of its
 exact arguments before the first attempt.
 
-Configuration (``DeploymentToolSettings``) is read from the environment once, at import;
-the workflow reads these contracts, so every worker must run with the same values.
+Configuration (``DeploymentToolSettings``) is read from the environment and the
+configuration file's ``[tools.deployments]`` once, at import; the workflow reads these
+contracts, so every worker must run with the same values.
 """
 
 from datetime import timedelta
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
-from settings import read_settings
+from settings import FileBackedSettings, read_settings
 from tools._contract import DedupeStrategy, EffectFlags, ToolContract
 
 DEPLOY_CHILD_OP = "deploy"
@@ -28,12 +29,14 @@ DEPLOYMENT_STEPS = ("prepare", "roll_out", "verify", "activate")
 """The writes one deployment makes at the target, in order."""
 
 
-class DeploymentToolSettings(BaseSettings):
+class DeploymentToolSettings(FileBackedSettings):
     """What the workflow and the deployment activity need to agree on; same on every worker.
 
-    Read from ``ONCEFLOW_DEPLOYMENTS_*``; durations are ISO 8601 (``PT30S``) or ``HH:MM:SS``.
+    Read from ``ONCEFLOW_DEPLOYMENTS_*`` and the file's ``[tools.deployments]``; durations
+    are ISO 8601 (``PT30S``) or ``HH:MM:SS``.
     """
 
+    config_table = "tools.deployments"
     model_config = SettingsConfigDict(
         env_prefix="ONCEFLOW_DEPLOYMENTS_", extra="ignore", frozen=True
     )

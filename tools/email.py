@@ -8,17 +8,18 @@ message was sent and whose reply was lost is ``unknown``: nothing proves a resen
 harmless at an arbitrary SMTP server, so the step parks for a person
 (``safe_repeat_window`` of an outbox is zero).
 
-Configuration (``EmailToolSettings``) is read from the environment once, at import; the
-workflow reads these contracts, so every worker must run with the same values.
+Configuration (``EmailToolSettings``) is read from the environment and the configuration
+file's ``[tools.email]`` once, at import; the workflow reads these contracts, so every
+worker must run with the same values.
 """
 
 from datetime import timedelta
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
-from settings import read_settings
+from settings import FileBackedSettings, read_settings
 from tools._contract import DedupeStrategy, EffectFlags, ToolContract
 
 EMAIL_CHILD_OP = "email"
@@ -35,12 +36,14 @@ EmailAddress = Annotated[
 ]
 
 
-class EmailToolSettings(BaseSettings):
+class EmailToolSettings(FileBackedSettings):
     """What the workflow needs to know about ``send_email``; same on every worker.
 
-    Read from ``ONCEFLOW_EMAIL_*``; durations are ISO 8601 (``PT2M``) or ``HH:MM:SS``.
+    Read from ``ONCEFLOW_EMAIL_*`` and the file's ``[tools.email]``; durations are
+    ISO 8601 (``PT2M``) or ``HH:MM:SS``.
     """
 
+    config_table = "tools.email"
     model_config = SettingsConfigDict(env_prefix="ONCEFLOW_EMAIL_", extra="ignore", frozen=True)
 
     attempt_timeout: timedelta = Field(default=timedelta(minutes=2), gt=timedelta(seconds=2))

@@ -7,10 +7,11 @@ the contracts carry the provider's key retention and a safety margin, and the wo
 repeats only while the first attempt is younger than ``retention - margin``; past that
 it runs the lookup activity and parks if the lookup is inconclusive.
 
-Configuration (``PaymentToolSettings``) is read from the environment once, when this
-module is imported. The workflow reads these contracts on every worker that runs task
-workflows, and a replay must decide as the original run did, so **every worker must run
-with the same values** (deploy them together, like code).
+Configuration (``PaymentToolSettings``) is read from the environment and the
+configuration file's ``[tools.payments]`` once, when this module is imported. The
+workflow reads these contracts on every worker that runs task workflows, and a replay
+must decide as the original run did, so **every worker must run with the same values**
+(deploy them together, like code).
 """
 
 from datetime import timedelta
@@ -18,9 +19,9 @@ from decimal import Decimal
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
-from settings import read_settings
+from settings import FileBackedSettings, read_settings
 from tools._contract import ApprovalThreshold, DedupeStrategy, EffectFlags, ToolContract
 
 CHARGE_CHILD_OP = "charge"
@@ -38,12 +39,14 @@ _LARGEST_AMOUNT = 99_999_999
 """Stripe accepts at most eight digits in the smallest currency unit."""
 
 
-class PaymentToolSettings(BaseSettings):
+class PaymentToolSettings(FileBackedSettings):
     """What the workflow needs to know about the payment provider; same on every worker.
 
-    Read from ``ONCEFLOW_PAYMENTS_*``; durations are ISO 8601 (``PT24H``) or ``HH:MM:SS``.
+    Read from ``ONCEFLOW_PAYMENTS_*`` and the file's ``[tools.payments]``; durations are
+    ISO 8601 (``PT24H``) or ``HH:MM:SS``.
     """
 
+    config_table = "tools.payments"
     model_config = SettingsConfigDict(env_prefix="ONCEFLOW_PAYMENTS_", extra="ignore", frozen=True)
 
     key_retention: timedelta = Field(default=timedelta(hours=24), gt=timedelta(0))

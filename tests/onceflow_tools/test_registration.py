@@ -1,5 +1,6 @@
 """Registration refuses every mistake a tool author can make, each with a fix."""
 
+import json
 import os
 import subprocess
 import sys
@@ -170,3 +171,19 @@ def test_the_worker_refuses_to_start_with_an_unsafe_tool_in_its_configuration() 
     assert "tool 'write_note' is refused" in finished.stderr
     assert "no start_to_close_timeout" in finished.stderr
     assert "Traceback" not in finished.stderr
+
+
+def test_onceflow_tools_lists_a_configured_tool_beside_the_reference_tools() -> None:
+    env = {**os.environ, "ONCEFLOW_TOOLS": f"{SAMPLES}:SOUND"}
+    listed = subprocess.run(
+        [sys.executable, "-m", "cli", "tools", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert listed.returncode == 0, listed.stderr
+    by_name = {tool["tool"]: tool for tool in json.loads(listed.stdout)}
+    assert by_name["write_note"]["source"] == "custom"
+    assert by_name["write_note"]["dedupe"] == "local_transaction"
+    assert by_name["charge_payment"]["source"] == "reference"
