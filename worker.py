@@ -114,9 +114,9 @@ async def serve_worker(
 
 def main() -> None:
     """Entry point for ``python worker.py``: the same as ``onceflow worker``."""
-    from cli import run
+    from cli import main as onceflow
 
-    run(["worker"])
+    onceflow(["worker"])
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """``python -m cli``: the same as the ``onceflow`` command."""
 
-from cli import run
+from cli import main
 
 if __name__ == "__main__":
-    run()
+    main()

@@ -1,0 +1,331 @@
+"""The ticketdesk example end to end: a tool installed from outside, registered by config.
+
+The example package is installed (offline, into a private folder) like any third-party
+package; the worker, gateway and MCP server processes find its tools through the
+``onceflow.tools`` entry point because ``ONCEFLOW_TOOLS=ticketdesk``, and nothing in this
+process registers them. The example's own agent retries through the Python client and
+through MCP while answers are lost on both sides; the help desk's ledger must hold one
+ticket per logical call.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from temporalio.testing import WorkflowEnvironment
+
+from tests.processes import REPO, onceflow_command
+
+EXAMPLE = REPO / "examples" / "ticketdesk"
+TOOLS = "create_ticket,create_ticket_unkeyed"
+
+
+@dataclass(frozen=True)
+class Desk:
+    """The running example: help-desk service, onceflow processes and an agent's key."""
+
+    service_url: str
+    gateway_url: str
+    mcp_url: str
+    api_key: str
+    env: dict[str, str]
+    logs: Path
+
+    def ledger(self, **metadata: str) -> list[dict[str, Any]]:
+        """Every ticket the service ever created (optionally those with this metadata)."""
+        response = httpx.get(f"{self.service_url}/tickets", params=metadata, timeout=10)
+        response.raise_for_status()
+        tickets: list[dict[str, Any]] = response.json()["tickets"]
+        return tickets
+
+    def drop_next_responses(self, count: int) -> None:
+        """The next ``count`` ticket creations commit, then lose their answer."""
+        httpx.post(f"{self.service_url}/_faults", json={"drop_responses": count}).raise_for_status()
+
+    def faults_left(self) -> int:
+        """Dropped answers armed but not yet used."""
+        return int(httpx.get(f"{self.service_url}/_faults").json()["drop_responses"])
+
+    def agent(self, *arguments: str) -> tuple[int, str, dict[str, Any]]:
+        """Run the example agent; its exit code, its output and its JSON run report."""
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "ticketdesk.agent",
+                "--gateway",
+                self.gateway_url,
+                "--mcp-url",
+                self.mcp_url,
+                "--api-key",
+                self.api_key,
+                "--json",
+                *arguments,
+            ],
+            env={**os.environ, **self.env},
+            # Outside the repository: the agent runs from the installed package.
+            cwd=self.logs,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        output = done.stdout + done.stderr
+        last = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else "{}"
+        try:
+            report = json.loads(last)
+        except json.JSONDecodeError:
+            raise AssertionError(f"the agent printed no report:\n{output}") from None
+        return done.returncode, output, report
+
+
+def install_example(into: Path) -> Path:
+    """Install the example package offline into ``into/site``, as a user would install it.
+
+    It is built from a copy, so the build leaves nothing in the repository.
+    """
+    source = into / "src"
+    shutil.copytree(
+        EXAMPLE, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__")
+    )
+    site = into / "site"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "--target",
+            str(site),
+            str(source),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    assert list(site.glob("onceflow_example_ticketdesk-*.dist-info/entry_points.txt"))
+    return site
+
+
+def start(arguments: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """Start a long-running process with its output going to ``log`` (never a full pipe)."""
+    with log.open("wb") as stream:
+        return subprocess.Popen(
+            arguments,
+            cwd=REPO,
+            env={**os.environ, **env},
+            stdout=stream,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def wait_for(process: subprocess.Popen[bytes], log: Path, pattern: str) -> re.Match[str]:
+    """Wait until ``log`` has a line matching ``pattern``."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        text = log.read_text(errors="replace")
+        found = re.search(pattern, text)
+        if found:
+            return found
+        if process.poll() is not None:
+            raise AssertionError(f"{log.name}: exited ({process.returncode}):\n{text}")
+        time.sleep(0.05)
+    raise AssertionError(f"{log.name}: no {pattern!r} within 60 s:\n{log.read_text()}")
+
+
+@pytest.fixture(scope="module")
+def desk(
+    postgres_url: str, dev_server: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Desk]:
+    """The example's service, and a worker, a gateway and an MCP server told by
+    configuration alone to load the installed example's tools."""
+    root = tmp_path_factory.mktemp("ticketdesk")
+    logs = root / "logs"
+    logs.mkdir()
+    site = install_example(root)
+    python_path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+    processes: list[subprocess.Popen[bytes]] = []
+    try:
+        service = start(
+            [sys.executable, "-m", "ticketdesk.service", "--port", "0"],
+            {"PYTHONPATH": python_path},
+            logs / "service.log",
+        )
+        processes.append(service)
+        service_url = wait_for(service, logs / "service.log", r"ready on (\S+)").group(1)
+        env = {
+            "PYTHONPATH": python_path,
+            "PYTHONUNBUFFERED": "1",
+            "DATABASE_URL": postgres_url,
+            "TEMPORAL_ADDRESS": dev_server.client.service_client.config.target_host,
+            "ONCEFLOW_TASK_QUEUE": f"ticketdesk-{uuid.uuid4().hex[:8]}",
+            # Never join services a developer's own `onceflow dev` left recorded.
+            "ONCEFLOW_STATE_DIR": str(root / "state"),
+            "ONCEFLOW_SHUTDOWN_GRACE_SECONDS": "2",
+            # A parked task answers 202 after this wait; keep the test short.
+            "ONCEFLOW_GATEWAY_REPLAY_WAIT_SECONDS": "5",
+            "ONCEFLOW_TOOLS": "ticketdesk",
+            "TICKETDESK_URL": service_url,
+        }
+        worker = start(onceflow_command("worker"), env, logs / "worker.log")
+        gateway = start(onceflow_command("gateway", "--port", "0"), env, logs / "gateway.log")
+        mcp = start(
+            onceflow_command("mcp", "--transport", "http", "--port", "0"), env, logs / "mcp.log"
+        )
+        processes += [worker, gateway, mcp]
+        # `principal add` refuses tools it does not know: it loads them from config too.
+        added = subprocess.run(
+            onceflow_command(
+                "principal",
+                "add",
+                "--tenant",
+                f"t-{uuid.uuid4().hex[:8]}",
+                "--name",
+                "agent",
+                "--tools",
+                TOOLS,
+            ),
+            cwd=REPO,
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert added.returncode == 0, added.stderr
+        wait_for(worker, logs / "worker.log", "onceflow worker ready")
+        gateway_url = wait_for(gateway, logs / "gateway.log", r"gateway ready on (\S+)").group(1)
+        mcp_url = wait_for(mcp, logs / "mcp.log", r"MCP server ready on (\S+)").group(1)
+        yield Desk(
+            service_url=service_url,
+            gateway_url=gateway_url,
+            mcp_url=mcp_url,
+            api_key=added.stdout.strip().splitlines()[-1],
+            env={"PYTHONPATH": python_path, "TEMPORAL_ADDRESS": env["TEMPORAL_ADDRESS"]},
+            logs=logs,
+        )
+    finally:
+        for process in reversed(processes):
+            process.terminate()
+        for process in processes:
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+def test_service_dedupes_keyed_requests_and_not_legacy_ones(desk: Desk) -> None:
+    body = {"title": "rules", "metadata": {"operation": "sha256:rules"}}
+    with httpx.Client(base_url=desk.service_url) as http:
+        first = http.post("/tickets", json=body, headers={"Idempotency-Key": "k-rules"})
+        again = http.post("/tickets", json=body, headers={"Idempotency-Key": "k-rules"})
+        other = http.post(
+            "/tickets", json={**body, "title": "other"}, headers={"Idempotency-Key": "k-rules"}
+        )
+        http.post("/legacy/tickets", json=body, headers={"Idempotency-Key": "k-rules"})
+
+    assert first.status_code == 201 and again.status_code == 201
+    assert again.json() == first.json()
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert again.headers["Original-Request"] == first.headers["Request-Id"]
+    assert other.status_code == 422
+    assert len(desk.ledger(operation="sha256:rules")) == 2  # one keyed, one legacy
+
+
+@pytest.mark.parametrize("via", ["client", "mcp"])
+def test_agent_retries_make_one_ticket_per_logical_call(desk: Desk, via: str) -> None:
+    before = {ticket["id"] for ticket in desk.ledger()}
+    # The help desk commits the first ticket and loses its answer (onceflow repeats the
+    # attempt with the same child key); the agent loses two of onceflow's answers
+    # (it repeats the call with the same idempotency key).
+    desk.drop_next_responses(1)
+
+    code, output, run = desk.agent("--via", via, "--lose-responses", "2")
+
+    assert code == 0, output
+    new = [ticket for ticket in desk.ledger() if ticket["id"] not in before]
+    assert run["logical_calls"] == 3
+    assert run["attempts"] >= 5, output  # every call once, plus two lost answers
+    assert set(run["outcomes"].values()) == {"succeeded"}, output
+    assert len(new) == 3, output
+    assert sorted(run["tickets"].values()) == sorted(ticket["id"] for ticket in new)
+    assert len({ticket["metadata"]["operation"] for ticket in new}) == 3
+    assert desk.faults_left() == 0  # the dropped answer did happen
+    assert "onceflow made 2 attempts" in output  # the dropped answer, repeated inside
+
+
+def test_unkeyed_tool_parks_after_a_lost_answer_instead_of_creating_twice(desk: Desk) -> None:
+    before = {ticket["id"] for ticket in desk.ledger()}
+    desk.drop_next_responses(1)
+
+    code, output, run = desk.agent("--tool", "create_ticket_unkeyed")
+
+    first_call = next(iter(run["outcomes"]))
+    assert code == 1, output
+    assert run["outcomes"][first_call] == "parked", output
+    status = json.loads(
+        subprocess.run(
+            onceflow_command("status", run["tasks"][first_call], "--json"),
+            cwd=REPO,
+            env={**os.environ, **desk.env},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
+    )
+    assert status["state"] == "parked"
+    [step] = status["steps"]
+    assert step["state"] == "parked" and len(step["attempts"]) == 1
+    assert step["attempts"][0]["outcome"] == "unknown"
+    new = [ticket for ticket in desk.ledger() if ticket["id"] not in before]
+    assert len(new) == 3, output  # the parked call's ticket exists once, the others once each
+    assert len(desk.ledger(operation=step["evidence"]["create_key_digest"])) == 1
+
+
+def test_a_step_whose_answers_stay_lost_is_found_by_its_lookup_instead_of_parking(
+    desk: Desk,
+) -> None:
+    before = {ticket["id"] for ticket in desk.ledger()}
+    # Every answer of the first call's five attempts is lost (the first creates the ticket,
+    # the four repeats replay it): the step's budget runs out with the outcome unknown,
+    # and the lookup finds the ticket by its operation digest before the step would park.
+    desk.drop_next_responses(5)
+
+    code, output, run = desk.agent("--max-attempts", "12")
+
+    assert code == 0, output
+    first_call = next(iter(run["outcomes"]))
+    assert "ask again with the same key" in output  # the agent waited through 202s
+    status = json.loads(
+        subprocess.run(
+            onceflow_command("status", run["tasks"][first_call], "--json"),
+            cwd=REPO,
+            env={**os.environ, **desk.env},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
+    )
+    [step] = status["steps"]
+    assert step["state"] == "succeeded"
+    assert [attempt["outcome"] for attempt in step["attempts"]] == ["unknown"] * 5
+    assert step["evidence"]["found_by"] == "lookup"
+    new = [ticket for ticket in desk.ledger() if ticket["id"] not in before]
+    assert len(new) == 3, output
+    assert step["resource_id"] == run["tickets"][first_call]
+    assert desk.faults_left() == 0
