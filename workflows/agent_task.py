@@ -50,6 +50,16 @@ TRACE_ID_MEMO = "trace_id"
 """Memo field with the id of the trace that started the task (set by ``TaskClient``)."""
 
 
+UNREGISTERED_TOOL_WAITS = "unregistered-tool-waits-for-a-worker"
+"""Patch id: an unknown tool fails the workflow task instead of the step (see _validated)."""
+UNREGISTERED_ACTIVITY_IS_TRANSIENT = "unregistered-activity-is-transient"
+"""Patch id: an attempt no worker could run (activity not registered) ran nothing."""
+
+
+class ToolNotOnThisWorker(RuntimeError):
+    """The worker running the workflow task does not know a step's tool: retry elsewhere."""
+
+
 class _StepStopped(Exception):
     """The step ended without success; the task stops with the step's reason."""
 
@@ -209,6 +219,14 @@ class AgentTaskWorkflow:
             contract = CATALOGUE.get(step.tool)
             return contract, contract.input_model.model_validate(step.arguments)
         except UnknownTool as unknown:
+            if workflow.patched(UNREGISTERED_TOOL_WAITS):
+                # The boundary only starts tasks with catalogued tools, so this worker is
+                # missing a custom tool: fail the workflow task (Temporal retries it, the UI
+                # shows why) until a worker with the tool picks it up; fail nothing for good.
+                raise ToolNotOnThisWorker(
+                    f"tool {step.tool!r} is not registered on this worker; load it on every "
+                    "worker of the task queue (ONCEFLOW_TOOLS)"
+                ) from None
             self._stop_step(status, StepState.FAILED, f"step {step.step_id}: {unknown}")
         except ValidationError as invalid:
             problems = "; ".join(
@@ -258,6 +276,14 @@ class AgentTaskWorkflow:
             result = ToolAttemptResult(
                 outcome=OutcomeClass.UNKNOWN, reason=_describe_activity_failure(failure)
             )
+            if _not_registered(failure) and workflow.patched(UNREGISTERED_ACTIVITY_IS_TRANSIENT):
+                result = ToolAttemptResult(
+                    outcome=OutcomeClass.TRANSIENT,
+                    reason=(
+                        f"the worker that took the attempt has no tool {contract.name!r}, so "
+                        "nothing ran; load it on every worker of the task queue (ONCEFLOW_TOOLS)"
+                    ),
+                )
         _count("onceflow_attempts", tool=step.tool, outcome=result.outcome.value)
         status.attempts.append(
             AttemptRecord(
@@ -538,6 +564,16 @@ class AgentTaskWorkflow:
 def _count(name: str, **attributes: str) -> None:
     """Add one to a counter; Temporal's workflow meter records nothing during replay."""
     workflow.metric_meter().create_counter(name).add(1, attributes)
+
+
+def _not_registered(failure: ActivityError) -> bool:
+    # The SDK's own refusal, raised before any activity code runs.
+    cause = failure.cause
+    return (
+        isinstance(cause, ApplicationError)
+        and cause.type == "NotFoundError"
+        and "is not registered on this worker" in cause.message
+    )
 
 
 def _describe_activity_failure(failure: ActivityError) -> str:

@@ -57,6 +57,20 @@ class Desk:
         """Dropped answers armed but not yet used."""
         return int(httpx.get(f"{self.service_url}/_faults").json()["drop_responses"])
 
+    def status(self, task_id: str) -> dict[str, Any]:
+        """The task's status as ``onceflow status --json`` prints it."""
+        shown = subprocess.run(
+            onceflow_command("status", task_id, "--json"),
+            cwd=REPO,
+            env={**os.environ, **self.env},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        status: dict[str, Any] = json.loads(shown.stdout)
+        return status
+
     def agent(self, *arguments: str) -> tuple[int, str, dict[str, Any]]:
         """Run the example agent; its exit code, its output and its JSON run report."""
         done = subprocess.run(
@@ -276,17 +290,7 @@ def test_unkeyed_tool_parks_after_a_lost_answer_instead_of_creating_twice(desk: 
     first_call = next(iter(run["outcomes"]))
     assert code == 1, output
     assert run["outcomes"][first_call] == "parked", output
-    status = json.loads(
-        subprocess.run(
-            onceflow_command("status", run["tasks"][first_call], "--json"),
-            cwd=REPO,
-            env={**os.environ, **desk.env},
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        ).stdout
-    )
+    status = desk.status(run["tasks"][first_call])
     assert status["state"] == "parked"
     [step] = status["steps"]
     assert step["state"] == "parked" and len(step["attempts"]) == 1
@@ -310,17 +314,7 @@ def test_a_step_whose_answers_stay_lost_is_found_by_its_lookup_instead_of_parkin
     assert code == 0, output
     first_call = next(iter(run["outcomes"]))
     assert "ask again with the same key" in output  # the agent waited through 202s
-    status = json.loads(
-        subprocess.run(
-            onceflow_command("status", run["tasks"][first_call], "--json"),
-            cwd=REPO,
-            env={**os.environ, **desk.env},
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        ).stdout
-    )
+    status = desk.status(run["tasks"][first_call])
     [step] = status["steps"]
     assert step["state"] == "succeeded"
     assert [attempt["outcome"] for attempt in step["attempts"]] == ["unknown"] * 5

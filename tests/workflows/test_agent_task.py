@@ -4,18 +4,20 @@ The scripted tools decide how each attempt ends; everything else is real: the
 workflow, its budget, its timers, updates and signals, and the Temporal server.
 """
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.client import WorkflowExecutionStatus, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from retry_policy import OutcomeClass, RetryBudget
-from tools import arguments_digest
+from tools import CATALOGUE, arguments_digest
 from workflows import AgentTaskWorkflow
 from workflows.task_models import (
     AgentTaskInput,
@@ -28,7 +30,7 @@ from workflows.task_models import (
     TaskStatus,
 )
 
-from .scripted_tools import Script, register_scripted_tools
+from .scripted_tools import SAFE, Script, register_scripted_tools
 
 S, R, T, U = (
     OutcomeClass.SUCCEEDED,
@@ -482,9 +484,41 @@ async def test_invalid_arguments_fail_the_task_before_any_attempt(
     assert "invalid arguments" in (result.failure_reason or "")
     assert script.attempts("x") == 0
 
+
+async def test_a_tool_this_worker_lacks_waits_for_one_that_has_it(
+    time_skipping_env: WorkflowEnvironment, task_queue: str, script: Script, worker: Worker
+) -> None:
+    # The boundary starts only catalogued tools: an unknown one means a worker without
+    # the custom tool. The workflow task fails (and Temporal retries it) instead of the step.
     unknown = await start(time_skipping_env, task_queue, ("s", "no_such_tool", {}))
-    result = await unknown.result()
-    assert "unknown tool 'no_such_tool'" in (result.failure_reason or "")
+    failures: list[str] = []
+    for _ in range(100):
+        history = await unknown.fetch_history()
+        failures = [
+            event.workflow_task_failed_event_attributes.failure.message
+            for event in history.events
+            if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED
+        ]
+        if failures:
+            break
+        await asyncio.sleep(0.1)
+    assert "tool 'no_such_tool' is not registered on this worker" in failures[0]
+    description = await unknown.describe()
+    assert description.status == WorkflowExecutionStatus.RUNNING  # nothing failed for good
+    await unknown.terminate("test over")
+
+    # A tool whose activity no worker registered: the attempts ran nothing (transient),
+    # and the step fails with the fix once the budget is spent, never parks.
+    if "scripted_unregistered" not in CATALOGUE:
+        CATALOGUE.register(replace(SAFE, name="scripted_unregistered"))
+    handle = await start(
+        time_skipping_env, task_queue, ("s", "scripted_unregistered", {"label": "x"})
+    )
+    result = await handle.result()
+    [step] = result.steps
+    assert step.state is StepState.FAILED
+    assert [attempt.outcome for attempt in step.attempts] == [T, T, T]
+    assert "has no tool 'scripted_unregistered', so nothing ran" in (step.failure_reason or "")
 
 
 async def test_backoff_timers_follow_the_budget(
