@@ -50,6 +50,7 @@ def register(app: typer.Typer, operate: Operate) -> None:
         """Serve the HTTP API (OpenAPI at /openapi.json) until SIGTERM/SIGINT."""
         settings, database_url = settings_and_database()
         gateway_settings = _gateway_settings()
+        register_configured_tools(settings)  # before build_app: it documents a route per tool
 
         async def body() -> None:
             from gateway import open_boundary

@@ -59,11 +59,13 @@ async def running_gateway(
     # Imported here so that every other command does not load the web stack.
     from gateway.http_api import build_app
     from gateway.http_server import HttpServer
+    from onceflow_tools import load_configured_tools
 
     logging.getLogger("onceflow.gateway").setLevel(logging.INFO)
     progress("starting the gateway")
     api_key = await _dev_api_key(database_url, state_dir / DEV_API_KEY_FILE)
     configured = gateway_settings or load_gateway_settings()
+    load_configured_tools(settings.tools)  # before build_app: it documents a route per tool
     app = build_app(
         lambda: open_boundary(
             settings,

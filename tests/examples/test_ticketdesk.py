@@ -259,6 +259,22 @@ def test_service_dedupes_keyed_requests_and_not_legacy_ones(desk: Desk) -> None:
     assert len(desk.ledger(operation="sha256:rules")) == 2  # one keyed, one legacy
 
 
+def test_the_gateway_documents_the_configured_tools_with_their_contracts(desk: Desk) -> None:
+    document = httpx.get(f"{desk.gateway_url}/openapi.json", timeout=10).json()
+    assert "/v1/tools/create_ticket/calls" in document["paths"]
+    assert "CreateTicketInput" in document["components"]["schemas"]
+    tools = httpx.get(
+        f"{desk.gateway_url}/v1/tools",
+        headers={"Authorization": f"Bearer {desk.api_key}"},
+        timeout=10,
+    ).json()
+    by_name = {tool["name"]: tool for tool in tools}
+    assert by_name["create_ticket"]["dedupe"] == "provider_idempotency_key"
+    assert by_name["create_ticket"]["annotations"]["idempotentHint"] is True
+    assert by_name["create_ticket_unkeyed"]["dedupe"] == "none"
+    assert by_name["create_ticket_unkeyed"]["annotations"]["idempotentHint"] is False
+
+
 @pytest.mark.parametrize("via", ["client", "mcp"])
 def test_agent_retries_make_one_ticket_per_logical_call(desk: Desk, via: str) -> None:
     before = {ticket["id"] for ticket in desk.ledger()}
