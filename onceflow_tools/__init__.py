@@ -66,9 +66,15 @@ docs/tool-api.md, generated from these docstrings.
 """
 
 from onceflow_tools._activities import tool_activities
-from onceflow_tools._call import DEFAULT_HEARTBEAT_EVERY, ChildOperation, ToolCall
+from onceflow_tools._call import (
+    DEFAULT_HEARTBEAT_EVERY,
+    DEFAULT_LEASE_TTL,
+    ChildOperation,
+    ToolCall,
+)
 from onceflow_tools._classify import NothingSent, classify_http_error, classify_http_status
 from onceflow_tools._client_retries import client_retry_problems, open_tool_client
+from onceflow_tools._lease import Lease, LeaseLost
 from onceflow_tools._loading import (
     ENTRY_POINT_GROUP,
     load_configured_tools,
@@ -89,6 +95,7 @@ from tools import (
 
 __all__ = [
     "DEFAULT_HEARTBEAT_EVERY",
+    "DEFAULT_LEASE_TTL",
     "ENTRY_POINT_GROUP",
     "ApprovalThreshold",
     "ChildOperation",
@@ -96,6 +103,8 @@ __all__ = [
     "DedupeStrategy",
     "EffectFlags",
     "Implementation",
+    "Lease",
+    "LeaseLost",
     "NothingSent",
     "OutcomeClass",
     "Tool",

@@ -12,7 +12,7 @@ learnt::
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Generic, TypeVar
@@ -23,6 +23,7 @@ from pydantic import BaseModel
 from temporalio import activity
 
 from onceflow_tools._classify import NothingSent
+from onceflow_tools._lease import Lease, hold_lease
 from retry_policy import OutcomeClass
 from tools import ToolAttemptResult, ToolCallInput, ToolContract, derive_child_key, key_digest
 
@@ -64,6 +65,8 @@ WHERE child_key = %(child_key)s AND state <> 'succeeded'
 """
 DEFAULT_HEARTBEAT_EVERY = timedelta(seconds=10)
 """How often ``keep_alive`` heartbeats when the contract sets no ``heartbeat_timeout``."""
+DEFAULT_LEASE_TTL = timedelta(seconds=30)
+"""How long a ``fenced_lease`` outlives a holder that stopped extending it."""
 
 
 @dataclass
@@ -165,6 +168,25 @@ class ChildOperation:
         except Exception:
             _log.warning("could not record the failure of %s", self.key_digest)
         return ToolAttemptResult(outcome=outcome, reason=reason, evidence=self.evidence)
+
+    def fenced_lease(
+        self, ttl: timedelta = DEFAULT_LEASE_TTL
+    ) -> AbstractAsyncContextManager[Lease]:
+        """Hold this operation alone for the block (use with ``DedupeStrategy.FENCED_LEASE``).
+
+        Send ``lease.token`` with every write to the far side, which must refuse a token
+        lower than the highest it has seen. The lease is extended (and the attempt
+        heartbeats) every ``ttl / 3``; if another attempt took it over after it lapsed,
+        the block is cancelled and ``LeaseLost`` raised (the attempt ends ``unknown``).
+        While another attempt holds a live lease this waits up to two TTLs, then raises
+        ``NothingSent`` (``transient``). Call ``begin`` first.
+
+        Args:
+            ttl: How long the lease outlives a silent holder. Default ``DEFAULT_LEASE_TTL``.
+        """
+        if self._call is None:
+            raise RuntimeError("this child operation is not bound to a call")
+        return hold_lease(self._call.pool, self.key, ttl=ttl, attempt=self._call.attempt)
 
     async def _pool_execute(self, statement: str, **params: Any) -> None:
         if self._call is None:

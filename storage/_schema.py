@@ -206,4 +206,18 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
             CHECK (jsonb_typeof(correlation) = 'object');
         """,
     ),
+    (
+        6,
+        "custom tools: a fenced lease on a child operation",
+        """
+        -- A custom tool's long child operation may be held by one attempt at a time; each
+        -- take-over raises the token, which the far side checks on every write.
+        ALTER TABLE operations
+            ADD COLUMN fencing_token    bigint NOT NULL DEFAULT 0 CHECK (fencing_token >= 0),
+            ADD COLUMN lease_owner      text,
+            ADD COLUMN lease_expires_at timestamptz,
+            ADD CONSTRAINT a_lease_has_an_owner_and_an_expiry
+                CHECK ((lease_owner IS NULL) = (lease_expires_at IS NULL));
+        """,
+    ),
 )

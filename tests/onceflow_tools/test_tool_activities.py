@@ -124,3 +124,59 @@ async def test_a_lookup_finds_the_recorded_operation_and_keep_alive_heartbeats(
     assert unknown.outcome is OutcomeClass.UNKNOWN
     assert unknown.evidence["ticket"] == "t-1"
     assert (found.outcome, found.resource_id) == (OutcomeClass.SUCCEEDED, "t-1")
+
+
+def leased_writer(writes: list[tuple[str, int]], hold: float) -> Tool:
+    """A tool that writes three times under the operation's fenced lease, like a far side
+    that records the token of every write."""
+
+    async def write_under_lease(call: ToolCall[sample_tools.Note]) -> ToolAttemptResult:
+        operation = await call.begin("write", provider_account="notes")
+        if operation.earlier_success:
+            return operation.earlier_success
+        async with operation.fenced_lease(ttl=timedelta(seconds=0.6)) as lease:
+            for _ in range(3):
+                writes.append((call.args.text, lease.token))
+                await asyncio.sleep(hold / 3)
+        return await operation.failed(OutcomeClass.UNKNOWN, "left for the next attempt")
+
+    contract = replace(sample_tools.CONTRACT, heartbeat_timeout=timedelta(seconds=2))
+    return Tool(contract=contract, perform=write_under_lease)
+
+
+async def test_a_fenced_lease_lets_one_attempt_work_at_a_time(database: str) -> None:
+    writes: list[tuple[str, int]] = []
+    async with build_pool(database) as pool:
+        [perform] = tool_activities(leased_writer(writes, hold=0.6), pool, None)
+        first = asyncio.create_task(ActivityEnvironment().run(perform, attempt({"text": "a"})))
+        await asyncio.sleep(0.1)
+        second = await ActivityEnvironment().run(perform, attempt({"text": "b"}, number=2))
+        await first
+
+    assert second.outcome is OutcomeClass.UNKNOWN
+    # The second attempt waited for the first to release, then worked under a newer token.
+    assert writes == [("a", 1), ("a", 1), ("a", 1), ("b", 2), ("b", 2), ("b", 2)]
+
+
+async def test_a_stalled_holder_is_fenced_out_and_stopped(database: str) -> None:
+    writes: list[tuple[str, int]] = []
+    async with build_pool(database) as pool:
+        [perform] = tool_activities(leased_writer(writes, hold=3.0), pool, None)
+        stalled = asyncio.create_task(ActivityEnvironment().run(perform, attempt({"text": "a"})))
+        await asyncio.sleep(0.1)
+        async with pool.connection() as conn:  # the holder's lease lapses (a long GC pause)
+            await conn.execute("UPDATE operations SET lease_expires_at = now()")
+        taken_over = await ActivityEnvironment().run(perform, attempt({"text": "b"}, number=2))
+        fenced_out = await stalled
+
+    assert fenced_out.outcome is OutcomeClass.UNKNOWN
+    assert fenced_out.reason == "write_note raised LeaseLost; the effect may have happened"
+    assert taken_over.outcome is OutcomeClass.UNKNOWN
+    assert ("b", 2) in writes
+    # After the take-over the stalled attempt wrote nothing more with its old token.
+    assert writes.index(("b", 2)) > max(i for i, write in enumerate(writes) if write[1] == 1)
+    with psycopg.connect(database) as conn:
+        assert conn.execute("SELECT fencing_token, lease_owner FROM operations").fetchone() == (
+            2,
+            None,
+        )
