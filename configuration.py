@@ -16,7 +16,13 @@ from deployments import DeployTargetSettings
 from email_outbox import EmailSettings
 from gateway import GatewaySettings, RetentionTooShort, check_retention
 from payments import StripeSettings
-from settings import FileBackedSettings, InvalidSettings, OnceflowSettings, SettingsReader
+from settings import (
+    FileBackedSettings,
+    InvalidSettings,
+    OnceflowSettings,
+    SettingsReader,
+    declared_settings_classes,
+)
 from tools.deployments import DeploymentToolSettings
 from tools.email import EmailToolSettings
 from tools.payments import PaymentToolSettings
@@ -64,7 +70,13 @@ def load_configuration() -> OnceflowConfiguration:
             sections[name] = reader.read(section_class)
     onceflow = sections["onceflow"]
     if isinstance(onceflow, OnceflowSettings) and onceflow.tools:
-        reader.problems.extend(_custom_tool_problems(onceflow.tools))
+        problems, packages = _custom_tool_problems(onceflow.tools)
+        reader.problems.extend(problems)
+        # The tools' own settings (read when the worker opens their clients) are checked
+        # now too, so a bad value stops every process at start, not the first attempt.
+        for settings_class in declared_settings_classes():
+            if any(_within(settings_class.__module__, package) for package in packages):
+                reader.read(settings_class)
     reader.check_file()  # after loading custom tools: only then are their tables known
     gateway = sections["gateway"]
     if isinstance(gateway, GatewaySettings):
@@ -78,16 +90,22 @@ def load_configuration() -> OnceflowConfiguration:
     )
 
 
-def _custom_tool_problems(specs: tuple[str, ...]) -> list[str]:
+def _custom_tool_problems(specs: tuple[str, ...]) -> tuple[list[str], set[str]]:
     """Import the custom tools (not registering them), so their settings classes and tables
-    are known; a tool that cannot be loaded is a problem of ``[onceflow] tools``."""
+    are known; a tool that cannot be loaded is a problem of ``[onceflow] tools``. Also
+    returns the packages the tools come from."""
     from onceflow_tools import load_tools
     from tools import ToolRegistrationError
 
     try:
-        load_tools(specs)
+        tools = load_tools(specs)
     except InvalidSettings as invalid:
-        return list(invalid.problems)
+        return list(invalid.problems), set()
     except ToolRegistrationError as refused:
-        return [" ".join(str(refused).split())]
-    return []
+        return [" ".join(str(refused).split())], set()
+    modules = {tool.perform.__module__ for tool in tools}
+    return [], {module.rpartition(".")[0] or module for module in modules}
+
+
+def _within(module: str, package: str) -> bool:
+    return module == package or module.startswith(f"{package}.")

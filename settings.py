@@ -117,6 +117,11 @@ _TABLES: dict[str, list[type["FileBackedSettings"]]] = {}
 """Every settings class defined in this process, by the table it reads."""
 
 
+def declared_settings_classes() -> list[type["FileBackedSettings"]]:
+    """Every ``FileBackedSettings`` subclass defined in this process so far."""
+    return [settings_class for classes in _TABLES.values() for settings_class in classes]
+
+
 class FileBackedSettings(BaseSettings):
     """Settings read from the environment and from one table of the configuration file.
 

@@ -11,7 +11,8 @@ from datetime import timedelta
 from typing import Any
 
 import httpx
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
+from pydantic_settings import SettingsConfigDict
 
 from onceflow_tools import (
     DedupeStrategy,
@@ -22,6 +23,17 @@ from onceflow_tools import (
     ToolCall,
     ToolContract,
 )
+from settings import FileBackedSettings
+
+
+class NoteSettings(FileBackedSettings):
+    """The sample tool's own settings, as a tool author declares them."""
+
+    config_table = "tools.write_note"
+    model_config = SettingsConfigDict(env_prefix="ONCEFLOW_NOTES_", extra="ignore")
+
+    shelf: int = Field(default=1, ge=1)
+    """Where notes go. Default 1."""
 
 
 class Note(BaseModel):

@@ -8,6 +8,7 @@ from contextlib import AsyncExitStack
 from dataclasses import replace
 from datetime import timedelta
 from decimal import Decimal
+from pathlib import Path
 
 import httpx
 import pytest
@@ -15,6 +16,7 @@ import requests
 import stripe
 from requests.adapters import HTTPAdapter
 
+from configuration import load_configuration
 from onceflow_tools import (
     ApprovalThreshold,
     DedupeStrategy,
@@ -27,6 +29,7 @@ from onceflow_tools import (
     open_tool_client,
     register_tools,
 )
+from settings import InvalidSettings
 from tests.onceflow_tools import sample_tools
 from tools import Catalogue
 
@@ -187,3 +190,18 @@ def test_onceflow_tools_lists_a_configured_tool_beside_the_reference_tools() -> 
     assert by_name["write_note"]["source"] == "custom"
     assert by_name["write_note"]["dedupe"] == "local_transaction"
     assert by_name["charge_payment"]["source"] == "reference"
+
+
+def test_a_custom_tools_own_settings_are_checked_with_the_rest_at_start_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "onceflow.toml"
+    config.write_text(f'[onceflow]\ntools = ["{SAMPLES}:SOUND"]\n[tools.write_note]\nshelf = 0\n')
+    monkeypatch.setenv("ONCEFLOW_CONFIG", str(config))
+    with pytest.raises(InvalidSettings) as refused:
+        load_configuration()
+    assert refused.value.problems == (
+        f"invalid setting ONCEFLOW_NOTES_SHELF ([tools.write_note] shelf in {config}): "
+        "Input should be greater than or equal to 1; fix: set a value the message allows, "
+        "or remove it to use the default 1",
+    )
