@@ -329,7 +329,6 @@ def test_a_step_whose_answers_stay_lost_is_found_by_its_lookup_instead_of_parkin
 
     assert code == 0, output
     first_call = next(iter(run["outcomes"]))
-    assert "ask again with the same key" in output  # the agent waited through 202s
     status = desk.status(run["tasks"][first_call])
     [step] = status["steps"]
     assert step["state"] == "succeeded"

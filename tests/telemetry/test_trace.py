@@ -133,6 +133,14 @@ async def test_a_lost_response_and_a_park_are_one_trace_with_every_attempt(
         assert call.attributes["stripe.request_id"].startswith("req_")
         assert call.attributes["stripe.payment_intent"] == payment_intent
 
+    # While it waits, the worker's visibility scan reports it in the parked-task gauges.
+    def parked_gauges_show_it() -> bool:
+        return any(v > 0 for _, v in stack.otlp.metric_points("onceflow_parked_tasks")) and any(
+            v > 0 for _, v in stack.otlp.metric_points("onceflow_oldest_parked_task_age_seconds")
+        )
+
+    await stack.otlp.wait_for_spans(lambda _: parked_gauges_show_it(), timeout=20)
+
     # The operator reconciles through the gateway; the task ends inside the same trace.
     [refunded] = [
         entry
@@ -152,8 +160,15 @@ async def test_a_lost_response_and_a_park_are_one_trace_with_every_attempt(
     assert decided.status_code == 200, decided.text
     final = await stack.tasks.result(task_id)
     assert final.state is TaskState.SUCCEEDED
+    # The gateway and the worker export on their own schedules: wait for both.
     spans = await stack.otlp.wait_for_spans(
-        lambda spans: bool(attempts_of(spans, task_id, "record_task_outcome"))
+        lambda spans: (
+            bool(attempts_of(spans, task_id, "record_task_outcome"))
+            and any(
+                s.name == "tasks.reconcile" and s.attributes.get("onceflow.workflow_id") == task_id
+                for s in spans
+            )
+        )
     )
     [decision] = [
         s
