@@ -20,11 +20,12 @@ def settings_and_database() -> tuple[OnceflowSettings, str]:
     return settings, database_url
 
 
-def register_configured_tools(settings: OnceflowSettings) -> None:
-    """Add the custom tools of ``ONCEFLOW_TOOLS`` to the catalogue, or fail with the fix."""
+def register_configured_tools(settings: OnceflowSettings) -> list[str]:
+    """Add the custom tools of ``ONCEFLOW_TOOLS`` to the catalogue, or fail with the fix;
+    returns their names."""
     from onceflow_tools import load_configured_tools
 
     try:
-        load_configured_tools(settings.tools)
+        return [tool.name for tool in load_configured_tools(settings.tools)]
     except ToolRegistrationError as refused:
         raise CommandFailed(str(refused), exit_code=2) from None

@@ -25,8 +25,7 @@ def register(app: typer.Typer) -> None:
         """List every tool: the reference tools and those of ONCEFLOW_TOOLS, checked as the
         worker checks them (exit 2 with the fix when one is refused)."""
         settings = load_settings()
-        register_configured_tools(settings)
-        custom = set(_custom_names(settings.tools))
+        custom = set(register_configured_tools(settings))
         if as_json:
             print(
                 json.dumps(
@@ -41,12 +40,6 @@ def register(app: typer.Typer) -> None:
             table.add_row(*(str(row[column]) for column in row if column != "description"))
         # Wide enough for the names even when piped (rich assumes 80 columns then).
         Console(width=max(Console().width, 120)).print(table)
-
-
-def _custom_names(specs: tuple[str, ...]) -> list[str]:
-    from onceflow_tools import load_tools
-
-    return [tool.name for tool in load_tools(specs)]
 
 
 def _describe(contract: ToolContract, custom: bool) -> dict[str, object]:

@@ -255,8 +255,7 @@ class ToolCall(Generic[ArgsT]):
             NothingSent: The record could not be read or written; as nothing was sent,
                 the attempt ends as ``transient``.
         """
-        operation = await self._load(child_op, provider_account, start=True)
-        return operation
+        return await self._load(child_op, provider_account, start=True)
 
     async def find(self, child_op: str, *, provider_account: str) -> ChildOperation:
         """A child operation's record without starting it: for ``look_up`` functions."""
