@@ -1,15 +1,17 @@
 # Two entry points: `make demo` and `make test`. Each (re)creates the local virtualenv
-# from pyproject.toml when it is missing or older than pyproject.toml.
+# when it is missing or older than one of the three distributions' pyproject.toml:
+# the server (.), the Python client (client/) and the embedded dev stack (devstack/).
 PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed-from-pyproject
+PYPROJECTS := pyproject.toml client/pyproject.toml devstack/pyproject.toml
 
 .PHONY: demo test lint dev docs
 
-$(STAMP): pyproject.toml
+$(STAMP): $(PYPROJECTS)
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(VENV)/bin/python -m pip install --quiet -e '.[test]'
+	$(VENV)/bin/python -m pip install --quiet -e ./client -e '.[test]' -e ./devstack
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -23,7 +25,8 @@ dev: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 docs: $(STAMP)
 	$(VENV)/bin/python docs/api_reference.py

@@ -14,9 +14,9 @@ import signal
 import sys
 from contextlib import suppress
 
-from devstack.deploy_target import running_deploy_target
-from devstack.smtp_sink import running_smtp_sink
-from devstack.stripe_provider import ProviderConfig, running_provider
+from onceflow_devstack.deploy_target import running_deploy_target
+from onceflow_devstack.smtp_sink import running_smtp_sink
+from onceflow_devstack.stripe_provider import ProviderConfig, running_provider
 
 STEP_SECONDS = 0.02
 """Simulated work per deployment step: long enough to be interrupted, short enough to run

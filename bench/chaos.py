@@ -56,15 +56,15 @@ from typing import Any
 
 import httpx
 import psycopg
+from onceflow_devstack.postgres import EmbeddedPostgres
+from onceflow_devstack.temporal import TemporalDevServer
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.service import RPCError
 
-from devstack.postgres import EmbeddedPostgres
-from devstack.temporal import TemporalDevServer
-from gateway import PrincipalStore
-from storage import apply_migrations, build_pool
-from task_api import connect_temporal
-from workflows import AgentTaskWorkflow
+from onceflow.gateway import PrincipalStore
+from onceflow.storage import apply_migrations, build_pool
+from onceflow.task_api import connect_temporal
+from onceflow.workflows import AgentTaskWorkflow
 
 REPO = Path(__file__).resolve().parent.parent
 TOOLS = (
@@ -373,7 +373,7 @@ def spawn(name: str, arguments: list[str], env: dict[str, str], logs: Path) -> P
 
 
 def onceflow(*arguments: str) -> list[str]:
-    return [sys.executable, "-m", "cli.main", *arguments]
+    return [sys.executable, "-m", "onceflow.cli.main", *arguments]
 
 
 def free_port() -> int:

@@ -29,17 +29,17 @@ from datetime import timedelta
 from pathlib import Path
 
 import httpx
+from onceflow_devstack.binaries import installed_binary
+from onceflow_devstack.postgres import EmbeddedPostgres
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from bench._report import Arm, report
-from devstack.binaries import installed_binary
-from devstack.postgres import EmbeddedPostgres
-from gateway import IdempotencyStore, NewClaim, PrincipalStore, request_fingerprint
-from settings import OnceflowSettings
-from storage import apply_migrations, build_pool
-from worker import build_worker
-from workflows.visibility import ALL_SEARCH_ATTRIBUTES
+from onceflow.gateway import IdempotencyStore, NewClaim, PrincipalStore, request_fingerprint
+from onceflow.settings import OnceflowSettings
+from onceflow.storage import apply_migrations, build_pool
+from onceflow.worker import build_worker
+from onceflow.workflows.visibility import ALL_SEARCH_ATTRIBUTES
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -142,7 +142,7 @@ async def replay_path(
     queue = f"bench-{uuid.uuid4().hex[:8]}"
     log = (scratch / "gateway.log").open("wb")
     gateway = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "gateway", "--port", "0"],
+        [sys.executable, "-m", "onceflow.cli.main", "gateway", "--port", "0"],
         cwd=REPO,
         env={
             **os.environ,

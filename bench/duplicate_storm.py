@@ -26,18 +26,18 @@ from pathlib import Path
 
 import httpx
 import psycopg
+from onceflow_devstack.binaries import installed_binary
+from onceflow_devstack.postgres import EmbeddedPostgres
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from bench._report import Arm, report
 from bench.claim_path import _gateway_url
-from devstack.binaries import installed_binary
-from devstack.postgres import EmbeddedPostgres
-from gateway import PrincipalStore
-from settings import OnceflowSettings
-from storage import apply_migrations, build_pool
-from worker import build_worker
-from workflows.visibility import ALL_SEARCH_ATTRIBUTES
+from onceflow.gateway import PrincipalStore
+from onceflow.settings import OnceflowSettings
+from onceflow.storage import apply_migrations, build_pool
+from onceflow.worker import build_worker
+from onceflow.workflows.visibility import ALL_SEARCH_ATTRIBUTES
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -56,7 +56,7 @@ async def main(requests: int, concurrency: int, rounds: int) -> None:
         log_path = Path(scratch) / "gateway.log"
         with log_path.open("wb") as log:
             gateway = subprocess.Popen(
-                [sys.executable, "-m", "cli.main", "gateway", "--port", "0"],
+                [sys.executable, "-m", "onceflow.cli.main", "gateway", "--port", "0"],
                 cwd=REPO,
                 env={
                     **os.environ,

@@ -17,20 +17,20 @@ import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from onceflow_devstack.binaries import installed_binary
+from onceflow_devstack.postgres import EmbeddedPostgres
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities import build_activities
 from bench._bare import BareWorkflow, no_op
 from bench._report import Arm, report
-from devstack.binaries import installed_binary
-from devstack.postgres import EmbeddedPostgres
-from storage import apply_migrations, build_pool
-from task_api import TaskClient
-from workflows import AgentTaskWorkflow
-from workflows.task_models import AgentTaskInput, StepInput, TaskState
-from workflows.visibility import ALL_SEARCH_ATTRIBUTES
+from onceflow.activities import build_activities
+from onceflow.storage import apply_migrations, build_pool
+from onceflow.task_api import TaskClient
+from onceflow.workflows import AgentTaskWorkflow
+from onceflow.workflows.task_models import AgentTaskInput, StepInput, TaskState
+from onceflow.workflows.visibility import ALL_SEARCH_ATTRIBUTES
 
 
 async def _measure(

@@ -27,18 +27,18 @@ import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from onceflow_devstack.binaries import installed_binary
+from onceflow_devstack.postgres import EmbeddedPostgres
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from bench._bare import BareWaitingWorkflow
 from bench._report import RESULTS, machine
-from devstack.binaries import installed_binary
-from devstack.postgres import EmbeddedPostgres
-from storage import apply_migrations
-from task_api import TaskClient
-from workflows.task_models import AgentTaskInput, StepInput
-from workflows.visibility import ALL_SEARCH_ATTRIBUTES
+from onceflow.storage import apply_migrations
+from onceflow.task_api import TaskClient
+from onceflow.workflows.task_models import AgentTaskInput, StepInput
+from onceflow.workflows.visibility import ALL_SEARCH_ATTRIBUTES
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -167,7 +167,7 @@ async def main(tasks: int, batch: int) -> None:
 
             onceflow = await measure_arm(
                 "onceflow worker",
-                [sys.executable, "-m", "cli.main", "worker"],
+                [sys.executable, "-m", "onceflow.cli.main", "worker"],
                 {
                     "PYTHONUNBUFFERED": "1",
                     "DATABASE_URL": postgres.url,

@@ -1,6 +1,6 @@
 """Writes docs/tool-api.md, the reference of the public tool API, from its docstrings.
 
-Run ``python docs/api_reference.py`` after changing ``onceflow_tools`` (``make docs``); a
+Run ``python docs/api_reference.py`` after changing ``onceflow.tools`` (``make docs``); a
 test fails while the checked-in page differs from what this script writes.
 """
 
@@ -20,13 +20,12 @@ PAGE = REPOSITORY / "docs" / "tool-api.md"
 def render() -> str:
     """The whole reference page as Markdown."""
     sys.path.insert(0, str(REPOSITORY))
-    import onceflow_tools
-
+    from onceflow import tools as onceflow_tools
     parts = [
         "# onceflow tool API reference",
         "",
         "Generated from the docstrings by `docs/api_reference.py`; do not edit by hand.",
-        "Everything here is importable from `onceflow_tools`.",
+        "Everything here is importable from `onceflow.tools`.",
         "",
         _doc(onceflow_tools),
     ]

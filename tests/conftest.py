@@ -10,16 +10,16 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from onceflow_devstack.binaries import installed_binary
+from onceflow_devstack.postgres import EmbeddedPostgres
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-import storage
-from devstack.binaries import installed_binary
-from devstack.postgres import EmbeddedPostgres
-from workflows.visibility import ALL_SEARCH_ATTRIBUTES
+from onceflow import storage
+from onceflow.workflows.visibility import ALL_SEARCH_ATTRIBUTES
 
 BUSINESS_TABLES = (
     "order_lines",

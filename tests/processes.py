@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def onceflow_command(*arguments: str) -> list[str]:
     """The ``onceflow`` console script of this interpreter's environment."""
-    return [sys.executable, "-m", "cli", *arguments]
+    return [sys.executable, "-m", "onceflow.cli", *arguments]
 
 
 def spawn(arguments: list[str], *, env: dict[str, str], cwd: Path = REPO) -> subprocess.Popen[str]:

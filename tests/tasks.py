@@ -3,8 +3,8 @@
 import asyncio
 from collections.abc import Callable
 
-from task_api import TaskClient
-from workflows.task_models import TaskState, TaskStatus
+from onceflow.task_api import TaskClient
+from onceflow.workflows.task_models import TaskState, TaskStatus
 
 
 async def wait_for(

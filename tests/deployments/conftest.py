@@ -8,20 +8,20 @@ from typing import Any
 
 import psycopg
 import pytest
+from onceflow_devstack.deploy_target import RunningTarget, running_deploy_target
 from psycopg_pool import AsyncConnectionPool
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from deployments import DeployTargetSettings, HttpDeployTarget, open_deploy_target
-from devstack.deploy_target import RunningTarget, running_deploy_target
-from retry_policy import RetryBudget
-from settings import OnceflowSettings
-from storage import build_pool
-from task_api import TaskClient
+from onceflow.deployments import DeployTargetSettings, HttpDeployTarget, open_deploy_target
+from onceflow.retry_policy import RetryBudget
+from onceflow.settings import OnceflowSettings
+from onceflow.storage import build_pool
+from onceflow.task_api import TaskClient
+from onceflow.tools import derive_child_key, derive_task_workflow_id
+from onceflow.worker import build_worker
+from onceflow.workflows.task_models import AgentTaskInput, StepInput
 from tests.tasks import wait_for  # noqa: F401 - re-exported for the tests
-from tools import derive_child_key, derive_task_workflow_id
-from worker import build_worker
-from workflows.task_models import AgentTaskInput, StepInput
 
 TENANT = "acme"
 ACCOUNT = "target-test"

@@ -4,14 +4,14 @@ approval of other arguments never lets it write anything at the target."""
 import asyncio
 
 import pytest
+from onceflow_devstack.deploy_target import RunningTarget
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from devstack.deploy_target import RunningTarget
-from task_api import DecisionRefused, TaskClient
-from tools import arguments_digest
-from workflows import AgentTaskWorkflow
-from workflows.task_models import ApproveInput, StepState, TaskState, TaskStatus
+from onceflow.task_api import DecisionRefused, TaskClient
+from onceflow.tools import arguments_digest
+from onceflow.workflows import AgentTaskWorkflow
+from onceflow.workflows.task_models import ApproveInput, StepState, TaskState, TaskStatus
 
 from .conftest import RELEASE, deployment_id, deployment_rows, start_deployment, wait_for, writes
 

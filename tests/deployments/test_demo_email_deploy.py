@@ -7,16 +7,16 @@ import io
 from collections.abc import AsyncIterator
 
 import pytest
+from onceflow_devstack.demo_email_deploy import email_and_deploy_scenario
+from onceflow_devstack.deploy_target import RunningTarget
+from onceflow_devstack.smtp_sink import RunningSink, running_smtp_sink
 from psycopg_pool import AsyncConnectionPool
 from rich.console import Console
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from devstack.demo_email_deploy import email_and_deploy_scenario
-from devstack.deploy_target import RunningTarget
-from devstack.smtp_sink import RunningSink, running_smtp_sink
-from email_outbox import EmailSettings, OutboxRelay
-from task_api import TaskClient
+from onceflow.email import EmailSettings, OutboxRelay
+from onceflow.task_api import TaskClient
 
 from .conftest import deployment_rows
 

@@ -14,13 +14,13 @@ import subprocess
 from collections.abc import Iterator
 
 import pytest
+from onceflow_devstack.deploy_target import RunningTarget
 from temporalio.testing import WorkflowEnvironment
 
-from devstack.deploy_target import RunningTarget
-from retry_policy import OutcomeClass
-from task_api import TaskClient
+from onceflow.retry_policy import OutcomeClass
+from onceflow.task_api import TaskClient
+from onceflow.workflows.task_models import ApproveInput, TaskState
 from tests.processes import onceflow_command, spawn, stop, wait_for_line
-from workflows.task_models import ApproveInput, TaskState
 
 from .conftest import ACCOUNT, deployment_id, deployment_rows, start_deployment, wait_for, writes
 

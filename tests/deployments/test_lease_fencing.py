@@ -5,14 +5,14 @@ reported, never redone."""
 import asyncio
 
 import psycopg
+from onceflow_devstack.deploy_target import RunningTarget
 from psycopg_pool import AsyncConnectionPool
 from temporalio.testing import ActivityEnvironment
 
-from activities import DeploymentActivities
-from deployments import HttpDeployTarget
-from devstack.deploy_target import RunningTarget
-from retry_policy import OutcomeClass
-from tools import ToolAttemptResult, ToolCallInput
+from onceflow.activities import DeploymentActivities
+from onceflow.deployments import HttpDeployTarget
+from onceflow.retry_policy import OutcomeClass
+from onceflow.tools import ToolAttemptResult, ToolCallInput
 
 from .conftest import RELEASE, deployment_id, deployment_rows, writes
 

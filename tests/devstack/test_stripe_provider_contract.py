@@ -14,8 +14,7 @@ from collections.abc import AsyncIterator, Callable
 import httpx
 import pytest
 import stripe
-
-from devstack.stripe_provider import (
+from onceflow_devstack.stripe_provider import (
     Fault,
     FaultRule,
     ProviderConfig,

@@ -10,20 +10,20 @@ from typing import Any
 
 import psycopg
 import pytest
+from onceflow_devstack.smtp_sink import RunningSink, running_smtp_sink
 from psycopg_pool import AsyncConnectionPool
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from devstack.smtp_sink import RunningSink, running_smtp_sink
-from email_outbox import EmailSettings, OutboxRelay
-from retry_policy import RetryBudget
-from settings import OnceflowSettings
-from storage import build_pool
-from task_api import TaskClient
+from onceflow.email import EmailSettings, OutboxRelay
+from onceflow.retry_policy import RetryBudget
+from onceflow.settings import OnceflowSettings
+from onceflow.storage import build_pool
+from onceflow.task_api import TaskClient
+from onceflow.tools import derive_task_workflow_id
+from onceflow.worker import build_worker
+from onceflow.workflows.task_models import AgentTaskInput, StepInput
 from tests.tasks import parked, wait_for  # noqa: F401 - re-exported for the tests
-from tools import derive_task_workflow_id
-from worker import build_worker
-from workflows.task_models import AgentTaskInput, StepInput
 
 TENANT = "acme"
 FAST_BUDGET = RetryBudget(

@@ -3,13 +3,13 @@ within the task's budget (the same row, armed again); a permanent one is tried o
 
 import asyncio
 
+from onceflow_devstack.smtp_sink import RunningSink, SinkFault
 from temporalio.worker import Worker
 
-from devstack.smtp_sink import RunningSink, SinkFault
-from email_outbox import OutboxRelay
-from retry_policy import OutcomeClass
-from task_api import TaskClient
-from workflows.task_models import TaskState
+from onceflow.email import OutboxRelay
+from onceflow.retry_policy import OutcomeClass
+from onceflow.task_api import TaskClient
+from onceflow.workflows.task_models import TaskState
 
 from .conftest import deliveries, outbox_row, start_email, welcome_email
 

@@ -10,13 +10,13 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
+from onceflow_devstack.smtp_sink import RunningSink, SinkFault
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from devstack.smtp_sink import RunningSink, SinkFault
-from task_api import TaskClient
+from onceflow.task_api import TaskClient
+from onceflow.workflows.task_models import TaskState
 from tests.processes import onceflow_command, spawn, stop, wait_for_line
-from workflows.task_models import TaskState
 
 from .conftest import deliveries, start_email, welcome_email
 

@@ -5,8 +5,9 @@ import asyncio
 import socket
 from datetime import UTC, datetime
 
-from devstack.smtp_sink import RunningSink, SinkFault
-from email_outbox import DeliveryOutcome, DeliveryReport, EmailSettings, OutgoingMessage, deliver
+from onceflow_devstack.smtp_sink import RunningSink, SinkFault
+
+from onceflow.email import DeliveryOutcome, DeliveryReport, EmailSettings, OutgoingMessage, deliver
 
 MESSAGE = OutgoingMessage(
     message_id="<ofv1_test@onceflow.local>",

@@ -3,13 +3,13 @@ until an operator decides; only "did not happen" authorises exactly one more del
 
 import asyncio
 
+from onceflow_devstack.smtp_sink import RunningSink, SinkFault
 from temporalio.worker import Worker
 
-from devstack.smtp_sink import RunningSink, SinkFault
-from email_outbox import OutboxRelay
-from retry_policy import OutcomeClass
-from task_api import TaskClient
-from workflows.task_models import ReconcileDecision, ReconcileInput, StepState, TaskState
+from onceflow.email import OutboxRelay
+from onceflow.retry_policy import OutcomeClass
+from onceflow.task_api import TaskClient
+from onceflow.workflows.task_models import ReconcileDecision, ReconcileInput, StepState, TaskState
 
 from .conftest import deliveries, outbox_row, parked, start_email, wait_for, welcome_email
 

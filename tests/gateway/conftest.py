@@ -24,12 +24,18 @@ import pytest
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
-from gateway import BoundaryService, GatewaySettings, Principal, PrincipalStore, open_boundary
-from settings import OnceflowSettings
-from storage import build_pool
-from task_api import TaskClient
-from worker import build_worker
-from workflows.task_models import AgentTaskInput, StepInput
+from onceflow.gateway import (
+    BoundaryService,
+    GatewaySettings,
+    Principal,
+    PrincipalStore,
+    open_boundary,
+)
+from onceflow.settings import OnceflowSettings
+from onceflow.storage import build_pool
+from onceflow.task_api import TaskClient
+from onceflow.worker import build_worker
+from onceflow.workflows.task_models import AgentTaskInput, StepInput
 
 from ..conftest import BUSINESS_TABLES, repo_root
 
@@ -106,7 +112,7 @@ def start_gateway(stack: Stack, log_path: Path, **settings: str) -> GatewayProce
     """Start ``onceflow gateway --port 0`` and wait until it listens."""
     log_file = log_path.open("wb")
     process = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "gateway", "--port", "0"],
+        [sys.executable, "-m", "onceflow.cli.main", "gateway", "--port", "0"],
         cwd=repo_root(),
         env={**os.environ, **stack.env(**settings)},
         stdout=log_file,

@@ -7,13 +7,19 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import gateway
-from gateway import BoundaryError, IdempotencyRecord, RecordState, request_fingerprint
-from gateway._responses import stored_outcome, task_view
-from gateway.mcp_server import IDEMPOTENCY_KEY_ARGUMENT, tool_definition
-from retry_policy import RetryBudget
-from tools import CATALOGUE
-from workflows.task_models import BudgetStatus, StepState, StepStatus, TaskState, TaskStatus
+from onceflow import gateway
+from onceflow.gateway import BoundaryError, IdempotencyRecord, RecordState, request_fingerprint
+from onceflow.gateway._responses import stored_outcome, task_view
+from onceflow.gateway.mcp_server import IDEMPOTENCY_KEY_ARGUMENT, tool_definition
+from onceflow.retry_policy import RetryBudget
+from onceflow.tools import CATALOGUE
+from onceflow.workflows.task_models import (
+    BudgetStatus,
+    StepState,
+    StepStatus,
+    TaskState,
+    TaskStatus,
+)
 
 BASE = {
     "operation": "tools.call",

@@ -12,7 +12,7 @@ from datetime import timedelta
 import httpx
 import pytest
 
-from gateway import (
+from onceflow.gateway import (
     AlreadyClaimed,
     Claimed,
     IdempotencyStore,
@@ -20,7 +20,7 @@ from gateway import (
     RequestInProgress,
     request_fingerprint,
 )
-from storage import build_pool
+from onceflow.storage import build_pool
 
 from .conftest import (
     Caller,

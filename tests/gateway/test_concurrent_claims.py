@@ -10,7 +10,7 @@ import asyncio
 import uuid
 from datetime import timedelta
 
-from gateway import (
+from onceflow.gateway import (
     AlreadyClaimed,
     Claimed,
     IdempotencyStore,
@@ -18,8 +18,8 @@ from gateway import (
     PrincipalStore,
     request_fingerprint,
 )
-from storage import build_pool
-from tools import derive_task_workflow_id
+from onceflow.storage import build_pool
+from onceflow.tools import derive_task_workflow_id
 
 
 async def test_concurrent_claims_of_one_key_never_raise(database: str) -> None:

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from tools import key_digest
+from onceflow.tools import key_digest
 
 from .conftest import Caller, GatewayProcess, Stack, count, make_caller, new_tenant, rows
 

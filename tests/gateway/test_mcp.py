@@ -18,8 +18,8 @@ from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from gateway.mcp_server import REPLAYED_META, TASK_STATUS_TOOL
-from tools import CATALOGUE
+from onceflow.gateway.mcp_server import REPLAYED_META, TASK_STATUS_TOOL
+from onceflow.tools import CATALOGUE
 
 from ..conftest import repo_root
 from .conftest import Caller, Stack, count, rows
@@ -35,7 +35,7 @@ ORDER = {
 async def stdio_session(stack: Stack, api_key: str) -> AsyncIterator[ClientSession]:
     server = StdioServerParameters(
         command=sys.executable,
-        args=["-m", "cli.main", "mcp"],
+        args=["-m", "onceflow.cli.main", "mcp"],
         env={**stack.env(), "ONCEFLOW_API_KEY": api_key},
         cwd=str(repo_root()),
     )
@@ -110,7 +110,7 @@ async def test_stdio_refusals_are_tool_errors_with_the_problem(
 def start_mcp_http(stack: Stack, log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
     log = log_path.open("wb")
     process = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "mcp", "--transport", "http", "--port", "0"],
+        [sys.executable, "-m", "onceflow.cli.main", "mcp", "--transport", "http", "--port", "0"],
         cwd=repo_root(),
         env={**os.environ, **stack.env()},
         stdout=log,

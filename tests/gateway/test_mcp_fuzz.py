@@ -20,13 +20,13 @@ from mcp.server import Server
 from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 
-from gateway.mcp_server import (
+from onceflow.gateway.mcp_server import (
     IDEMPOTENCY_KEY_ARGUMENT,
     TASK_STATUS_TOOL,
     build_mcp_server,
     fixed_principal,
 )
-from tools import CATALOGUE
+from onceflow.tools import CATALOGUE
 
 from .conftest import Caller, Stack, make_caller, new_tenant, open_service, rows
 

@@ -15,7 +15,7 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from gateway.http_api import build_app
+from onceflow.gateway.http_api import build_app
 
 from .conftest import (
     Caller,

@@ -5,10 +5,10 @@ import sys
 
 import httpx
 import pytest
-
-from gateway import PrincipalStore
 from onceflow_client import IdempotencyKeyReused, OnceflowClient, new_idempotency_key
-from storage import build_pool
+
+from onceflow.gateway import PrincipalStore
+from onceflow.storage import build_pool
 
 from ..conftest import repo_root
 from .conftest import Caller, GatewayProcess, count, new_tenant, rows
@@ -104,7 +104,7 @@ async def test_principal_add_prints_a_key_once_and_stores_only_its_digest(
         [
             sys.executable,
             "-m",
-            "cli.main",
+            "onceflow.cli.main",
             "principal",
             "add",
             "--tenant",
@@ -137,7 +137,7 @@ async def test_principal_add_prints_a_key_once_and_stores_only_its_digest(
         [
             sys.executable,
             "-m",
-            "cli.main",
+            "onceflow.cli.main",
             "principal",
             "add",
             "--tenant",

@@ -20,11 +20,11 @@ from datetime import timedelta
 
 import httpx
 import pytest
+from onceflow_devstack.binaries import installed_binary
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from devstack.binaries import installed_binary
-from gateway import (
+from onceflow.gateway import (
     BoundaryService,
     GatewaySettings,
     IdempotencyStore,
@@ -33,12 +33,12 @@ from gateway import (
     check_retention,
     prune_schedule_id,
 )
-from retry_policy import RetryBudget
-from settings import OnceflowSettings
-from storage import build_pool
-from task_api import TaskClient
-from worker import build_worker
-from workflows.visibility import ALL_SEARCH_ATTRIBUTES
+from onceflow.retry_policy import RetryBudget
+from onceflow.settings import OnceflowSettings
+from onceflow.storage import build_pool
+from onceflow.task_api import TaskClient
+from onceflow.worker import build_worker
+from onceflow.workflows.visibility import ALL_SEARCH_ATTRIBUTES
 
 from ..conftest import repo_root
 from .conftest import Caller, GatewayProcess, Stack, count, execute, open_service, rows
@@ -218,7 +218,7 @@ def test_start_up_refuses_a_retention_shorter_than_the_longest_retry_window() ->
         )
 
     refused = subprocess.run(
-        [sys.executable, "-m", "cli.main", "gateway", "--port", "0"],
+        [sys.executable, "-m", "onceflow.cli.main", "gateway", "--port", "0"],
         cwd=repo_root(),
         env={
             "PATH": "/usr/bin:/bin",

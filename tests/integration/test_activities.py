@@ -6,10 +6,10 @@ import psycopg
 import pytest
 from temporalio.testing import ActivityEnvironment
 
-from activities import CouponActivities, OrderActivities
-from retry_policy import OutcomeClass
-from storage import build_pool, classify_database_error
-from tools import ToolCallInput
+from onceflow.activities import CouponActivities, OrderActivities
+from onceflow.retry_policy import OutcomeClass
+from onceflow.storage import build_pool, classify_database_error
+from onceflow.tools import ToolCallInput
 
 
 def call(

@@ -12,14 +12,14 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from activities import build_activities
-from retry_policy import OutcomeClass
-from storage import build_pool
-from task_api import TaskClient
+from onceflow.activities import build_activities
+from onceflow.retry_policy import OutcomeClass
+from onceflow.storage import build_pool
+from onceflow.task_api import TaskClient
+from onceflow.workflows import AgentTaskWorkflow
+from onceflow.workflows.task_models import AgentTaskInput, StepInput, StepState, TaskState
 from tests.processes import REPO, onceflow_command
 from tests.workflows.scripted_tools import Script, register_scripted_tools
-from workflows import AgentTaskWorkflow
-from workflows.task_models import AgentTaskInput, StepInput, StepState, TaskState
 
 
 @dataclass

@@ -6,9 +6,9 @@ import uuid
 import psycopg
 from temporalio.testing import WorkflowEnvironment
 
-from task_api import TaskClient
-from tools import derive_task_workflow_id
-from workflows.task_models import AgentTaskInput, StepInput, StepState, TaskState
+from onceflow.task_api import TaskClient
+from onceflow.tools import derive_task_workflow_id
+from onceflow.workflows.task_models import AgentTaskInput, StepInput, StepState, TaskState
 
 from .conftest import WorkerFactory
 

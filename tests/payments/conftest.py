@@ -12,28 +12,28 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg_pool import AsyncConnectionPool
-from temporalio import activity
-from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Worker
-
-from activities import PaymentActivities
-from devstack.stripe_provider import (
+from onceflow_devstack.stripe_provider import (
     ProviderConfig,
     ProviderControl,
     RunningProvider,
     running_provider,
 )
-from payments import StripePaymentProvider, StripeSettings, open_stripe_provider
-from retry_policy import RetryBudget
-from settings import OnceflowSettings
-from storage import build_pool
-from task_api import TaskClient
+from psycopg_pool import AsyncConnectionPool
+from temporalio import activity
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from onceflow.activities import PaymentActivities
+from onceflow.payments import StripePaymentProvider, StripeSettings, open_stripe_provider
+from onceflow.retry_policy import RetryBudget
+from onceflow.settings import OnceflowSettings
+from onceflow.storage import build_pool
+from onceflow.task_api import TaskClient
+from onceflow.tools import CATALOGUE, ToolAttemptResult, ToolCallInput, derive_task_workflow_id
+from onceflow.tools.payments import PaymentToolSettings, charge_payment_contract
+from onceflow.worker import build_worker
+from onceflow.workflows.task_models import AgentTaskInput, StepInput
 from tests.tasks import wait_for  # noqa: F401 - re-exported for the tests
-from tools import CATALOGUE, ToolAttemptResult, ToolCallInput, derive_task_workflow_id
-from tools.payments import PaymentToolSettings, charge_payment_contract
-from worker import build_worker
-from workflows.task_models import AgentTaskInput, StepInput
 
 API_KEY = "sk_test_onceflow_payments"
 ACCOUNT = "acct_onceflow_test"

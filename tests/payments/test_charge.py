@@ -6,16 +6,16 @@ import os
 from datetime import timedelta
 
 import pytest
+from onceflow_devstack.stripe_provider import Fault, ProviderControl, RequestRecord
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from devstack.stripe_provider import Fault, ProviderControl, RequestRecord
-from payments import ChargeRequest, PaymentProviderError, StripePaymentProvider
-from retry_policy import OutcomeClass
-from task_api import TaskClient
+from onceflow.payments import ChargeRequest, PaymentProviderError, StripePaymentProvider
+from onceflow.retry_policy import OutcomeClass
+from onceflow.task_api import TaskClient
+from onceflow.tools import CHARGE_PAYMENT, derive_child_key, key_digest
+from onceflow.workflows.task_models import ReconcileDecision, ReconcileInput, StepState, TaskState
 from tests.processes import REPO, onceflow_command
-from tools import CHARGE_PAYMENT, derive_child_key, key_digest
-from workflows.task_models import ReconcileDecision, ReconcileInput, StepState, TaskState
 
 from .conftest import (
     ACCOUNT,

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 import stripe
+from onceflow_devstack.stripe_provider import Fault, ProviderControl, RunningProvider
 
-from devstack.stripe_provider import Fault, ProviderControl, RunningProvider
-from payments import build_stripe_client, classify_stripe_error
-from retry_policy import OutcomeClass
+from onceflow.payments import build_stripe_client, classify_stripe_error
+from onceflow.retry_policy import OutcomeClass
 
 from .conftest import stripe_settings
 

@@ -3,13 +3,13 @@
 import io
 
 import pytest
+from onceflow_devstack.demo_payments import payments_scenario
+from onceflow_devstack.stripe_provider import ProviderControl, RunningProvider
 from rich.console import Console
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from devstack.demo_payments import payments_scenario
-from devstack.stripe_provider import ProviderControl, RunningProvider
-from task_api import TaskClient
+from onceflow.task_api import TaskClient
 
 pytestmark = [pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")]
 

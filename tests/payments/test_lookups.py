@@ -7,14 +7,14 @@ Stripe's eventually consistent search is inconclusive.
 from collections.abc import AsyncIterator
 
 import pytest
+from onceflow_devstack.stripe_provider import ProviderControl
 from psycopg_pool import AsyncConnectionPool
 from temporalio.testing import ActivityEnvironment
 
-from activities import PaymentActivities
-from devstack.stripe_provider import ProviderControl
-from payments import ChargeRequest, PaymentIntentView, StripePaymentProvider
-from retry_policy import OutcomeClass
-from tools import ToolCallInput, derive_child_key, key_digest
+from onceflow.activities import PaymentActivities
+from onceflow.payments import ChargeRequest, PaymentIntentView, StripePaymentProvider
+from onceflow.retry_policy import OutcomeClass
+from onceflow.tools import ToolCallInput, derive_child_key, key_digest
 
 from .conftest import ACCOUNT, TENANT, VISA_CHARGE, operation_row
 

@@ -3,13 +3,13 @@
 import asyncio
 
 import pytest
+from onceflow_devstack.stripe_provider import Fault, ProviderControl
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from devstack.stripe_provider import Fault, ProviderControl
-from task_api import TaskClient
-from tools import REFUND_PAYMENT, RefundPaymentInput, derive_child_key
-from workflows.task_models import ApproveInput, StepState, TaskState
+from onceflow.task_api import TaskClient
+from onceflow.tools import REFUND_PAYMENT, RefundPaymentInput, derive_child_key
+from onceflow.workflows.task_models import ApproveInput, StepState, TaskState
 
 from .conftest import ACCOUNT, TENANT, VISA_CHARGE, operation_row, start_task, wait_for
 

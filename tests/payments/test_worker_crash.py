@@ -11,13 +11,13 @@ import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
+from onceflow_devstack.stripe_provider import Fault, ProviderControl, RunningProvider
 from temporalio.testing import WorkflowEnvironment
 
-from devstack.stripe_provider import Fault, ProviderControl, RunningProvider
-from task_api import TaskClient
+from onceflow.task_api import TaskClient
+from onceflow.tools import derive_child_key
+from onceflow.workflows.task_models import TaskState
 from tests.processes import REPO, onceflow_command
-from tools import derive_child_key
-from workflows.task_models import TaskState
 
 from .conftest import ACCOUNT, API_KEY, TENANT, VISA_CHARGE, operation_row, start_task
 

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from retry_policy import (
+from onceflow.retry_policy import (
     FailStep,
     OutcomeClass,
     ParkStep,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from settings import CONFIG_FILE_VARIABLE
+from onceflow.settings import CONFIG_FILE_VARIABLE
 
 ONCEFLOW_VARIABLES = ("ONCEFLOW_", "DATABASE_URL", "STRIPE_", "SMTP_URL", "DEPLOY_TARGET_URL")
 

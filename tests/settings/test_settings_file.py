@@ -9,16 +9,16 @@ import pytest
 from pydantic import Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
-from configuration import OnceflowConfiguration, load_configuration
-from gateway import GatewaySettings, InvalidGatewaySettings, load_gateway_settings
-from payments import StripeSettings
-from settings import (
+from onceflow.configuration import OnceflowConfiguration, load_configuration
+from onceflow.gateway import GatewaySettings, InvalidGatewaySettings, load_gateway_settings
+from onceflow.payments import StripeSettings
+from onceflow.settings import (
     FileBackedSettings,
     InvalidSettings,
     OnceflowSettings,
     read_settings,
 )
-from tools.payments import PaymentToolSettings
+from onceflow.tools.payments import PaymentToolSettings
 
 WriteConfig = Callable[[str], Path]
 SECRET = "tok_live_do-not-print-me-42"

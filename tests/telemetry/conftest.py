@@ -22,6 +22,7 @@ from typing import Any
 import grpc
 import httpx
 import pytest
+from onceflow_devstack.stripe_provider import ProviderConfig, ProviderControl, running_provider
 from opentelemetry.proto.collector.metrics.v1 import (
     metrics_service_pb2,
     metrics_service_pb2_grpc,
@@ -31,12 +32,11 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
-from devstack.stripe_provider import ProviderConfig, ProviderControl, running_provider
-from gateway import PrincipalStore
-from storage import build_pool
-from task_api import TaskClient
+from onceflow.gateway import PrincipalStore
+from onceflow.storage import build_pool
+from onceflow.task_api import TaskClient
+from onceflow.workflows.task_models import TaskStatus
 from tests.processes import REPO, onceflow_command
-from workflows.task_models import TaskStatus
 
 PLANTED_STRIPE_KEY = "sk_test_PLANTEDstripeSECRET4f1c9e"
 """The workers' Stripe secret key: a secret that must never be exported or logged."""

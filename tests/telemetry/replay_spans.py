@@ -8,7 +8,7 @@ from temporalio.contrib.opentelemetry import TracingInterceptor
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from workflows import AgentTaskWorkflow
+from onceflow.workflows import AgentTaskWorkflow
 
 
 async def spans_emitted_by_replay(history: WorkflowHistory) -> list[str]:

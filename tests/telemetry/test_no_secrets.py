@@ -12,12 +12,12 @@ import json
 import uuid
 
 import httpx
+from onceflow_devstack.stripe_provider import Fault
 from temporalio.api.history.v1 import History
 
-from devstack.stripe_provider import Fault
+from onceflow.tools import key_digest
+from onceflow.workflows.task_models import TaskState
 from tests.payments.conftest import VISA_CHARGE
-from tools import key_digest
-from workflows.task_models import TaskState
 
 from .conftest import PLANTED_STRIPE_KEY, TelemetryStack
 

@@ -13,12 +13,12 @@ from pathlib import Path
 from urllib.parse import quote
 
 import httpx
+from onceflow_devstack.stripe_provider import Fault
 from playwright.async_api import async_playwright, expect
 
-from devstack.stripe_provider import Fault
-from telemetry import PARKED_QUERY
+from onceflow.telemetry import PARKED_QUERY
+from onceflow.workflows.task_models import ReconcileDecision, ReconcileInput, TaskState
 from tests.payments.conftest import FAST_BUDGET, VISA_CHARGE
-from workflows.task_models import ReconcileDecision, ReconcileInput, TaskState
 
 from .conftest import TelemetryStack
 

@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from telemetry import configure_tracing, log_fields
-from telemetry._logging import JsonLogFormatter, TextLogFormatter
+from onceflow.telemetry import configure_tracing, log_fields
+from onceflow.telemetry._logging import JsonLogFormatter, TextLogFormatter
 from tests.processes import REPO
 
 from .conftest import OtlpReceiver
@@ -21,7 +21,7 @@ from .conftest import OtlpReceiver
 LAST_WORDS = """
 import asyncio
 from opentelemetry import trace
-from telemetry import process_telemetry
+from onceflow.telemetry import process_telemetry
 
 async def main() -> None:
     async with process_telemetry("flush-check"):

@@ -9,14 +9,14 @@ to the receiver in this process; nothing about the spans is faked.
 import uuid
 
 import httpx
+from onceflow_devstack.stripe_provider import Fault
 from opentelemetry.trace import SpanKind
 
-from devstack.stripe_provider import Fault
-from retry_policy import OutcomeClass
+from onceflow.retry_policy import OutcomeClass
+from onceflow.tools import key_digest
+from onceflow.workflows.agent_task import TRACE_ID_MEMO
+from onceflow.workflows.task_models import TaskState
 from tests.payments.conftest import FAST_BUDGET, VISA_CHARGE
-from tools import key_digest
-from workflows.agent_task import TRACE_ID_MEMO
-from workflows.task_models import TaskState
 
 from .conftest import ReceivedSpan, TelemetryStack
 from .replay_spans import spans_emitted_by_replay

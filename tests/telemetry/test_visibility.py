@@ -14,14 +14,14 @@ from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
 import httpx
+from onceflow_devstack.stripe_provider import Fault
 from temporalio.api.sdk.v1 import WorkflowMetadata
 
-from devstack.stripe_provider import Fault
-from telemetry import PARKED_QUERY, scan_parked_tasks
+from onceflow.telemetry import PARKED_QUERY, scan_parked_tasks
+from onceflow.workflows.agent_task import TRACE_ID_MEMO
+from onceflow.workflows.task_models import ReconcileDecision, ReconcileInput, TaskState
+from onceflow.workflows.visibility import TASK_PARKED_AT, TASK_STATE
 from tests.payments.conftest import FAST_BUDGET, VISA_CHARGE
-from workflows.agent_task import TRACE_ID_MEMO
-from workflows.task_models import ReconcileDecision, ReconcileInput, TaskState
-from workflows.visibility import TASK_PARKED_AT, TASK_STATE
 
 from .conftest import TelemetryStack
 

@@ -6,7 +6,7 @@ from decimal import Decimal
 import pytest
 from pydantic import BaseModel
 
-from tools import (
+from onceflow.tools import (
     CATALOGUE,
     ApprovalThreshold,
     Catalogue,

@@ -10,15 +10,15 @@ import uuid
 from datetime import timedelta
 from pathlib import Path
 
+from onceflow_devstack.binaries import installed_binary
 from temporalio.client import WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from devstack.binaries import installed_binary
-from retry_policy import OutcomeClass, RetryBudget
-from workflows import AgentTaskWorkflow
-from workflows.task_models import (
+from onceflow.retry_policy import OutcomeClass, RetryBudget
+from onceflow.workflows import AgentTaskWorkflow
+from onceflow.workflows.task_models import (
     AgentTaskInput,
     ApproveInput,
     ReconcileDecision,

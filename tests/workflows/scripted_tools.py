@@ -13,8 +13,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 from temporalio import activity
 
-from retry_policy import OutcomeClass
-from tools import (
+from onceflow.retry_policy import OutcomeClass
+from onceflow.tools import (
     CATALOGUE,
     ApprovalThreshold,
     DedupeStrategy,

@@ -16,10 +16,10 @@ from temporalio.client import WorkflowExecutionStatus, WorkflowHandle, WorkflowU
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from retry_policy import OutcomeClass, RetryBudget
-from tools import CATALOGUE, arguments_digest
-from workflows import AgentTaskWorkflow
-from workflows.task_models import (
+from onceflow.retry_policy import OutcomeClass, RetryBudget
+from onceflow.tools import CATALOGUE, arguments_digest
+from onceflow.workflows import AgentTaskWorkflow
+from onceflow.workflows.task_models import (
     AgentTaskInput,
     ApproveInput,
     ReconcileDecision,

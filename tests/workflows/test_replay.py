@@ -7,8 +7,8 @@ from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
+from onceflow.workflows import AgentTaskWorkflow
 from tests.telemetry.replay_spans import spans_emitted_by_replay
-from workflows import AgentTaskWorkflow
 
 from .scripted_tools import register_scripted_tools
 

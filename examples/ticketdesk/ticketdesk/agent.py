@@ -27,7 +27,6 @@ from typing import Any, Protocol
 import httpx2
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
-
 from onceflow_client import OnceflowClient, OnceflowError, RequestInProgress
 
 

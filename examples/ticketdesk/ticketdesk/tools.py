@@ -20,7 +20,8 @@ import httpx
 from pydantic import BaseModel, Field
 from pydantic_settings import SettingsConfigDict
 
-from onceflow_tools import (
+from onceflow.settings import FileBackedSettings, read_settings
+from onceflow.tools import (
     ChildOperation,
     DedupeStrategy,
     EffectFlags,
@@ -32,7 +33,6 @@ from onceflow_tools import (
     classify_http_error,
     classify_http_status,
 )
-from settings import FileBackedSettings, read_settings
 from ticketdesk.service import KEY_RETENTION
 
 PROVIDER_ACCOUNT = "ticketdesk"

@@ -1,0 +1,257 @@
+"""The embedded stack behind ``onceflow dev`` and ``onceflow demo``.
+
+PostgreSQL (or ``DATABASE_URL``), schema migrations, the Temporal dev server with the
+Web UI, the local Stripe-compatible provider (unless ``STRIPE_API_BASE`` or
+``STRIPE_API_KEY`` point the worker at a real one), and one worker, all under one state
+folder. A lock file held for the stack's life makes a second concurrent stack refuse
+clearly; the operating system releases it when a stack dies, so a crashed run never
+blocks the next.
+"""
+
+import asyncio
+import fcntl
+import os
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import SecretStr
+
+from onceflow.payments import StripeSettings
+from onceflow.settings import OnceflowSettings
+from onceflow.storage import apply_migrations
+from onceflow.worker import serve_worker
+from onceflow_devstack.email_deploy_services import (
+    EmailAndDeployEndpoints,
+    email_and_deploy_services,
+)
+from onceflow_devstack.gateway import running_gateway
+from onceflow_devstack.postgres import EmbeddedPostgres
+from onceflow_devstack.stripe_provider import running_provider
+from onceflow_devstack.temporal import TemporalDevServer
+
+
+class StackAlreadyRunning(RuntimeError):
+    """Another embedded stack holds this state folder."""
+
+
+@dataclass(frozen=True)
+class StackInfo:
+    """What runs where."""
+
+    state_dir: Path
+    database_url: str
+    database_is_embedded: bool
+    temporal_address: str
+    ui_url: str
+    task_queue: str
+    payment_provider_url: str | None = None
+    """Where the worker's Stripe client points."""
+    payment_provider_is_local: bool = False
+    """Whether that is the local Stripe-compatible provider run by the stack."""
+    gateway_url: str | None = None
+    """The boundary's HTTP API (OpenAPI at ``/docs``)."""
+    dev_api_key_file: Path | None = None
+    """Where the dev principal's API key is kept (tenant ``dev``, every tool)."""
+    email_and_deploy: EmailAndDeployEndpoints | None = None
+    """The SMTP server the stack's relay delivers to and the deployment target."""
+
+    def describe(self) -> list[tuple[str, str]]:
+        """(what, where) pairs for printing."""
+        database = (
+            "embedded PostgreSQL" if self.database_is_embedded else "PostgreSQL (DATABASE_URL)"
+        )
+        return [
+            ("Temporal (gRPC)", self.temporal_address),
+            ("Temporal Web UI", self.ui_url),
+            (database, _without_password(self.database_url)),
+            ("worker task queue", self.task_queue),
+            (
+                "Stripe-compatible provider" if self.payment_provider_is_local else "Stripe",
+                f"{self.payment_provider_url} (local, in-process)"
+                if self.payment_provider_is_local
+                else self.payment_provider_url or "not configured (STRIPE_API_KEY unset)",
+            ),
+            ("gateway (HTTP API)", f"{self.gateway_url} (OpenAPI at {self.gateway_url}/docs)"),
+            ("dev API key", f"{self.dev_api_key_file} (principal dev/dev-agent)"),
+            *(self.email_and_deploy.describe() if self.email_and_deploy else []),
+            ("state and logs", str(self.state_dir)),
+        ]
+
+
+def running_stack_database_url(state_dir: Path) -> str | None:
+    """The database URL a running (or last) embedded stack recorded, if any."""
+    recorded = state_dir / "database_url"
+    return recorded.read_text().strip() if recorded.exists() else None
+
+
+LOCAL_PROVIDER_KEY = "sk_test_onceflow_local"
+"""The secret key the embedded worker uses at the local provider (it accepts any sk_test_)."""
+
+
+def running_stack_provider_url(state_dir: Path) -> str | None:
+    """The local provider URL a running (or last) embedded stack recorded, if any."""
+    recorded = state_dir / "stripe_provider_url"
+    return recorded.read_text().strip() if recorded.exists() else None
+
+
+@asynccontextmanager
+async def embedded_stack(
+    settings: OnceflowSettings,
+    *,
+    temporal_port: int = 7233,
+    ui_port: int = 8233,
+    provider_port: int = 12111,
+    gateway_port: int = 8080,
+    progress: Callable[[str], None] = lambda message: None,
+) -> AsyncIterator[StackInfo]:
+    """Run the whole stack for the duration of the block, then stop it in order."""
+    state_dir = settings.state_dir.resolve()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    with _exclusive(state_dir / "dev.lock"):
+        postgres: EmbeddedPostgres | None = None
+        temporal = TemporalDevServer(state_dir, port=temporal_port, ui_port=ui_port)
+        stop_worker = asyncio.Event()
+        worker_task: asyncio.Task[None] | None = None
+        local_provider = AsyncExitStack()
+        gateway = AsyncExitStack()
+        far_sides = AsyncExitStack()
+        try:
+            if settings.database_url:
+                database_url = settings.database_url
+            else:
+                progress("starting PostgreSQL")
+                postgres = EmbeddedPostgres(state_dir / "postgres")
+                database_url = postgres.url
+            (state_dir / "database_url").write_text(database_url)
+            progress("applying migrations")
+            await apply_migrations(database_url)
+            progress("starting the Temporal dev server")
+            endpoints = await temporal.start()
+            stripe, provider_is_local = await _stripe_for_worker(
+                state_dir, local_provider, provider_port, progress
+            )
+            email_and_deploy = await far_sides.enter_async_context(
+                email_and_deploy_services(state_dir, database_url=database_url, progress=progress)
+            )
+            progress("starting a worker")
+            ready = asyncio.Event()
+            worker_task = asyncio.create_task(
+                serve_worker(
+                    settings,
+                    database_url=database_url,
+                    stop=stop_worker,
+                    temporal_address=endpoints.address,
+                    on_ready=ready.set,
+                    stripe=stripe,
+                    deploy_target=email_and_deploy.deploy_target,
+                )
+            )
+            await _wait_until_ready(ready, worker_task)
+            boundary = await gateway.enter_async_context(
+                running_gateway(
+                    settings,
+                    state_dir=state_dir,
+                    database_url=database_url,
+                    temporal_address=endpoints.address,
+                    port=gateway_port,
+                    progress=progress,
+                )
+            )
+            yield StackInfo(
+                state_dir=state_dir,
+                database_url=database_url,
+                database_is_embedded=postgres is not None,
+                temporal_address=endpoints.address,
+                ui_url=endpoints.ui_url,
+                task_queue=settings.task_queue,
+                payment_provider_url=stripe.api_base
+                or ("https://api.stripe.com" if stripe.configured else None),
+                payment_provider_is_local=provider_is_local,
+                gateway_url=boundary.url,
+                dev_api_key_file=boundary.api_key_file,
+                email_and_deploy=email_and_deploy,
+            )
+        finally:
+            progress("stopping")
+            await gateway.aclose()
+            stop_worker.set()
+            if worker_task is not None:
+                # Draining is bounded: a worker whose server vanished may never finish.
+                drained, _ = await asyncio.wait(
+                    {worker_task}, timeout=settings.shutdown_grace_seconds + 15
+                )
+                if not drained:
+                    progress("the worker did not drain in time; stopping anyway")
+                    worker_task.cancel()
+            await far_sides.aclose()
+            await local_provider.aclose()
+            temporal.stop()
+            if postgres is not None:
+                postgres.stop()
+
+
+async def _stripe_for_worker(
+    state_dir: Path,
+    exits: AsyncExitStack,
+    port: int,
+    progress: Callable[[str], None],
+) -> tuple[StripeSettings, bool]:
+    """The worker's Stripe settings: the environment's, else the local provider's."""
+    recorded = state_dir / "stripe_provider_url"
+    recorded.unlink(missing_ok=True)
+    stripe = StripeSettings()
+    if stripe.api_base or stripe.configured:
+        return stripe, False
+    progress("starting the local Stripe-compatible provider")
+    try:
+        running = await exits.enter_async_context(running_provider(port=port))
+    except OSError:  # e.g. a standalone `onceflow provider` holds the port
+        running = await exits.enter_async_context(running_provider(port=0))
+    recorded.write_text(running.base_url)
+    local = stripe.model_copy(
+        update={"api_key": SecretStr(LOCAL_PROVIDER_KEY), "api_base": running.base_url}
+    )
+    return local, True
+
+
+async def _wait_until_ready(ready: asyncio.Event, worker_task: "asyncio.Task[None]") -> None:
+    ready_wait = asyncio.create_task(ready.wait())
+    done, _ = await asyncio.wait({ready_wait, worker_task}, return_when=asyncio.FIRST_COMPLETED)
+    if worker_task in done:
+        ready_wait.cancel()
+        worker_task.result()  # re-raises why the worker could not start
+        raise RuntimeError("the worker stopped before it was ready")
+
+
+@contextmanager
+def _exclusive(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``path``; refuse at once when another process holds it."""
+    with path.open("a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            raise StackAlreadyRunning(
+                f"an embedded stack is already running from {path.parent} (pid {holder}); "
+                "use it, or stop it with Ctrl-C in its terminal"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _without_password(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password:
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+        return urlunsplit(parts._replace(netloc=netloc))
+    return url

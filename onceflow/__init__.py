@@ -1,0 +1,1 @@
+"""onceflow: durable, retry-safe execution of side-effecting AI-agent tool calls on Temporal."""

@@ -1,0 +1,49 @@
+"""The ``onceflow`` command line: the dev stack, workers, calls and operator decisions."""
+
+import logging
+import os
+import sys
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point: ``run``, then exit without interpreter teardown.
+
+    Temporal's Rust client threads can outlive a command's event loop and abort the
+    finalizing interpreter (temporalio/sdk-python#300), turning a clean exit into SIGABRT.
+    Once a command has returned, everything it opened is closed, so leave at once.
+    """
+    try:
+        run(argv)
+        code = 0
+    except SystemExit as leaving:
+        if isinstance(leaving.code, str):
+            sys.stderr.write(f"{leaving.code}\n")
+        code = leaving.code if isinstance(leaving.code, int) else int(leaving.code is not None)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def run(argv: list[str] | None = None) -> None:
+    """Run one command (``argv`` defaults to the process's arguments).
+
+    ``--config`` takes effect before the tool modules read their settings at import; a
+    problem in those settings is reported with every other problem, one line each.
+    """
+    from onceflow.cli._configuration import preset_config_file
+    from onceflow.settings import InvalidSettings, settings_problems_collected
+
+    preset_config_file(sys.argv[1:] if argv is None else argv)
+    try:
+        with settings_problems_collected() as problems:
+            from onceflow.cli.main import run as run_app
+
+            if problems:  # the tools read bad settings: look at the others too
+                from onceflow.configuration import load_configuration
+
+                load_configuration()
+    except InvalidSettings as invalid:
+        sys.stderr.writelines(f"error: {problem}\n" for problem in invalid.problems)
+        raise SystemExit(2) from None
+    run_app(argv)

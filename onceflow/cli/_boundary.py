@@ -1,0 +1,219 @@
+"""The boundary's commands: ``onceflow gateway``, ``onceflow mcp``, ``onceflow principal``.
+
+Registered on the main app by ``register``, so ``cli/main.py`` only wires them in.
+"""
+
+import logging
+import os
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from enum import StrEnum
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from onceflow.cli._failures import CommandFailed
+from onceflow.cli._services import register_configured_tools, settings_and_database
+
+T = TypeVar("T")
+Operate = Callable[[Callable[[], Awaitable[Any]]], Any]
+
+API_KEY_VARIABLE = "ONCEFLOW_API_KEY"
+
+_errors = Console(stderr=True)
+
+Host = Annotated[str, typer.Option(help="Interface to listen on.")]
+TemporalAddress = Annotated[
+    str | None,
+    typer.Option(help="Temporal frontend host:port (default: TEMPORAL_ADDRESS or localhost:7233)."),
+]
+
+
+class McpTransport(StrEnum):
+    """How ``onceflow mcp`` talks to its client."""
+
+    STDIO = "stdio"
+    HTTP = "http"
+
+
+def register(app: typer.Typer, operate: Operate) -> None:
+    """Add the boundary's commands to ``app``; ``operate`` runs their async bodies."""
+
+    @app.command()
+    def gateway(
+        host: Host = "127.0.0.1",
+        port: Annotated[int, typer.Option(help="Port (0 picks a free one).")] = 8080,
+        temporal_address: TemporalAddress = None,
+    ) -> None:
+        """Serve the HTTP API (OpenAPI at /openapi.json) until SIGTERM/SIGINT."""
+        settings, database_url = settings_and_database()
+        gateway_settings = _gateway_settings()
+        register_configured_tools(settings)  # before build_app: it documents a route per tool
+
+        async def body() -> None:
+            from onceflow.gateway import open_boundary
+            from onceflow.gateway.http_api import build_app
+            from onceflow.telemetry import process_telemetry
+
+            app = build_app(
+                lambda: open_boundary(
+                    settings,
+                    gateway_settings,
+                    database_url=database_url,
+                    temporal_address=temporal_address,
+                )
+            )
+            async with process_telemetry("onceflow-gateway"), _serving(app, host, port) as url:
+                print(f"onceflow gateway ready on {url} (pid {os.getpid()})", flush=True)
+            print("onceflow gateway stopped", flush=True)
+
+        operate(body)
+
+    @app.command()
+    def mcp(
+        transport: Annotated[
+            McpTransport,
+            typer.Option(
+                help="stdio (one client, key from ONCEFLOW_API_KEY) "
+                "or http (streamable HTTP at /mcp, Bearer per request)."
+            ),
+        ] = McpTransport.STDIO,
+        host: Host = "127.0.0.1",
+        port: Annotated[int, typer.Option(help="Port for --transport http.")] = 8090,
+        temporal_address: TemporalAddress = None,
+    ) -> None:
+        """Serve every catalogue tool over MCP, through the same boundary as the HTTP API."""
+        settings, database_url = settings_and_database()
+        gateway_settings = _gateway_settings()
+        api_key = os.environ.get(API_KEY_VARIABLE)
+        if transport is McpTransport.STDIO and not api_key:
+            raise CommandFailed(
+                f"{API_KEY_VARIABLE} must hold the API key the stdio MCP server acts as "
+                "(create one with `onceflow principal add`)",
+                exit_code=2,
+            )
+
+        async def body() -> None:
+            from mcp.server.stdio import stdio_server
+
+            from onceflow.gateway import open_boundary
+            from onceflow.gateway.mcp_server import (
+                bearer_principal,
+                build_mcp_server,
+                fixed_principal,
+            )
+            from onceflow.telemetry import process_telemetry
+
+            async with (
+                process_telemetry("onceflow-mcp"),
+                open_boundary(
+                    settings,
+                    gateway_settings,
+                    database_url=database_url,
+                    temporal_address=temporal_address,
+                ) as service,
+            ):
+                if transport is McpTransport.STDIO:
+                    principal = await service.authenticate(api_key)
+                    server = build_mcp_server(service, fixed_principal(principal))
+                    _errors.print(
+                        f"onceflow MCP server on stdio as {principal.tenant}/{principal.name}"
+                    )
+                    async with stdio_server() as (read_stream, write_stream):
+                        await server.run(
+                            read_stream, write_stream, server.create_initialization_options()
+                        )
+                    return
+                server = build_mcp_server(service, bearer_principal(service))
+                app = server.streamable_http_app(host=host)
+                async with _serving(app, host, port) as url:
+                    print(f"onceflow MCP server ready on {url}/mcp (pid {os.getpid()})", flush=True)
+
+        operate(body)
+
+    principal = typer.Typer(
+        help="Principals (agents, scripts, operators) and their API keys.", no_args_is_help=True
+    )
+
+    @principal.command("add")
+    def principal_add(
+        tenant: Annotated[str, typer.Option(help="Tenant the principal acts for.")],
+        name: Annotated[str, typer.Option(help="Principal name, unique in the tenant.")],
+        tools: Annotated[
+            str, typer.Option(help="Comma-separated tools it may call, or '*' for all.")
+        ],
+        decisions: Annotated[
+            bool, typer.Option(help="May approve and reconcile tasks (operators only).")
+        ] = False,
+        key_quota: Annotated[
+            int | None, typer.Option(min=1, help="New idempotency keys per quota window.")
+        ] = None,
+    ) -> None:
+        """Create a principal and print its API key (shown this once, stored hashed)."""
+        from onceflow.tools import CATALOGUE
+
+        settings, database_url = settings_and_database()
+        register_configured_tools(settings)
+        allowed = [tool.strip() for tool in tools.split(",") if tool.strip()]
+        unknown = [tool for tool in allowed if tool != "*" and tool not in CATALOGUE]
+        if not allowed or unknown:
+            known = ", ".join(contract.name for contract in CATALOGUE)
+            raise CommandFailed(
+                f"unknown tool(s) {', '.join(unknown) or '(none given)'}; known: {known}",
+                exit_code=2,
+            )
+
+        async def body() -> None:
+            from onceflow.gateway import PrincipalExists, PrincipalStore
+            from onceflow.storage import build_pool
+
+            async with build_pool(database_url, max_size=1) as pool:
+                try:
+                    _, api_key = await PrincipalStore(pool).create(
+                        tenant=tenant,
+                        name=name,
+                        tools=allowed,
+                        may_decide=decisions,
+                        key_quota=key_quota,
+                    )
+                except (PrincipalExists, ValueError) as refused:
+                    raise CommandFailed(str(refused), exit_code=2) from None
+            _errors.print(
+                f"principal {tenant}/{name} may call {', '.join(allowed)}"
+                f"{' and decide tasks' if decisions else ''}; its API key (shown once):"
+            )
+            print(api_key, flush=True)
+
+        operate(body)
+
+    app.add_typer(principal, name="principal")
+
+
+def _gateway_settings() -> Any:
+    from onceflow.gateway import InvalidGatewaySettings, RetentionTooShort, load_gateway_settings
+
+    try:
+        return load_gateway_settings()
+    except (InvalidGatewaySettings, RetentionTooShort) as refused:
+        raise CommandFailed(str(refused), exit_code=2) from None
+
+
+@asynccontextmanager
+async def _serving(app: Any, host: str, port: int) -> AsyncIterator[str]:
+    """Serve ``app``; the block runs once it listens, then the server runs until a signal.
+
+    Uvicorn handles SIGTERM/SIGINT itself: it stops accepting, finishes in-flight
+    requests and runs the app's shutdown (closing the pool and clients) before exiting.
+    """
+    from onceflow.gateway.http_server import HttpServer
+
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    server = HttpServer(app, host=host, port=port)
+    yield await server.start()
+    await server.wait()

@@ -1,0 +1,426 @@
+"""Idempotency records in PostgreSQL: atomic claim, lease takeover, fenced completion, pruning.
+
+State machine of one record, keyed by ``(scope, idempotency_key)``::
+
+    (none) ──claim──▶ processing[lease] ──start task──▶ processing[started] ──outcome──▶ succeeded
+                          │    ▲                                                    └──▶ failed
+                          │    └── take over after the lease expires (fencing_token + 1)
+                          └── release (only when nothing was started: a retry after pruning
+                              whose key now names a different request)
+
+    succeeded | failed ──result_expires_at passed──▶ pruned (a later retry is a new operation)
+
+Every time comparison uses the database clock, so gateways with skewed clocks agree on
+who owns a lease. Every write after the claim names the fencing token (or the task's
+run) it expects, so a slow former owner can no longer change the record.
+"""
+
+import asyncio
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any, TypeVar
+
+from psycopg import errors
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
+
+from onceflow.gateway._errors import QuotaExceeded
+
+T = TypeVar("T")
+
+_SERIALIZATION_RETRIES = 5
+
+
+class RecordState(StrEnum):
+    """Where one idempotency record is."""
+
+    PROCESSING = "processing"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, kw_only=True)
+class IdempotencyRecord:
+    """One claimed key, as read from the database at ``read_at`` (database clock)."""
+
+    scope: str
+    idempotency_key: str = field(repr=False)
+    """The client's raw key: never logged, never part of a repr."""
+    request_hash: str
+    state: RecordState
+    owner_token: str | None
+    fencing_token: int
+    lease_expires_at: datetime | None
+    tenant: str
+    principal_id: uuid.UUID
+    workflow_id: str
+    workflow_run_id: str | None
+    workflow_started_at: datetime | None
+    status_code: int | None
+    resource_id: str | None
+    response_body: Any = field(repr=False)
+    result_expires_at: datetime
+    created_at: datetime
+    read_at: datetime
+
+    @property
+    def is_terminal(self) -> bool:
+        """Whether the task's result is stored and can be replayed."""
+        return self.state is not RecordState.PROCESSING
+
+    @property
+    def task_started(self) -> bool:
+        """Whether the claim's owner reported the task workflow started."""
+        return self.workflow_started_at is not None
+
+    @property
+    def lease_expired(self) -> bool:
+        """Whether another request may take an unstarted claim over (database clock)."""
+        return self.lease_expires_at is not None and self.lease_expires_at <= self.read_at
+
+    @property
+    def lease_left(self) -> timedelta:
+        """Time until the claim's lease expires (zero when it has)."""
+        if self.lease_expires_at is None:
+            return timedelta(0)
+        return max(self.lease_expires_at - self.read_at, timedelta(0))
+
+
+@dataclass(frozen=True, kw_only=True)
+class NewClaim:
+    """What a request asks to reserve."""
+
+    scope: str
+    idempotency_key: str = field(repr=False)
+    request_hash: str
+    tenant: str
+    principal_id: uuid.UUID
+    workflow_id: str
+    lease: timedelta
+    result_retention: timedelta
+    key_quota: int
+    quota_window_seconds: int
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """This request now owns the key: it must start the task."""
+
+    record: IdempotencyRecord
+
+
+@dataclass(frozen=True)
+class AlreadyClaimed:
+    """The key was claimed before: compare fingerprints, replay or wait."""
+
+    record: IdempotencyRecord
+
+
+@dataclass(frozen=True)
+class PruneResult:
+    """What one prune pass deleted."""
+
+    records: int
+    usage_windows: int
+
+
+_COLUMNS = """
+    scope, idempotency_key, request_hash, state, owner_token, fencing_token,
+    lease_expires_at, tenant, principal_id, workflow_id, workflow_run_id,
+    workflow_started_at, status_code, resource_id, response_body, result_expires_at,
+    created_at, statement_timestamp() AS read_at
+"""
+
+# One statement: the claim, and (only when it inserted) the principal's count of new keys
+# in the current quota window. Over quota, ``counted`` is 0 and the caller rolls the whole
+# transaction back, so an over-quota request reserves nothing; a replay of an existing
+# key inserts nothing and so never counts.
+_CLAIM = f"""
+WITH claimed AS (
+    INSERT INTO idempotency_records (
+        scope, idempotency_key, request_hash, state, owner_token, fencing_token,
+        lease_expires_at, tenant, principal_id, workflow_id, result_retention,
+        result_expires_at
+    ) VALUES (
+        %(scope)s, %(idempotency_key)s, %(request_hash)s, 'processing', %(owner_token)s, 1,
+        statement_timestamp() + %(lease)s, %(tenant)s, %(principal_id)s, %(workflow_id)s,
+        %(result_retention)s, statement_timestamp() + %(result_retention)s
+    )
+    -- No conflict target: the workflow id is derived from (scope, key) and unique too, and
+    -- two concurrent claims of one key can collide on that index first; with only the
+    -- (scope, key) arbiter the loser raised a unique violation (a 500) instead of
+    -- finding the winner's record. Found by the chaos run (bench/chaos.py).
+    ON CONFLICT DO NOTHING
+    RETURNING {_COLUMNS}
+), counted AS (
+    INSERT INTO principal_key_usage AS usage (principal_id, window_start, keys_claimed)
+    SELECT
+        principal_id,
+        to_timestamp(
+            floor(extract(epoch FROM statement_timestamp()) / %(window)s) * %(window)s
+        ),
+        1
+    FROM claimed
+    ON CONFLICT (principal_id, window_start)
+        DO UPDATE SET keys_claimed = usage.keys_claimed + 1
+        WHERE usage.keys_claimed < %(quota)s
+    RETURNING keys_claimed
+)
+SELECT claimed.*, (SELECT count(*) FROM counted) AS counted,
+    ceil(%(window)s - extract(epoch FROM statement_timestamp()) %% %(window)s)::int
+        AS window_left
+FROM claimed
+"""
+
+_GET = f"""
+SELECT {_COLUMNS} FROM idempotency_records
+WHERE scope = %(scope)s AND idempotency_key = %(idempotency_key)s
+"""
+
+_TAKE_OVER = f"""
+UPDATE idempotency_records
+SET owner_token = %(owner_token)s, fencing_token = fencing_token + 1,
+    lease_expires_at = statement_timestamp() + %(lease)s, updated_at = statement_timestamp()
+WHERE scope = %(scope)s AND idempotency_key = %(idempotency_key)s
+  AND state = 'processing' AND workflow_started_at IS NULL
+  AND fencing_token = %(fencing_token)s AND lease_expires_at <= statement_timestamp()
+RETURNING {_COLUMNS}
+"""
+
+_MARK_STARTED = """
+UPDATE idempotency_records
+SET workflow_started_at = statement_timestamp(), workflow_run_id = %(run_id)s,
+    updated_at = statement_timestamp()
+WHERE scope = %(scope)s AND idempotency_key = %(idempotency_key)s
+  AND state = 'processing' AND fencing_token = %(fencing_token)s
+  AND owner_token = %(owner_token)s
+"""
+
+_RELEASE = """
+DELETE FROM idempotency_records
+WHERE scope = %(scope)s AND idempotency_key = %(idempotency_key)s
+  AND state = 'processing' AND workflow_started_at IS NULL
+  AND fencing_token = %(fencing_token)s AND owner_token = %(owner_token)s
+"""
+
+# Fenced by the task itself: only the record naming this workflow id, still processing,
+# and not bound to another run of it, takes the result.
+_RECORD_OUTCOME = """
+UPDATE idempotency_records
+SET state = %(state)s, status_code = %(status_code)s, response_body = %(response_body)s,
+    resource_id = %(resource_id)s, owner_token = NULL, lease_expires_at = NULL,
+    workflow_run_id = coalesce(workflow_run_id, %(run_id)s),
+    result_expires_at = statement_timestamp() + result_retention,
+    updated_at = statement_timestamp()
+WHERE workflow_id = %(workflow_id)s AND state = 'processing'
+  AND (workflow_run_id IS NULL OR %(run_id)s::text IS NULL OR workflow_run_id = %(run_id)s)
+"""
+
+_PRUNE_RECORDS = """
+DELETE FROM idempotency_records WHERE ctid IN (
+    SELECT ctid FROM idempotency_records
+    WHERE state <> 'processing' AND result_expires_at <= statement_timestamp()
+    LIMIT %(batch)s
+)
+"""
+
+_PRUNE_USAGE = """
+DELETE FROM principal_key_usage WHERE window_start < statement_timestamp() - interval '1 day'
+"""
+
+
+class IdempotencyStore:
+    """The ``idempotency_records`` table behind every boundary transport."""
+
+    def __init__(self, pool: AsyncConnectionPool) -> None:
+        self._pool = pool
+
+    async def claim(self, new: NewClaim) -> Claimed | AlreadyClaimed:
+        """Claim ``(scope, key)`` atomically, or return the record that holds it.
+
+        Raises:
+            QuotaExceeded: The key is new and the principal's window quota is spent;
+                nothing was written.
+        """
+        params = {
+            "scope": new.scope,
+            "idempotency_key": new.idempotency_key,
+            "request_hash": new.request_hash,
+            "owner_token": uuid.uuid4().hex,
+            "lease": new.lease,
+            "tenant": new.tenant,
+            "principal_id": new.principal_id,
+            "workflow_id": new.workflow_id,
+            "result_retention": new.result_retention,
+            "quota": new.key_quota,
+            "window": new.quota_window_seconds,
+        }
+        # A claim that conflicts with a record pruned or released between the two
+        # statements finds nothing to read; claiming again settles it.
+        for _ in range(5):
+            inserted = await _retry_serialization(lambda: self._insert_claim(params))
+            if inserted is not None:
+                return Claimed(inserted)
+            existing = await self.get(new.scope, new.idempotency_key)
+            if existing is not None:
+                return AlreadyClaimed(existing)
+        raise RuntimeError("the idempotency record kept vanishing between claim and read")
+
+    async def _insert_claim(self, params: dict[str, Any]) -> IdempotencyRecord | None:
+        async with self._pool.connection() as conn, conn.transaction():
+            cursor = conn.cursor(row_factory=dict_row)
+            await cursor.execute(_CLAIM, params)
+            row = await cursor.fetchone()
+            if row is None:
+                return None
+            if row["counted"] == 0:
+                # Raising rolls the claim back: an over-quota request reserves nothing.
+                raise QuotaExceeded(
+                    f"this principal may create at most {params['quota']} new idempotency "
+                    f"keys per {params['window']} s",
+                    retry_after_seconds=max(int(row["window_left"]), 1),
+                )
+            return _record(row)
+
+    async def get(self, scope: str, idempotency_key: str) -> IdempotencyRecord | None:
+        """The record of ``(scope, key)``, read in its own statement."""
+        async with self._pool.connection() as conn:
+            cursor = conn.cursor(row_factory=dict_row)
+            await cursor.execute(_GET, {"scope": scope, "idempotency_key": idempotency_key})
+            row = await cursor.fetchone()
+        return _record(row) if row is not None else None
+
+    async def take_over(
+        self, record: IdempotencyRecord, *, lease: timedelta
+    ) -> IdempotencyRecord | None:
+        """Become the owner of an unstarted claim whose lease expired; None if another did."""
+        params = {
+            "scope": record.scope,
+            "idempotency_key": record.idempotency_key,
+            "fencing_token": record.fencing_token,
+            "owner_token": uuid.uuid4().hex,
+            "lease": lease,
+        }
+
+        async def update() -> IdempotencyRecord | None:
+            async with self._pool.connection() as conn:
+                cursor = conn.cursor(row_factory=dict_row)
+                await cursor.execute(_TAKE_OVER, params)
+                row = await cursor.fetchone()
+            return _record(row) if row is not None else None
+
+        return await _retry_serialization(update)
+
+    async def mark_started(self, record: IdempotencyRecord, *, run_id: str | None) -> bool:
+        """Note that the task started; False when the claim was taken over meanwhile."""
+        return await self._fenced(_MARK_STARTED, record, run_id=run_id)
+
+    async def release(self, record: IdempotencyRecord) -> bool:
+        """Delete an unstarted claim this request still owns (nothing was started)."""
+        return await self._fenced(_RELEASE, record)
+
+    async def _fenced(self, sql: str, record: IdempotencyRecord, **extra: Any) -> bool:
+        params = {
+            "scope": record.scope,
+            "idempotency_key": record.idempotency_key,
+            "fencing_token": record.fencing_token,
+            "owner_token": record.owner_token,
+            **extra,
+        }
+
+        async def write() -> bool:
+            async with self._pool.connection() as conn:
+                cursor = await conn.execute(sql, params)
+                return cursor.rowcount == 1
+
+        return await _retry_serialization(write)
+
+    async def record_outcome(
+        self,
+        *,
+        workflow_id: str,
+        run_id: str | None,
+        state: RecordState,
+        status_code: int,
+        response_body: Any,
+        resource_id: str | None,
+    ) -> bool:
+        """Store a task's terminal result in its record; False if no processing record
+        names this task (already recorded, released, or bound to another run)."""
+        if state is RecordState.PROCESSING:
+            raise ValueError("an outcome is terminal: succeeded or failed")
+        params = {
+            "workflow_id": workflow_id,
+            "run_id": run_id,
+            "state": state.value,
+            "status_code": status_code,
+            "response_body": Jsonb(response_body),
+            "resource_id": resource_id,
+        }
+
+        async def write() -> bool:
+            async with self._pool.connection() as conn:
+                cursor = await conn.execute(_RECORD_OUTCOME, params)
+                return cursor.rowcount == 1
+
+        return await _retry_serialization(write)
+
+    async def prune(self, *, batch: int = 1000) -> PruneResult:
+        """Delete terminal records whose result retention has passed, and old quota windows.
+
+        Processing records are never pruned, whatever their age: their task may still
+        write its result, and forgetting them would let a retry run it again.
+        """
+        deleted = 0
+        while True:
+            async with self._pool.connection() as conn:
+                cursor = await conn.execute(_PRUNE_RECORDS, {"batch": batch})
+                deleted += cursor.rowcount
+            if cursor.rowcount < batch:
+                break
+        async with self._pool.connection() as conn:
+            usage = await conn.execute(_PRUNE_USAGE)
+        return PruneResult(records=deleted, usage_windows=usage.rowcount)
+
+
+async def _retry_serialization(operation: Callable[[], Awaitable[T]]) -> T:
+    """Run a transaction again when PostgreSQL aborted it for a serialization conflict.
+
+    Only whole transactions are repeated, and only on SQLSTATE 40001/40P01, which
+    guarantee that the aborted attempt wrote nothing.
+    """
+    for attempt in range(1, _SERIALIZATION_RETRIES + 1):
+        try:
+            return await operation()
+        except (errors.SerializationFailure, errors.DeadlockDetected):
+            if attempt == _SERIALIZATION_RETRIES:
+                raise
+            await asyncio.sleep(0.005 * 2**attempt)
+    raise AssertionError("unreachable")
+
+
+def _record(row: dict[str, Any]) -> IdempotencyRecord:
+    return IdempotencyRecord(
+        scope=row["scope"],
+        idempotency_key=row["idempotency_key"],
+        request_hash=row["request_hash"],
+        state=RecordState(row["state"]),
+        owner_token=row["owner_token"],
+        fencing_token=row["fencing_token"],
+        lease_expires_at=row["lease_expires_at"],
+        tenant=row["tenant"],
+        principal_id=row["principal_id"],
+        workflow_id=row["workflow_id"],
+        workflow_run_id=row["workflow_run_id"],
+        workflow_started_at=row["workflow_started_at"],
+        status_code=row["status_code"],
+        resource_id=row["resource_id"],
+        response_body=row["response_body"],
+        result_expires_at=row["result_expires_at"],
+        created_at=row["created_at"],
+        read_at=row["read_at"],
+    )

@@ -1,0 +1,47 @@
+"""Composes one boundary process: its database pool, Temporal client and service."""
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import timedelta
+
+from onceflow.gateway._principals import PrincipalStore
+from onceflow.gateway._pruning import ensure_prune_schedule
+from onceflow.gateway._records import IdempotencyStore
+from onceflow.gateway._service import BoundaryService
+from onceflow.gateway._settings import GatewaySettings, check_retention
+from onceflow.settings import OnceflowSettings
+from onceflow.storage import build_pool
+from onceflow.task_api import TaskClient, connect_temporal
+from onceflow.tools import load_configured_tools
+
+
+@asynccontextmanager
+async def open_boundary(
+    settings: OnceflowSettings,
+    gateway_settings: GatewaySettings,
+    *,
+    database_url: str,
+    temporal_address: str | None = None,
+) -> AsyncIterator[BoundaryService]:
+    """The boundary service with its clients, for the duration of the block.
+
+    Refuses to start (``RetentionTooShort``) when results would be pruned inside the
+    retry window, or (``ToolRegistrationError``) when a configured tool is unsafe, and
+    makes sure the prune schedule exists.
+    """
+    check_retention(gateway_settings)
+    # The configured custom tools join the shared catalogue the boundary validates against.
+    load_configured_tools(settings.tools)
+    client = await connect_temporal(address=temporal_address)
+    await ensure_prune_schedule(
+        client,
+        task_queue=settings.task_queue,
+        every=timedelta(seconds=gateway_settings.prune_interval_seconds),
+    )
+    async with build_pool(database_url, max_size=gateway_settings.db_pool_max_size) as pool:
+        yield BoundaryService(
+            principals=PrincipalStore(pool),
+            records=IdempotencyStore(pool),
+            tasks=TaskClient(client, task_queue=settings.task_queue),
+            settings=gateway_settings,
+        )

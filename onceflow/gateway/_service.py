@@ -1,0 +1,711 @@
+"""The boundary's request flow, shared by the HTTP API, the MCP server and tests.
+
+In the article's order: authenticate, authorize, validate (a failure reserves nothing),
+fingerprint, claim ``(scope, key)``; then
+
+* new claim → start the task workflow (id derived from scope and key, ``USE_EXISTING``)
+  and wait a bounded time for its result;
+* same fingerprint, terminal → replay the stored status and body, flagged as a replay;
+* same fingerprint, running → wait a bounded time, else answer in-progress (202 and the
+  task's URL; 409 while the claim's owner has not started the task yet);
+* different fingerprint → ``KeyReusedWithDifferentRequest``.
+
+The workflow writes its own terminal result into the record (``record_task_outcome``),
+so a replay works even when the gateway that started it died; if the record is still
+processing when the workflow has closed, the workflow's result is used and stored.
+"""
+
+import asyncio
+import logging
+import math
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from opentelemetry import trace
+from opentelemetry.util.types import AttributeValue
+from psycopg_pool import PoolTimeout
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from temporalio.client import (
+    WorkflowExecutionStatus,
+    WorkflowFailureError,
+    WorkflowQueryFailedError,
+)
+from temporalio.service import RPCError, RPCStatusCode
+
+from onceflow.gateway._errors import (
+    BackendUnavailable,
+    DecisionRefused,
+    DecisionsNotAllowed,
+    InvalidRequest,
+    KeyReusedWithDifferentRequest,
+    MalformedIdempotencyKey,
+    MissingIdempotencyKey,
+    RequestInProgress,
+    TaskNotFound,
+    ToolNotAllowed,
+    UnknownToolRequested,
+)
+from onceflow.gateway._fingerprint import request_fingerprint
+from onceflow.gateway._principals import Principal, PrincipalStore
+from onceflow.gateway._records import (
+    AlreadyClaimed,
+    Claimed,
+    IdempotencyRecord,
+    IdempotencyStore,
+    NewClaim,
+)
+from onceflow.gateway._responses import (
+    IN_PROGRESS_STATUS_CODE,
+    TaskView,
+    is_terminal,
+    stored_outcome,
+    task_status_url,
+    task_view,
+)
+from onceflow.gateway._settings import GatewaySettings
+from onceflow.retry_policy import RetryBudget
+from onceflow.task_api import DecisionRefused as TaskRefusedDecision
+from onceflow.task_api import TaskClient
+from onceflow.telemetry import boundary_span, sensitive_locations
+from onceflow.tools import (
+    CATALOGUE,
+    Catalogue,
+    ToolContract,
+    UnknownTool,
+    check_idempotency_key,
+    derive_task_workflow_id,
+    key_digest,
+)
+from onceflow.tools import MalformedIdempotencyKey as KeyOutsideAlphabet
+from onceflow.workflows.task_models import (
+    NAME_PATTERN,
+    AgentTaskInput,
+    ApproveInput,
+    DecisionResult,
+    ReconcileDecision,
+    ReconcileInput,
+    StepInput,
+    TaskState,
+    TaskStatus,
+)
+
+log = logging.getLogger("onceflow.gateway")
+
+REQUEST_HASH_MEMO = "onceflow_request_hash"
+"""Workflow memo field holding the fingerprint of the request that started the task."""
+TOOL_CALL_STEP_ID = "1"
+"""Step id of the single step of a one-step task (a tool call)."""
+_POLL_FIRST, _POLL_MAX = 0.02, 0.25
+STATUS_QUERY_TIMEOUT = 5.0
+"""Seconds a status query may take; a task whose workers are all down never answers."""
+
+
+class TaskStepRequest(BaseModel):
+    """One step of a task request: a tool and its arguments."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    step_id: str = Field(pattern=NAME_PATTERN)
+    """Stable id of the step within the task (its position or the agent's call id)."""
+    tool: str = Field(pattern=NAME_PATTERN)
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    """The tool's arguments, validated against the tool's input model."""
+
+
+class CreateTaskRequest(BaseModel):
+    """Body of ``POST /v1/tasks``: tool calls run in order under one retry budget."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    steps: list[TaskStepRequest] = Field(min_length=1, max_length=50)
+    budget: RetryBudget | None = None
+    """The task's retry budget; omitted takes the defaults. Its longest retry window must
+    be shorter than the gateway's result retention."""
+
+
+class ApproveRequest(BaseModel):
+    """Body of ``POST /v1/tasks/{id}/approve``; the approver is the calling principal."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    step_id: str = Field(pattern=NAME_PATTERN)
+    approved: bool
+    reason: str = Field(min_length=1, max_length=2000)
+    arguments_digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    """The ``arguments_digest`` of the step as read from ``GET /v1/tasks/{id}``."""
+
+
+class ReconcileRequest(BaseModel):
+    """Body of ``POST /v1/tasks/{id}/reconcile``; the operator is the calling principal."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    step_id: str = Field(pattern=NAME_PATTERN)
+    decision: ReconcileDecision
+    reason: str = Field(min_length=1, max_length=2000)
+    resource_id: str | None = Field(default=None, min_length=1, max_length=255)
+
+
+@dataclass(frozen=True)
+class BoundaryAnswer:
+    """The boundary's answer to a task or tool-call request."""
+
+    status_code: int
+    """200 for an ended task (stored and replayable), 202 while it is still going."""
+    body: dict[str, Any] = field(repr=False)
+    """A ``TaskView`` as JSON data."""
+    task_id: str
+    replayed: bool
+    """Whether this request was answered from an earlier request's execution."""
+
+    @property
+    def in_progress(self) -> bool:
+        """Whether the task had not ended when the bounded wait was over."""
+        return self.status_code == IN_PROGRESS_STATUS_CODE
+
+    @property
+    def status_url(self) -> str:
+        """Where to poll the task."""
+        return task_status_url(self.task_id)
+
+
+@dataclass(frozen=True)
+class _Submission:
+    principal: Principal
+    scope: str
+    idempotency_key: str = field(repr=False)
+    fingerprint: str
+    task: AgentTaskInput = field(repr=False)
+
+
+class BoundaryService:
+    """Authenticates, validates, fingerprints and claims; starts, waits and replays."""
+
+    def __init__(
+        self,
+        *,
+        principals: PrincipalStore,
+        records: IdempotencyStore,
+        tasks: TaskClient,
+        settings: GatewaySettings,
+        catalogue: Catalogue = CATALOGUE,
+    ) -> None:
+        self._principals = principals
+        self._records = records
+        self._tasks = tasks
+        self._settings = settings
+        self._catalogue = catalogue
+
+    @property
+    def catalogue(self) -> Catalogue:
+        """The tools this boundary serves."""
+        return self._catalogue
+
+    async def authenticate(self, api_key: str | None) -> Principal:
+        """The principal of an API key; raises ``Unauthenticated``."""
+        async with _backend_errors():
+            return await self._principals.authenticate(api_key)
+
+    # ── tasks and tool calls ─────────────────────────────────────────────────────────
+
+    async def call_tool(
+        self, principal: Principal, tool: str, arguments: Any, idempotency_key: str | None
+    ) -> BoundaryAnswer:
+        """Run one tool call as a one-step task, at most once per key and fingerprint."""
+        # Only a catalogue name goes into the span: the path segment is the caller's text.
+        known = tool if tool in self._catalogue else "unknown"
+        attributes = _request_attributes(
+            principal, _scope(principal, known, "call"), idempotency_key
+        )
+        with boundary_span(f"tools.call {known}", {**attributes, "onceflow.tool": known}):
+            return _annotated(await self._call_tool(principal, tool, arguments, idempotency_key))
+
+    async def _call_tool(
+        self, principal: Principal, tool: str, arguments: Any, idempotency_key: str | None
+    ) -> BoundaryAnswer:
+        contract = self._allowed_tool(principal, tool)
+        key = _checked_key(idempotency_key)
+        if not isinstance(arguments, dict):
+            raise InvalidRequest(
+                "the body must be a JSON object of the tool's arguments",
+                errors=[{"loc": [], "msg": "Input should be an object"}],
+            )
+        normalized = _validated_arguments(contract.input_model, arguments, location=())
+        scope = _scope(principal, tool, "call")
+        submission = _Submission(
+            principal=principal,
+            scope=scope,
+            idempotency_key=key,
+            fingerprint=request_fingerprint(
+                operation="tools.call",
+                scope=scope,
+                route=f"POST /v1/tools/{tool}/calls",
+                body=normalized,
+            ),
+            task=AgentTaskInput(
+                tenant=principal.tenant,
+                principal=principal.name,
+                steps=[StepInput(step_id=TOOL_CALL_STEP_ID, tool=tool, arguments=normalized)],
+                record_outcome=True,
+            ),
+        )
+        return await self._submit(submission)
+
+    async def create_task(
+        self, principal: Principal, body: Any, idempotency_key: str | None
+    ) -> BoundaryAnswer:
+        """Run a multi-step task, at most once per key and fingerprint."""
+        attributes = _request_attributes(
+            principal, _scope(principal, "task", "create"), idempotency_key
+        )
+        with boundary_span("tasks.create", attributes):
+            return _annotated(await self._create_task(principal, body, idempotency_key))
+
+    async def _create_task(
+        self, principal: Principal, body: Any, idempotency_key: str | None
+    ) -> BoundaryAnswer:
+        try:
+            request = CreateTaskRequest.model_validate(body)
+        except ValidationError as invalid:
+            raise _invalid(invalid, location=()) from None
+        contracts = [self._allowed_tool(principal, step.tool) for step in request.steps]
+        trace.get_current_span().set_attribute(
+            "onceflow.tools", [step.tool for step in request.steps]
+        )
+        key = _checked_key(idempotency_key)
+        if len({step.step_id for step in request.steps}) != len(request.steps):
+            raise InvalidRequest(
+                "step ids must be unique within a task",
+                errors=[{"loc": ["steps"], "msg": "step ids must be unique within a task"}],
+            )
+        steps = [
+            StepInput(
+                step_id=step.step_id,
+                tool=step.tool,
+                arguments=_validated_arguments(
+                    contract.input_model, step.arguments, location=("steps", index, "arguments")
+                ),
+            )
+            for index, (step, contract) in enumerate(zip(request.steps, contracts, strict=True))
+        ]
+        if request.budget is not None:
+            window = request.budget.longest_retry_window
+            if window >= self._settings.result_retention:
+                raise InvalidRequest(
+                    f"the budget's retry window ({window.total_seconds():g} s) must be shorter "
+                    f"than the result retention ({self._settings.result_retention_seconds:g} s)",
+                    errors=[{"loc": ["budget"], "msg": "retry window outlives result retention"}],
+                )
+        scope = _scope(principal, "task", "create")
+        normalized = {
+            "steps": [step.model_dump(mode="json") for step in steps],
+            "budget": request.budget.model_dump(mode="json") if request.budget else None,
+        }
+        submission = _Submission(
+            principal=principal,
+            scope=scope,
+            idempotency_key=key,
+            fingerprint=request_fingerprint(
+                operation="tasks.create", scope=scope, route="POST /v1/tasks", body=normalized
+            ),
+            task=AgentTaskInput(
+                tenant=principal.tenant,
+                principal=principal.name,
+                steps=steps,
+                budget=request.budget,
+                record_outcome=True,
+            ),
+        )
+        return await self._submit(submission)
+
+    async def task_status(self, principal: Principal, task_id: str) -> TaskStatus:
+        """A task of the principal's tenant; ``TaskNotFound`` for any other."""
+        if len(task_id) > 1000:
+            raise TaskNotFound("no such task")
+        async with _backend_errors():
+            try:
+                status = await asyncio.wait_for(self._tasks.status(task_id), STATUS_QUERY_TIMEOUT)
+            except TimeoutError:
+                raise BackendUnavailable(
+                    "the task did not answer its status query (is a worker running?)"
+                ) from None
+            except RPCError as error:
+                if error.status in (RPCStatusCode.NOT_FOUND, RPCStatusCode.INVALID_ARGUMENT):
+                    raise TaskNotFound("no such task") from None
+                raise
+            except WorkflowQueryFailedError:
+                raise TaskNotFound("no such task") from None
+        # Another tenant's task is reported exactly like a missing one.
+        if status.tenant != principal.tenant:
+            raise TaskNotFound("no such task")
+        return status
+
+    async def approve(self, principal: Principal, task_id: str, body: Any) -> DecisionResult:
+        """Approve or deny a step awaiting approval, as the calling principal."""
+        with boundary_span("tasks.approve", _decision_attributes(principal, task_id)):
+            return await self._approve(principal, task_id, body)
+
+    async def _approve(self, principal: Principal, task_id: str, body: Any) -> DecisionResult:
+        self._check_decider(principal)
+        decision = _parsed(ApproveRequest, body)
+        await self.task_status(principal, task_id)
+        async with _backend_errors():
+            try:
+                return await self._tasks.approve(
+                    task_id,
+                    ApproveInput(
+                        step_id=decision.step_id,
+                        approved=decision.approved,
+                        approver=principal.name,
+                        reason=decision.reason,
+                        arguments_digest=decision.arguments_digest,
+                    ),
+                )
+            except TaskRefusedDecision as refused:
+                raise DecisionRefused(str(refused)) from None
+
+    async def reconcile(self, principal: Principal, task_id: str, body: Any) -> DecisionResult:
+        """Decide a parked step, as the calling principal."""
+        with boundary_span("tasks.reconcile", _decision_attributes(principal, task_id)):
+            return await self._reconcile(principal, task_id, body)
+
+    async def _reconcile(self, principal: Principal, task_id: str, body: Any) -> DecisionResult:
+        self._check_decider(principal)
+        decision = _parsed(ReconcileRequest, body)
+        try:
+            finding = ReconcileInput(
+                step_id=decision.step_id,
+                decision=decision.decision,
+                operator=principal.name,
+                reason=decision.reason,
+                resource_id=decision.resource_id,
+            )
+        except ValidationError as invalid:
+            raise _invalid(invalid, location=()) from None
+        await self.task_status(principal, task_id)
+        async with _backend_errors():
+            try:
+                return await self._tasks.reconcile(task_id, finding)
+            except TaskRefusedDecision as refused:
+                raise DecisionRefused(str(refused)) from None
+
+    # ── the claim and what follows it ────────────────────────────────────────────────
+
+    async def _submit(self, submission: _Submission) -> BoundaryAnswer:
+        principal = submission.principal
+        workflow_id = derive_task_workflow_id(
+            tenant=principal.tenant,
+            scope=submission.scope,
+            idempotency_key=submission.idempotency_key,
+        )
+        claim = NewClaim(
+            scope=submission.scope,
+            idempotency_key=submission.idempotency_key,
+            request_hash=submission.fingerprint,
+            tenant=principal.tenant,
+            principal_id=principal.principal_id,
+            workflow_id=workflow_id,
+            lease=self._settings.claim_lease,
+            result_retention=self._settings.result_retention,
+            key_quota=principal.key_quota or self._settings.default_key_quota,
+            quota_window_seconds=self._settings.quota_window_seconds,
+        )
+        digest = key_digest(submission.idempotency_key)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._settings.replay_wait_seconds
+        pause = _POLL_FIRST
+        async with _backend_errors():
+            outcome: Claimed | AlreadyClaimed = await self._records.claim(claim)
+            while True:
+                if isinstance(outcome, Claimed):
+                    log.info("claimed key %s in %s for task %s", digest, claim.scope, workflow_id)
+                    return await self._start_claimed(outcome.record, submission, deadline)
+                record = outcome.record
+                if record.request_hash != submission.fingerprint:
+                    log.info(
+                        "refused key %s in %s: reused for another request", digest, claim.scope
+                    )
+                    raise KeyReusedWithDifferentRequest(
+                        "this Idempotency-Key was already used for a different request; "
+                        "use a new key for a new request",
+                        key_digest=digest,
+                    )
+                if record.is_terminal:
+                    log.info("replaying key %s in %s (task %s)", digest, claim.scope, workflow_id)
+                    return _replay(record)
+                if record.task_started:
+                    return await self._answer_when_done(record, deadline, replayed=True)
+                if record.lease_expired:
+                    taken = await self._records.take_over(record, lease=claim.lease)
+                    if taken is not None:
+                        log.warning(
+                            "took over key %s in %s after its claim's lease expired "
+                            "(fencing token %d)",
+                            digest,
+                            claim.scope,
+                            taken.fencing_token,
+                        )
+                        return await self._start_claimed(taken, submission, deadline)
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise RequestInProgress(
+                        "another request with this Idempotency-Key is starting the task; "
+                        "retry with the same key and body",
+                        retry_after_seconds=max(1, math.ceil(record.lease_left.total_seconds())),
+                        key_digest=digest,
+                    )
+                await asyncio.sleep(min(pause, left))
+                pause = min(pause * 2, _POLL_MAX)
+                current = await self._records.get(claim.scope, claim.idempotency_key)
+                # Gone (pruned or released) means nobody holds the key now: claim it anew.
+                outcome = (
+                    AlreadyClaimed(current)
+                    if current is not None
+                    else await self._records.claim(claim)
+                )
+
+    async def _start_claimed(
+        self, record: IdempotencyRecord, submission: _Submission, deadline: float
+    ) -> BoundaryAnswer:
+        pause = self._settings.fault_pause_after_claim_seconds
+        if pause > 0:
+            log.warning("FAULT INJECTION: pausing %.1f s after the claim", pause)
+            await asyncio.sleep(pause)
+        handle = await self._tasks.start(
+            submission.task,
+            workflow_id=record.workflow_id,
+            memo={REQUEST_HASH_MEMO: record.request_hash},
+        )
+        described = await handle.describe()
+        started_by = (await described.memo()).get(REQUEST_HASH_MEMO)
+        if started_by != record.request_hash:
+            # Only after a pruned record: the key's task is still known to Temporal but
+            # was started for another request. Nothing was started now, so the claim goes.
+            await self._records.release(record)
+            raise KeyReusedWithDifferentRequest(
+                "this Idempotency-Key was already used for a different request; "
+                "use a new key for a new request",
+                key_digest=key_digest(record.idempotency_key),
+            )
+        if not await self._records.mark_started(record, run_id=described.run_id):
+            log.warning("claim on task %s was taken over while starting it", record.workflow_id)
+        # A task that had already closed (a retry after its record was pruned) answers
+        # with its earlier result: this request executed nothing.
+        already_closed = described.status is not WorkflowExecutionStatus.RUNNING
+        return await self._answer_when_done(record, deadline, replayed=already_closed)
+
+    async def _answer_when_done(
+        self, record: IdempotencyRecord, deadline: float, *, replayed: bool
+    ) -> BoundaryAnswer:
+        left = max(deadline - asyncio.get_running_loop().time(), 0.0)
+        try:
+            status = await asyncio.wait_for(self._tasks.result(record.workflow_id), left)
+        except TimeoutError:
+            current: TaskStatus | None
+            try:
+                current = await asyncio.wait_for(
+                    self._tasks.status(record.workflow_id), STATUS_QUERY_TIMEOUT
+                )
+            except (TimeoutError, RPCError):
+                # No worker answered the query (none polling, or the one holding the task
+                # died mid-query: "context canceled"): still accepted, nothing more to tell.
+                current = None
+            if current is None or not is_terminal(current):
+                view = (
+                    task_view(current)
+                    if current is not None
+                    else TaskView(
+                        task_id=record.workflow_id,
+                        state=TaskState.RUNNING,
+                        steps=[],
+                        status_url=task_status_url(record.workflow_id),
+                    )
+                )
+                return BoundaryAnswer(
+                    status_code=IN_PROGRESS_STATUS_CODE,
+                    body=view.model_dump(mode="json"),
+                    task_id=record.workflow_id,
+                    replayed=replayed,
+                )
+            status = current
+        except WorkflowFailureError as failure:
+            status = await self._closed_abnormally(record.workflow_id, failure)
+        stored = await self._records.get(record.scope, record.idempotency_key)
+        if stored is not None and stored.is_terminal:
+            return _replay(stored, replayed=replayed)
+        # The task ended but its outcome did not reach the record: use the task's own
+        # result and store it, fenced exactly like the workflow's write.
+        state, status_code, body, resource_id = stored_outcome(status)
+        await self._records.record_outcome(
+            workflow_id=record.workflow_id,
+            run_id=None,
+            state=state,
+            status_code=status_code,
+            response_body=body,
+            resource_id=resource_id,
+        )
+        log.warning("stored the outcome of task %s from its result", record.workflow_id)
+        return BoundaryAnswer(
+            status_code=status_code, body=body, task_id=record.workflow_id, replayed=replayed
+        )
+
+    async def _closed_abnormally(
+        self, workflow_id: str, failure: WorkflowFailureError
+    ) -> TaskStatus:
+        # Terminated, cancelled or timed out by Temporal: the task failed as a whole.
+        last = await self._tasks.status(workflow_id)
+        reason = f"the task's workflow closed without a result ({type(failure.cause).__name__})"
+        return last.model_copy(update={"state": TaskState.FAILED, "failure_reason": reason})
+
+    # ── checks ──────────────────────────────────────────────────────────────────────
+
+    def check_tool(self, principal: Principal, tool: str) -> None:
+        """Raise ``UnknownToolRequested`` or ``ToolNotAllowed`` before a body is read."""
+        self._allowed_tool(principal, tool)
+
+    def _allowed_tool(self, principal: Principal, tool: str) -> ToolContract:
+        try:
+            contract = self._catalogue.get(tool)
+        except UnknownTool:
+            raise UnknownToolRequested("no tool of that name exists") from None
+        if not principal.may_call(tool):
+            raise ToolNotAllowed(f"principal {principal.name!r} may not call {tool!r}")
+        return contract
+
+    @staticmethod
+    def _check_decider(principal: Principal) -> None:
+        if not principal.may_decide:
+            raise DecisionsNotAllowed(
+                f"principal {principal.name!r} may not approve or reconcile tasks"
+            )
+
+
+def _scope(principal: Principal, target: str, operation: str) -> str:
+    """The boundary that makes key reuse safe: tenant, principal, tool or task, operation."""
+    return f"{principal.tenant}:{principal.name}:{target}:{operation}"
+
+
+def _checked_key(raw: str | None) -> str:
+    if raw is None or raw == "":
+        raise MissingIdempotencyKey(
+            "this call has an effect: send an Idempotency-Key that identifies this logical "
+            "attempt, and the same key on every retry of it"
+        )
+    try:
+        return check_idempotency_key(raw)
+    except KeyOutsideAlphabet as malformed:
+        raise MalformedIdempotencyKey(str(malformed)) from None
+
+
+def _validated_arguments(
+    model: type[BaseModel], arguments: Any, *, location: tuple[str | int, ...]
+) -> dict[str, Any]:
+    try:
+        normalized: dict[str, Any] = model.model_validate(arguments).model_dump(mode="json")
+    except ValidationError as invalid:
+        raise _invalid(invalid, location=location) from None
+    # Arguments become the task's history, shown in the Temporal UI and kept for its
+    # retention: a card number or an API key there would be stored and shown in clear.
+    sensitive = sensitive_locations(normalized)
+    if sensitive:
+        kinds = " and ".join(sorted({kind for _, kind in sensitive}))
+        raise InvalidRequest(
+            f"the arguments hold a {kinds}; onceflow never takes card data or credentials "
+            "as tool arguments (pass a saved payment method, pm_…, for a card)",
+            errors=[
+                {"loc": [*location, *found], "msg": f"looks like a {kind}"}
+                for found, kind in sensitive
+            ],
+        )
+    return normalized
+
+
+def _request_attributes(
+    principal: Principal, scope: str, idempotency_key: str | None
+) -> dict[str, AttributeValue]:
+    """The gateway span's identity attributes; the key only as its digest."""
+    attributes: dict[str, AttributeValue] = {
+        "onceflow.tenant": principal.tenant,
+        "onceflow.principal": principal.name,
+        "onceflow.scope": scope,
+    }
+    if idempotency_key:
+        attributes["onceflow.key_digest"] = key_digest(idempotency_key)
+    return attributes
+
+
+def _decision_attributes(principal: Principal, task_id: str) -> dict[str, AttributeValue]:
+    return {
+        "onceflow.tenant": principal.tenant,
+        "onceflow.principal": principal.name,
+        "onceflow.workflow_id": task_id[:1000],
+    }
+
+
+def _annotated(answer: BoundaryAnswer) -> BoundaryAnswer:
+    """Record on the request's span which task answered it and how."""
+    trace.get_current_span().set_attributes(
+        {
+            "onceflow.workflow_id": answer.task_id,
+            "onceflow.replayed": answer.replayed,
+            "http.response.status_code": answer.status_code,
+        }
+    )
+    return answer
+
+
+def _parsed(model: type[Any], body: Any) -> Any:
+    try:
+        return model.model_validate(body)
+    except ValidationError as invalid:
+        raise _invalid(invalid, location=()) from None
+
+
+def _invalid(invalid: ValidationError, *, location: tuple[str | int, ...]) -> InvalidRequest:
+    # Only where and what, never the offending input: it may hold a secret.
+    problems = [
+        {"loc": [*location, *problem["loc"]], "msg": problem["msg"]} for problem in invalid.errors()
+    ]
+    summary = "; ".join(
+        f"{'.'.join(str(part) for part in problem['loc']) or 'body'}: {problem['msg']}"
+        for problem in problems[:5]
+    )
+    return InvalidRequest(f"invalid request: {summary}", errors=problems)
+
+
+def _replay(record: IdempotencyRecord, *, replayed: bool = True) -> BoundaryAnswer:
+    assert record.status_code is not None
+    return BoundaryAnswer(
+        status_code=record.status_code,
+        body=record.response_body,
+        task_id=record.workflow_id,
+        replayed=replayed,
+    )
+
+
+@asynccontextmanager
+async def _backend_errors() -> AsyncIterator[None]:
+    """Turn an unreachable Temporal or PostgreSQL into ``BackendUnavailable``.
+
+    A claim already made is kept: the task may have started, so only a retry with the
+    same key (which takes the claim over after its lease) may go on with it.
+    """
+    try:
+        yield
+    except PoolTimeout:
+        raise BackendUnavailable("the database is busy; retry with the same key") from None
+    except psycopg.OperationalError:
+        raise BackendUnavailable("the database is unreachable; retry with the same key") from None
+    except RPCError as error:
+        if error.status in (
+            RPCStatusCode.UNAVAILABLE,
+            RPCStatusCode.DEADLINE_EXCEEDED,
+            RPCStatusCode.RESOURCE_EXHAUSTED,
+        ):
+            raise BackendUnavailable(
+                "the task service is unreachable; retry with the same key"
+            ) from None
+        raise

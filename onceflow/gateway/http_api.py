@@ -1,0 +1,512 @@
+"""The boundary over HTTP: a FastAPI app whose routes all call ``BoundaryService``.
+
+Errors are RFC 9457 ``application/problem+json`` documents; a repeated request is
+answered from its idempotency record with ``Idempotent-Replayed: true``. The OpenAPI
+document is served at ``/openapi.json`` (and rendered at ``/docs``).
+"""
+
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Header, Path, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from onceflow.gateway._errors import (
+    BoundaryError,
+    InvalidRequest,
+    QuotaExceeded,
+    RequestInProgress,
+    RequestTooLarge,
+)
+from onceflow.gateway._fingerprint import API_VERSION
+from onceflow.gateway._responses import TaskView
+from onceflow.gateway._service import (
+    ApproveRequest,
+    BoundaryAnswer,
+    BoundaryService,
+    CreateTaskRequest,
+    ReconcileRequest,
+)
+from onceflow.tools import CATALOGUE, IDEMPOTENCY_KEY_MAX_LENGTH, Catalogue
+from onceflow.workflows.task_models import NAME_PATTERN, DecisionResult, TaskStatus
+
+log = logging.getLogger("onceflow.gateway")
+
+PROBLEM_JSON = "application/problem+json"
+REPLAYED_HEADER = "Idempotent-Replayed"
+MAX_BODY_BYTES = 256 * 1024
+"""Largest request body read; larger ones are refused before parsing."""
+_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]*$"
+
+ServiceOpener = Callable[[], AbstractAsyncContextManager[BoundaryService]]
+
+
+class Problem(BaseModel):
+    """An RFC 9457 problem document; never echoes a raw key or request body."""
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    key_digest: str | None = None
+    """Digest of the idempotency key concerned, for correlation with logs."""
+    errors: list[dict[str, Any]] | None = None
+    """With ``invalid-request``: where and what failed, without the offending values."""
+
+
+class ToolDescription(BaseModel):
+    """A tool an agent may call, with its effect contract as MCP annotations."""
+
+    name: str
+    description: str
+    annotations: dict[str, Any]
+    input_schema: dict[str, Any]
+    requires_approval: bool
+    dedupe: str
+
+
+class Health(BaseModel):
+    """Liveness of the gateway process."""
+
+    status: str = Field(examples=["ok"])
+
+
+class SortedJSONResponse(JSONResponse):
+    """JSON with sorted keys, so a body read back from ``jsonb`` is byte-for-byte the same."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(
+            content, ensure_ascii=False, allow_nan=False, sort_keys=True, separators=(",", ":")
+        ).encode()
+
+
+def _problem_response(error: BoundaryError) -> Response:
+    headers: dict[str, str] = {}
+    if isinstance(error, RequestInProgress | QuotaExceeded):
+        headers["Retry-After"] = str(error.retry_after_seconds)
+    if error.status == 401:
+        headers["WWW-Authenticate"] = 'Bearer realm="onceflow"'
+    return SortedJSONResponse(
+        error.problem(), status_code=error.status, media_type=PROBLEM_JSON, headers=headers
+    )
+
+
+def _answer_response(answer: BoundaryAnswer) -> Response:
+    headers = {"Content-Location": answer.status_url}
+    if answer.replayed:
+        headers[REPLAYED_HEADER] = "true"
+    if answer.in_progress:
+        headers["Location"] = answer.status_url
+        headers["Retry-After"] = "1"
+    return SortedJSONResponse(answer.body, status_code=answer.status_code, headers=headers)
+
+
+_PROBLEMS: dict[int | str, dict[str, Any]] = {
+    status: {"model": Problem, "description": description, "content": {PROBLEM_JSON: {}}}
+    for status, description in {
+        400: "Missing or malformed Idempotency-Key, or an invalid body (nothing reserved).",
+        401: "No API key, or an unknown one.",
+        403: "The principal may not call this tool (or decide tasks).",
+        404: "Unknown tool or task.",
+        409: "Another request with this key is starting the task (see Retry-After), "
+        "or the task refused the decision.",
+        413: "The body is larger than 256 KiB.",
+        422: "The Idempotency-Key was used before for a different request.",
+        429: "Too many new idempotency keys for this principal (see Retry-After).",
+        503: "Temporal or PostgreSQL unreachable; retry with the same key.",
+    }.items()
+}
+_TASK_ANSWERS: dict[int | str, dict[str, Any]] = {
+    200: {
+        "model": TaskView,
+        "description": "The task ended (succeeded or failed). With `Idempotent-Replayed: "
+        "true` this is the stored answer of an earlier request with the same key.",
+    },
+    202: {
+        "model": TaskView,
+        "description": "The task is still running, awaiting approval or parked after the "
+        "bounded wait; poll `Location`. Retrying with the same key is safe.",
+    },
+    **_PROBLEMS,
+}
+_KEY_HEADER_DOC = (
+    "Identifies one logical attempt; send the same key with every retry of it. "
+    f"At most {IDEMPOTENCY_KEY_MAX_LENGTH} characters of A-Z a-z 0-9 . _ : - "
+    "starting with a letter or digit. "
+    "Scoped to the principal and the tool (or task creation)."
+)
+
+IdempotencyKeyHeader = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        description=_KEY_HEADER_DOC,
+        json_schema_extra={
+            "pattern": _KEY_PATTERN,
+            "maxLength": IDEMPOTENCY_KEY_MAX_LENGTH,
+            "minLength": 1,
+        },
+    ),
+]
+_bearer = HTTPBearer(auto_error=False, description="An API key from `onceflow principal add`.")
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+
+
+def build_app(open_service: ServiceOpener, *, catalogue: Catalogue = CATALOGUE) -> FastAPI:
+    """The HTTP API around the service ``open_service`` yields for the app's lifetime.
+
+    Args:
+        open_service: Opens the boundary service (clients included) for the app's life.
+        catalogue: The tools published in the OpenAPI document (the service's own).
+    """
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with open_service() as service:
+            app.state.service = service
+            yield
+
+    app = FastAPI(
+        title="onceflow gateway",
+        version=API_VERSION,
+        description=(
+            "Retry-safe agent tool calls. Every call that has an effect takes an "
+            "`Idempotency-Key`: the same key and body return the same task and result "
+            "(flagged `Idempotent-Replayed: true`), the same key with another body is "
+            "refused (422). Results are kept for the configured retention; a retry after "
+            "that is a new operation."
+        ),
+        lifespan=lifespan,
+    )
+    _install_error_handlers(app)
+
+    @app.get("/healthz", response_model=Health, tags=["operations"])
+    async def healthz() -> Health:
+        """Liveness: answers without touching PostgreSQL or Temporal."""
+        return Health(status="ok")
+
+    @app.get(
+        "/v1/tools",
+        response_model=list[ToolDescription],
+        tags=["tools"],
+        responses={key: _PROBLEMS[key] for key in (401, 503)},
+    )
+    async def list_tools(
+        request: Request, credentials: Credentials = None
+    ) -> list[ToolDescription]:
+        """The catalogue: each tool's input schema and effect contract."""
+        service = _service(request)
+        await service.authenticate(_api_key(credentials))
+        return [
+            ToolDescription(
+                name=contract.name,
+                description=contract.description,
+                annotations=contract.mcp_annotations(),
+                input_schema=contract.input_model.model_json_schema(),
+                requires_approval=contract.requires_approval,
+                dedupe=contract.dedupe.value,
+            )
+            for contract in service.catalogue
+        ]
+
+    async def call(
+        request: Request,
+        tool: str,
+        key: str | None,
+        credentials: HTTPAuthorizationCredentials | None,
+    ) -> Response:
+        service = _service(request)
+        principal = await service.authenticate(_api_key(credentials))
+        service.check_tool(principal, tool)
+        arguments = await _read_json(request)
+        return _answer_response(await service.call_tool(principal, tool, arguments, key))
+
+    # One documented route per tool, so each shows its exact argument schema...
+    for contract in catalogue:
+        app.add_api_route(
+            f"/v1/tools/{contract.name}/calls",
+            _named_tool_endpoint(contract.name, call),
+            methods=["POST"],
+            tags=["tools"],
+            summary=f"Call {contract.name}",
+            description=(
+                f"{contract.description} Effects: {contract.dedupe.value} dedupe"
+                f"{', needs approval' if contract.requires_approval else ''}. Runs as a "
+                "one-step task; the body is the tool's arguments."
+            ),
+            responses=_TASK_ANSWERS,
+            response_class=SortedJSONResponse,
+            openapi_extra={"requestBody": _model_body(contract.input_model)},
+            operation_id=f"call_{contract.name}",
+        )
+
+    # ...and the generic route for any name (unknown ones answer 404).
+    @app.post(
+        "/v1/tools/{tool}/calls",
+        tags=["tools"],
+        responses=_TASK_ANSWERS,
+        response_class=SortedJSONResponse,
+        openapi_extra={"requestBody": _tool_arguments_body(catalogue)},
+    )
+    async def call_tool(
+        request: Request,
+        tool: Annotated[str, Path(description="Tool name (see GET /v1/tools).")],
+        idempotency_key: IdempotencyKeyHeader = None,
+        credentials: Credentials = None,
+    ) -> Response:
+        """Call one tool as a one-step task; the body is the tool's arguments."""
+        return await call(request, tool, idempotency_key, credentials)
+
+    @app.post(
+        "/v1/tasks",
+        tags=["tasks"],
+        responses=_TASK_ANSWERS,
+        response_class=SortedJSONResponse,
+        openapi_extra={"requestBody": _model_body(CreateTaskRequest)},
+    )
+    async def create_task(
+        request: Request,
+        idempotency_key: IdempotencyKeyHeader = None,
+        credentials: Credentials = None,
+    ) -> Response:
+        """Run tool calls in order as one task under one retry budget."""
+        service = _service(request)
+        principal = await service.authenticate(_api_key(credentials))
+        body = await _read_json(request)
+        return _answer_response(await service.create_task(principal, body, idempotency_key))
+
+    @app.get(
+        "/v1/tasks/{task_id}",
+        tags=["tasks"],
+        response_model=TaskStatus,
+        responses={key: _PROBLEMS[key] for key in (401, 404, 503)},
+    )
+    async def get_task(
+        request: Request, task_id: TaskId, credentials: Credentials = None
+    ) -> TaskStatus:
+        """A task's full status: every step's arguments, attempts and evidence."""
+        service = _service(request)
+        principal = await service.authenticate(_api_key(credentials))
+        return await service.task_status(principal, task_id)
+
+    @app.post(
+        "/v1/tasks/{task_id}/approve",
+        tags=["decisions"],
+        response_model=DecisionResult,
+        responses={key: _PROBLEMS[key] for key in (400, 401, 403, 404, 409, 413, 503)},
+        openapi_extra={"requestBody": _model_body(ApproveRequest)},
+    )
+    async def approve(
+        request: Request, task_id: TaskId, credentials: Credentials = None
+    ) -> DecisionResult:
+        """Approve or deny a step's exact arguments (bound by their digest)."""
+        service = _service(request)
+        principal = await service.authenticate(_api_key(credentials))
+        body = await _read_json(request)
+        return await service.approve(principal, task_id, body)
+
+    @app.post(
+        "/v1/tasks/{task_id}/reconcile",
+        tags=["decisions"],
+        response_model=DecisionResult,
+        responses={key: _PROBLEMS[key] for key in (400, 401, 403, 404, 409, 413, 503)},
+        openapi_extra={"requestBody": _model_body(ReconcileRequest)},
+    )
+    async def reconcile(
+        request: Request, task_id: TaskId, credentials: Credentials = None
+    ) -> DecisionResult:
+        """Decide a parked step: happened (with resource_id), did_not_happen, or abandon."""
+        service = _service(request)
+        principal = await service.authenticate(_api_key(credentials))
+        body = await _read_json(request)
+        return await service.reconcile(principal, task_id, body)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            document = get_openapi(
+                title=app.title,
+                version=app.version,
+                description=app.description,
+                routes=app.routes,
+            )
+            schemas = document.setdefault("components", {}).setdefault("schemas", {})
+            published: list[type[BaseModel]] = [
+                CreateTaskRequest,
+                ApproveRequest,
+                ReconcileRequest,
+                *(contract.input_model for contract in catalogue),
+            ]
+            for model in published:
+                _add_schema(schemas, model)
+            schemas["TaskStepRequest"] = _task_step_schema(catalogue)
+            _require_idempotency_keys(document)
+            app.openapi_schema = document
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+    return app
+
+
+TaskId = Annotated[str, Path(description="The task id (its workflow id).", max_length=1000)]
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(BoundaryError)
+    async def boundary_error(request: Request, error: BoundaryError) -> Response:
+        return _problem_response(error)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, error: RequestValidationError) -> Response:
+        problems = [{"loc": list(item["loc"]), "msg": item["msg"]} for item in error.errors()]
+        return _problem_response(InvalidRequest("invalid request", errors=problems))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException) -> Response:
+        problem = {
+            "type": "about:blank",
+            "title": str(error.detail),
+            "status": error.status_code,
+            "detail": str(error.detail),
+        }
+        return SortedJSONResponse(
+            problem,
+            status_code=error.status_code,
+            media_type=PROBLEM_JSON,
+            headers=getattr(error, "headers", None),
+        )
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, error: Exception) -> Response:
+        # The type only: an exception's text could quote request data.
+        log.error("unexpected %s on %s %s", type(error).__name__, request.method, request.url.path)
+        problem = {
+            "type": "about:blank",
+            "title": "Internal error",
+            "status": 500,
+            "detail": "unexpected failure; retrying with the same Idempotency-Key is safe",
+        }
+        return SortedJSONResponse(problem, status_code=500, media_type=PROBLEM_JSON)
+
+
+def _service(request: Request) -> BoundaryService:
+    service: BoundaryService = request.app.state.service
+    return service
+
+
+def _api_key(credentials: HTTPAuthorizationCredentials | None) -> str | None:
+    return credentials.credentials if credentials is not None else None
+
+
+async def _read_json(request: Request) -> Any:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise RequestTooLarge(f"the body may be at most {MAX_BODY_BYTES} bytes")
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > MAX_BODY_BYTES:
+            raise RequestTooLarge(f"the body may be at most {MAX_BODY_BYTES} bytes")
+    if not raw.strip():
+        raise InvalidRequest(
+            "the body must be a JSON document", errors=[{"loc": [], "msg": "empty body"}]
+        )
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        reason = getattr(error, "msg", None) or "not UTF-8"
+        raise InvalidRequest(
+            "the body is not valid JSON", errors=[{"loc": [], "msg": str(reason)}]
+        ) from None
+    except RecursionError:
+        raise InvalidRequest(
+            "the body is nested too deeply", errors=[{"loc": [], "msg": "too deep"}]
+        ) from None
+
+
+def _model_body(model: type[BaseModel]) -> dict[str, Any]:
+    return {
+        "required": True,
+        "content": {
+            "application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}
+        },
+    }
+
+
+def _tool_arguments_body(catalogue: Catalogue) -> dict[str, Any]:
+    return {
+        "required": True,
+        "description": "The tool's arguments; each tool's schema is listed under its name.",
+        "content": {
+            "application/json": {
+                "schema": {
+                    "anyOf": [
+                        {"$ref": f"#/components/schemas/{contract.input_model.__name__}"}
+                        for contract in catalogue
+                    ]
+                }
+            }
+        },
+    }
+
+
+def _add_schema(schemas: dict[str, Any], model: type[BaseModel]) -> None:
+    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    for name, definition in schema.pop("$defs", {}).items():
+        schemas.setdefault(name, definition)
+    schemas[model.__name__] = schema
+
+
+ToolCaller = Callable[
+    [Request, str, str | None, HTTPAuthorizationCredentials | None], Awaitable[Response]
+]
+
+
+def _named_tool_endpoint(tool: str, call: ToolCaller) -> Callable[..., Awaitable[Response]]:
+    async def call_named_tool(
+        request: Request,
+        idempotency_key: IdempotencyKeyHeader = None,
+        credentials: Credentials = None,
+    ) -> Response:
+        return await call(request, tool, idempotency_key, credentials)
+
+    return call_named_tool
+
+
+def _task_step_schema(catalogue: Catalogue) -> dict[str, Any]:
+    """A task step as one variant per tool, so ``arguments`` is documented per tool."""
+    return {
+        "title": "TaskStepRequest",
+        "description": "One step of a task: a tool and its arguments.",
+        "oneOf": [
+            {
+                "type": "object",
+                "title": f"{contract.name} step",
+                "properties": {
+                    "step_id": {"type": "string", "pattern": NAME_PATTERN},
+                    "tool": {"type": "string", "const": contract.name},
+                    "arguments": {"$ref": f"#/components/schemas/{contract.input_model.__name__}"},
+                },
+                "required": ["step_id", "tool", "arguments"],
+                "additionalProperties": False,
+            }
+            for contract in catalogue
+        ],
+    }
+
+
+def _require_idempotency_keys(document: dict[str, Any]) -> None:
+    # Optional in the handler signature so that its absence is answered by the boundary
+    # (problem idempotency-key-missing), but required by the contract.
+    for operations in document.get("paths", {}).values():
+        for operation in operations.values():
+            for parameter in operation.get("parameters", []):
+                if parameter.get("name") == "Idempotency-Key":
+                    parameter["required"] = True

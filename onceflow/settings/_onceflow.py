@@ -1,0 +1,51 @@
+"""``OnceflowSettings``: the ``[onceflow]`` table, shared by the worker, CLI and dev stack."""
+
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import Field, field_validator
+from pydantic_settings import NoDecode, SettingsConfigDict
+
+from onceflow.settings._base import FileBackedSettings
+from onceflow.settings._reading import read_settings
+
+
+class OnceflowSettings(FileBackedSettings):
+    """Settings shared by the worker, the CLI and the dev stack (``[onceflow]``)."""
+
+    config_table = "onceflow"
+    model_config = SettingsConfigDict(env_prefix="ONCEFLOW_", extra="ignore")
+
+    database_url: str | None = Field(default=None, validation_alias="DATABASE_URL")
+    """PostgreSQL URL (``DATABASE_URL``). Default: the embedded server of ``onceflow dev``."""
+    task_queue: str = "onceflow-tasks"
+    """Task queue of the task workflows and their activities. Default ``onceflow-tasks``."""
+    state_dir: Path = Path(".onceflow")
+    """Where the embedded stack keeps its data and pid files. Default ``./.onceflow``."""
+    shutdown_grace_seconds: float = Field(default=30.0, ge=0, le=3600)
+    """How long a stopping worker lets running activities finish
+    (``ONCEFLOW_SHUTDOWN_GRACE_SECONDS``). Default 30."""
+    db_pool_max_size: int = Field(default=10, ge=1, le=200)
+    """Most database connections one worker process holds. Default 10."""
+    parked_scan_seconds: float = Field(default=30.0, gt=0, le=3600)
+    """How often a worker that exports metrics counts parked tasks in Temporal's
+    visibility store for the parked-task gauges (``ONCEFLOW_PARKED_SCAN_SECONDS``).
+    Default 30."""
+    tools: Annotated[tuple[str, ...], NoDecode] = ()
+    """Custom tools to register, each an entry point name in the ``onceflow.tools`` group
+    or an import path ``package.module:ATTRIBUTE``. Default none.
+
+    ``ONCEFLOW_TOOLS`` is comma-separated (``a, b``); the file holds an array
+    (``tools = ["a", "b"]``)."""
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _split_comma_separated(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+
+def load_settings() -> OnceflowSettings:
+    """onceflow's own settings (see ``read_settings``)."""
+    return read_settings(OnceflowSettings)

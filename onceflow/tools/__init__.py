@@ -1,0 +1,177 @@
+"""The public API for bringing your own tool to onceflow.
+
+A tool is a ``Tool``: a ``ToolContract`` (what it does to the world and what makes a
+repeat safe) plus an async ``perform`` function, optionally a ``look_up`` and an
+``open_client``. Put it in your own package and name it in configuration
+(``ONCEFLOW_TOOLS=package.module:TOOL`` or an ``onceflow.tools`` entry point); the
+worker, the gateway and the MCP server load it at start-up and refuse it, with a fix,
+if it is unsafe: no attempt timeout, an ``idempotent`` claim with no dedupe strategy, a
+client that retries on its own.
+
+A minimal tool (``examples/ticketdesk`` has the whole of it)::
+
+    from collections.abc import AsyncIterator
+    from contextlib import asynccontextmanager
+    from datetime import timedelta
+
+    import httpx
+    from pydantic import BaseModel
+
+    from onceflow.tools import (
+        DedupeStrategy, EffectFlags, OutcomeClass, Tool, ToolAttemptResult, ToolCall,
+        ToolContract, classify_http_error, classify_http_status,
+    )
+
+    class CreateTicket(BaseModel):
+        title: str
+
+    @asynccontextmanager
+    async def open_desk() -> AsyncIterator[httpx.AsyncClient]:
+        async with httpx.AsyncClient(base_url="http://127.0.0.1:8700", timeout=5) as desk:
+            yield desk  # httpx does not retry by default; keep it that way
+
+    async def create_ticket(call: ToolCall[CreateTicket]) -> ToolAttemptResult:
+        operation = await call.begin("create", provider_account="ticketdesk")
+        if operation.earlier_success:
+            return operation.earlier_success
+        try:
+            response = await call.client.post(
+                "/tickets", json=call.args.model_dump(),
+                headers={"Idempotency-Key": operation.key},
+            )
+        except httpx.HTTPError as error:
+            return await operation.failed(*classify_http_error(error))
+        outcome, reason = classify_http_status(response.status_code)
+        if outcome is not OutcomeClass.SUCCEEDED:
+            return await operation.failed(outcome, reason)
+        ticket = response.json()
+        return await operation.succeeded(ticket["id"], ticket)
+
+    CREATE_TICKET = Tool(
+        contract=ToolContract(
+            name="create_ticket",
+            description="Open a ticket at the help desk.",
+            input_model=CreateTicket,
+            effects=EffectFlags(idempotent=True),
+            dedupe=DedupeStrategy.PROVIDER_IDEMPOTENCY_KEY,
+            provider_key_retention=timedelta(hours=24),
+            start_to_close_timeout=timedelta(seconds=10),
+        ),
+        perform=create_ticket,
+        open_client=open_desk,
+    )
+
+The full walk-through is README.md, "Add your own tool"; the reference is
+docs/tool-api.md, generated from these docstrings.
+"""
+
+from onceflow.retry_policy import OutcomeClass
+from onceflow.storage import classify_database_error
+from onceflow.tools._activities import tool_activities
+from onceflow.tools._attempts import ToolAttemptResult, ToolCallInput
+from onceflow.tools._call import (
+    DEFAULT_HEARTBEAT_EVERY,
+    DEFAULT_LEASE_TTL,
+    ChildOperation,
+    ToolCall,
+)
+from onceflow.tools._catalogue import CATALOGUE, Catalogue, UnknownTool
+from onceflow.tools._checks import ToolRegistrationError
+from onceflow.tools._classify import NothingSent, classify_http_error, classify_http_status
+from onceflow.tools._client_retries import client_retry_problems, open_tool_client
+from onceflow.tools._contract import ApprovalThreshold, DedupeStrategy, EffectFlags, ToolContract
+from onceflow.tools._identity import (
+    IDEMPOTENCY_KEY_MAX_LENGTH,
+    MalformedIdempotencyKey,
+    arguments_digest,
+    check_idempotency_key,
+    derive_child_key,
+    derive_task_workflow_id,
+    key_digest,
+)
+from onceflow.tools._lease import Lease, LeaseLost
+from onceflow.tools._loading import (
+    ENTRY_POINT_GROUP,
+    load_configured_tools,
+    load_tools,
+    register_tools,
+)
+from onceflow.tools._tool import ClientOpener, Implementation, Tool, lookup_activity_name
+from onceflow.tools.coupons import ISSUE_COUPON, IssueCouponInput
+from onceflow.tools.deployments import START_DEPLOYMENT, StartDeploymentInput
+from onceflow.tools.email import SEND_EMAIL, SendEmailInput
+from onceflow.tools.orders import CREATE_ORDER, CreateOrderInput, OrderLine
+from onceflow.tools.payments import (
+    CHARGE_PAYMENT,
+    REFUND_PAYMENT,
+    ChargePaymentInput,
+    PaymentToolSettings,
+    RefundPaymentInput,
+)
+
+_BUILTIN = (
+    ISSUE_COUPON,
+    CREATE_ORDER,
+    CHARGE_PAYMENT,
+    REFUND_PAYMENT,
+    SEND_EMAIL,
+    START_DEPLOYMENT,
+)
+for _builtin in _BUILTIN:
+    CATALOGUE.register(_builtin)
+
+__all__ = [
+    "CATALOGUE",
+    "CHARGE_PAYMENT",
+    "CREATE_ORDER",
+    "DEFAULT_HEARTBEAT_EVERY",
+    "DEFAULT_LEASE_TTL",
+    "ENTRY_POINT_GROUP",
+    "IDEMPOTENCY_KEY_MAX_LENGTH",
+    "ISSUE_COUPON",
+    "REFUND_PAYMENT",
+    "SEND_EMAIL",
+    "START_DEPLOYMENT",
+    "ApprovalThreshold",
+    "arguments_digest",
+    "Catalogue",
+    "ChargePaymentInput",
+    "check_idempotency_key",
+    "ChildOperation",
+    "classify_database_error",
+    "classify_http_error",
+    "classify_http_status",
+    "client_retry_problems",
+    "ClientOpener",
+    "CreateOrderInput",
+    "DedupeStrategy",
+    "derive_child_key",
+    "derive_task_workflow_id",
+    "EffectFlags",
+    "Implementation",
+    "IssueCouponInput",
+    "key_digest",
+    "Lease",
+    "LeaseLost",
+    "load_configured_tools",
+    "load_tools",
+    "lookup_activity_name",
+    "MalformedIdempotencyKey",
+    "NothingSent",
+    "open_tool_client",
+    "OrderLine",
+    "OutcomeClass",
+    "PaymentToolSettings",
+    "RefundPaymentInput",
+    "register_tools",
+    "SendEmailInput",
+    "StartDeploymentInput",
+    "Tool",
+    "tool_activities",
+    "ToolAttemptResult",
+    "ToolCall",
+    "ToolCallInput",
+    "ToolContract",
+    "ToolRegistrationError",
+    "UnknownTool",
+]

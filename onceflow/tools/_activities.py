@@ -1,0 +1,89 @@
+"""Turns a registered tool into Temporal activities the workflow calls by the tool's name.
+
+The wrapper validates the arguments, hands the implementation a ``ToolCall``, and makes
+sure every attempt ends as one classified ``ToolAttemptResult``: an exception becomes
+``unknown`` (the effect may have happened), ``NothingSent`` becomes ``transient``.
+"""
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool
+from pydantic import ValidationError
+from temporalio import activity
+
+from onceflow.retry_policy import OutcomeClass
+from onceflow.tools._attempts import ToolAttemptResult, ToolCallInput
+from onceflow.tools._call import ToolCall
+from onceflow.tools._classify import NothingSent
+from onceflow.tools._tool import Implementation, Tool, lookup_activity_name
+
+_log = logging.getLogger(__name__)
+
+
+def tool_activities(tool: Tool, pool: AsyncConnectionPool, client: Any) -> list[Callable[..., Any]]:
+    """The activities of ``tool`` (perform, and its lookup if any) bound to its client."""
+
+    @activity.defn(name=tool.name)
+    async def perform(identity: ToolCallInput) -> ToolAttemptResult:
+        return await _run(tool, tool.perform, identity, pool, client)
+
+    activities: list[Callable[..., Any]] = [perform]
+    look_up = tool.look_up
+    if look_up is not None:
+
+        @activity.defn(name=lookup_activity_name(tool.name))
+        async def run_look_up(identity: ToolCallInput) -> ToolAttemptResult:
+            return await _run(tool, look_up, identity, pool, client)
+
+        activities.append(run_look_up)
+    return activities
+
+
+async def _run(
+    tool: Tool,
+    implementation: Implementation,
+    identity: ToolCallInput,
+    pool: AsyncConnectionPool,
+    client: Any,
+) -> ToolAttemptResult:
+    contract = tool.registered_contract
+    try:
+        args = contract.input_model.model_validate(identity.arguments)
+    except ValidationError as invalid:
+        # Field names and pydantic's messages only: the values may be secrets.
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in error['loc']) or 'arguments'}: {error['msg']}"
+            for error in invalid.errors()
+        )
+        return ToolAttemptResult(
+            outcome=OutcomeClass.REJECTED, reason=f"invalid arguments: {problems}"
+        )
+    call = ToolCall(args=args, identity=identity, client=client, contract=contract, pool=pool)
+    try:
+        result = await implementation(call)
+    except NothingSent as not_sent:
+        return ToolAttemptResult(outcome=OutcomeClass.TRANSIENT, reason=str(not_sent))
+    except asyncio.CancelledError:
+        raise
+    except Exception as error:
+        # The message may quote a request body or a secret: log and report the type only.
+        _log.warning(
+            "%s raised %s in step %s of %s; outcome unknown",
+            tool.name,
+            type(error).__name__,
+            identity.step_id,
+            identity.workflow_id,
+        )
+        return ToolAttemptResult(
+            outcome=OutcomeClass.UNKNOWN,
+            reason=f"{tool.name} raised {type(error).__name__}; the effect may have happened",
+        )
+    if not isinstance(result, ToolAttemptResult):
+        return ToolAttemptResult(
+            outcome=OutcomeClass.UNKNOWN,
+            reason=f"{tool.name} returned a {type(result).__name__}, not a ToolAttemptResult",
+        )
+    return result

@@ -1,0 +1,110 @@
+"""Refuse clients that retry on their own: one layer (the workflow's budget) owns retries.
+
+A client's hidden retry repeats a request the workflow counts as one attempt, outside
+the budget and, for a request without an idempotency key, possibly doubling the effect.
+onceflow can see the retry settings of httpx, requests/urllib3 and Stripe clients; a
+client it cannot inspect is the tool author's responsibility.
+"""
+
+from collections.abc import Iterator
+from contextlib import AsyncExitStack
+from typing import Any
+
+from onceflow.tools._checks import Problem, refuse
+from onceflow.tools._tool import Tool
+
+
+async def open_tool_client(tool: Tool, clients: AsyncExitStack) -> Any:
+    """Open ``tool``'s client for as long as ``clients`` stays open; None without one.
+
+    Raises:
+        ToolRegistrationError: The client (or a client it holds) retries on its own.
+    """
+    if tool.open_client is None:
+        return None
+    client = await clients.enter_async_context(tool.open_client())
+    problems = client_retry_problems(client)
+    if problems:
+        raise refuse(tool.name, problems)
+    return client
+
+
+def client_retry_problems(client: Any) -> list[Problem]:
+    """The retry settings left on in ``client`` or in the clients it holds (one level)."""
+    problems: list[Problem] = []
+    for label, candidate in _candidates(client):
+        retries = _retries_of(candidate)
+        if retries:
+            problems.append(
+                (
+                    f"its client {label + ' ' if label else ''}({type(candidate).__name__}) "
+                    f"retries on its own ({retries})",
+                    _FIXES.get(type(candidate).__module__.split(".")[0], "turn its retries off"),
+                )
+            )
+    return problems
+
+
+_FIXES = {
+    "httpx": "build its transport with retries=0 (the default): httpx.AsyncHTTPTransport()",
+    "stripe": "build the StripeClient with max_network_retries=0",
+    "requests": "mount an HTTPAdapter with max_retries=0",
+    "urllib3": "pass retries=False",
+}
+
+
+def _candidates(client: Any) -> Iterator[tuple[str, Any]]:
+    if client is None:
+        return
+    yield "", client
+    members: dict[str, Any] = {}
+    if isinstance(client, dict):
+        members = {str(name): value for name, value in client.items()}
+    elif isinstance(client, tuple | list):
+        members = {f"[{index}]": value for index, value in enumerate(client)}
+    elif hasattr(client, "__dict__") and type(client).__module__.split(".")[0] not in _FIXES:
+        members = {name: value for name, value in vars(client).items() if not name.startswith("_")}
+    for name, value in members.items():
+        yield f"{name!r}", value
+
+
+def _retries_of(candidate: Any) -> str | None:
+    module = type(candidate).__module__.split(".")[0]
+    if module == "httpx":
+        return _httpx_retries(candidate)
+    if module == "stripe" and type(candidate).__name__ == "StripeClient":
+        return _stripe_retries(candidate)
+    if module == "requests" and hasattr(candidate, "adapters"):
+        return _requests_retries(candidate)
+    if module == "urllib3" and hasattr(candidate, "connection_pool_kw"):
+        retries = candidate.connection_pool_kw.get("retries")
+        return None if retries in (False, 0) else f"retries={retries!r}"
+    return None
+
+
+def _httpx_retries(client: Any) -> str | None:
+    transports = [getattr(client, "_transport", None), *getattr(client, "_mounts", {}).values()]
+    for transport in transports:
+        count = getattr(getattr(transport, "_pool", None), "_retries", 0)
+        if count:
+            return f"transport retries={count}"
+    return None
+
+
+def _stripe_retries(client: Any) -> str | None:
+    import stripe
+
+    options = getattr(getattr(client, "_requestor", None), "_options", None)
+    count = getattr(options, "max_network_retries", None)
+    if count is None:
+        count = stripe.max_network_retries  # a client left at None uses the global default
+    return f"max_network_retries={count}" if count else None
+
+
+def _requests_retries(session: Any) -> str | None:
+    for prefix, adapter in session.adapters.items():
+        retry = getattr(adapter, "max_retries", None)
+        total = getattr(retry, "total", 0)
+        if total or getattr(retry, "connect", None) or getattr(retry, "read", None):
+            return f"max_retries={total!r} for {prefix}"
+    return None

@@ -1,0 +1,28 @@
+"""The ``issue_coupon`` tool: deduped by a natural key in the database."""
+
+from datetime import timedelta
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from onceflow.tools._contract import DedupeStrategy, EffectFlags, ToolContract
+
+_IDENTIFIER = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
+
+
+class IssueCouponInput(BaseModel):
+    """Give one coupon to one user."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    user_id: str = Field(pattern=_IDENTIFIER)
+    coupon_id: str = Field(pattern=_IDENTIFIER)
+
+
+ISSUE_COUPON = ToolContract(
+    name="issue_coupon",
+    description="Issue a coupon to a user; a user holds each coupon at most once.",
+    input_model=IssueCouponInput,
+    effects=EffectFlags(idempotent=True, open_world=False),
+    dedupe=DedupeStrategy.NATURAL_KEY,
+    start_to_close_timeout=timedelta(seconds=15),
+)

@@ -1,0 +1,162 @@
+"""The ``charge_payment`` and ``refund_payment`` tools: Stripe dedupes their derived keys.
+
+Each step sends one POST whose ``Idempotency-Key`` is derived from the step's full
+identity, so repeating the step repeats the same key and Stripe replays the first answer.
+Stripe forgets a key after about 24 hours; after that a repeat would be a new charge, so
+the contracts carry the provider's key retention and a safety margin, and the workflow
+repeats only while the first attempt is younger than ``retention - margin``; past that
+it runs the lookup activity and parks if the lookup is inconclusive.
+
+Configuration (``PaymentToolSettings``) is read from the environment and the
+configuration file's ``[tools.payments]`` once, when this module is imported. The
+workflow reads these contracts on every worker that runs task workflows, and a replay
+must decide as the original run did, so **every worker must run with the same values**
+(deploy them together, like code).
+"""
+
+from datetime import timedelta
+from decimal import Decimal
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_settings import SettingsConfigDict
+
+from onceflow.settings import FileBackedSettings, read_settings
+from onceflow.tools._contract import ApprovalThreshold, DedupeStrategy, EffectFlags, ToolContract
+
+CHARGE_CHILD_OP = "charge"
+"""Child operation name of a charge in its derived key."""
+REFUND_CHILD_OP = "refund"
+"""Child operation name of a refund in its derived key."""
+LOOK_UP_CHARGE = "look_up_charge_payment"
+"""Activity that looks a charge up by its correlation ids before the step parks."""
+LOOK_UP_REFUND = "look_up_refund_payment"
+"""Activity that looks a refund up by its correlation ids before the step parks."""
+
+_IDENTIFIER = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
+_STRIPE_ID = r"^[a-z]{2,6}_[A-Za-z0-9_]{1,200}$"
+_LARGEST_AMOUNT = 99_999_999
+"""Stripe accepts at most eight digits in the smallest currency unit."""
+
+
+class PaymentToolSettings(FileBackedSettings):
+    """What the workflow needs to know about the payment provider; same on every worker.
+
+    Read from ``ONCEFLOW_PAYMENTS_*`` and the file's ``[tools.payments]``; durations are
+    ISO 8601 (``PT24H``) or ``HH:MM:SS``.
+    """
+
+    config_table = "tools.payments"
+    model_config = SettingsConfigDict(env_prefix="ONCEFLOW_PAYMENTS_", extra="ignore", frozen=True)
+
+    key_retention: timedelta = Field(default=timedelta(hours=24), gt=timedelta(0))
+    """How long the provider honours an idempotency key (Stripe: about 24 h). Default 24 h."""
+    retention_margin: timedelta = Field(default=timedelta(hours=1), ge=timedelta(0))
+    """Subtracted from ``key_retention`` before a repeat is still called safe, for clock
+    skew and the time a request spends in flight. Default 1 h."""
+    refund_approval_above: int = Field(default=10_000, ge=0)
+    """Refunds of more than this many minor units (or of an unstated amount) wait for a
+    person's approval. Default 10 000 (100.00 in a two-decimal currency)."""
+    attempt_timeout: timedelta = Field(default=timedelta(seconds=60), gt=timedelta(0))
+    """Longest one attempt (or lookup) may run before its outcome counts as unknown; must
+    exceed two Stripe calls (``ONCEFLOW_STRIPE_*_TIMEOUT``). Default 60 s."""
+
+    @model_validator(mode="after")
+    def _margin_leaves_a_window(self) -> "PaymentToolSettings":
+        if self.retention_margin >= self.key_retention:
+            raise ValueError("retention_margin must be shorter than key_retention")
+        return self
+
+
+class ChargePaymentInput(BaseModel):
+    """Charge a customer's payment method once for an order."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    amount: int = Field(strict=True, gt=0, le=_LARGEST_AMOUNT)
+    """Amount in the currency's smallest unit (cents for EUR and USD)."""
+    currency: str = Field(pattern=r"^[a-z]{3}$")
+    """Three-letter ISO currency code, lower case."""
+    customer: str = Field(pattern=_STRIPE_ID)
+    """The Stripe customer (``cus_…``)."""
+    payment_method: str = Field(pattern=_STRIPE_ID)
+    """The customer's saved payment method (``pm_…``)."""
+    order_id: str = Field(pattern=_IDENTIFIER)
+    """The order being paid; shown in Stripe as the charge's description and metadata."""
+
+
+class RefundPaymentInput(BaseModel):
+    """Refund (part of) a charge: name the PaymentIntent, or a charge step of this task."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    payment_intent: str | None = Field(default=None, pattern=r"^pi_[A-Za-z0-9_]{1,200}$")
+    """The PaymentIntent whose charge is refunded."""
+    charge_step: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
+    """Instead of ``payment_intent``: the id of an earlier ``charge_payment`` step of the
+    same task, whose PaymentIntent onceflow recorded when that step succeeded."""
+    amount: int | None = Field(default=None, strict=True, gt=0, le=_LARGEST_AMOUNT)
+    """Minor units to refund; None refunds what is left (and always needs approval)."""
+    reason: Literal["duplicate", "fraudulent", "requested_by_customer"] | None = None
+
+    @model_validator(mode="after")
+    def _names_one_charge(self) -> "RefundPaymentInput":
+        if (self.payment_intent is None) == (self.charge_step is None):
+            raise ValueError("give exactly one of payment_intent and charge_step")
+        return self
+
+
+def charge_payment_contract(
+    settings: PaymentToolSettings, *, name: str = "charge_payment"
+) -> ToolContract:
+    """The ``charge_payment`` contract under ``settings`` (``name`` for test variants)."""
+    return ToolContract(
+        name=name,
+        description=(
+            "Charge a customer's saved payment method for an order; the same call in the "
+            "same task charges at most once."
+        ),
+        input_model=ChargePaymentInput,
+        # Idempotent per step: the same call (same task, same step) always carries the
+        # same derived key, Stripe replays the first answer for it, and once Stripe may
+        # have forgotten the key onceflow looks up or parks instead of posting again.
+        # A call under a *new* idempotency key is a new task and a new charge.
+        # Not destructive: a charge adds money movement, it destroys nothing.
+        effects=EffectFlags(idempotent=True, destructive=False, open_world=True),
+        dedupe=DedupeStrategy.PROVIDER_IDEMPOTENCY_KEY,
+        start_to_close_timeout=settings.attempt_timeout,
+        provider_key_retention=settings.key_retention,
+        retention_margin=settings.retention_margin,
+        lookup_activity=LOOK_UP_CHARGE,
+    )
+
+
+def refund_payment_contract(
+    settings: PaymentToolSettings, *, name: str = "refund_payment"
+) -> ToolContract:
+    """The ``refund_payment`` contract under ``settings`` (``name`` for test variants)."""
+    return ToolContract(
+        name=name,
+        description=(
+            "Refund a charge, in full or in part; large refunds wait for a person's approval."
+        ),
+        input_model=RefundPaymentInput,
+        # Idempotent per step for the same reason as charge_payment; destructive because
+        # it undoes a payment. Approval is a separate question from idempotency.
+        effects=EffectFlags(idempotent=True, destructive=True, open_world=True),
+        dedupe=DedupeStrategy.PROVIDER_IDEMPOTENCY_KEY,
+        start_to_close_timeout=settings.attempt_timeout,
+        requires_approval=True,
+        approval_threshold=ApprovalThreshold(
+            argument="amount", above=Decimal(settings.refund_approval_above)
+        ),
+        provider_key_retention=settings.key_retention,
+        retention_margin=settings.retention_margin,
+        lookup_activity=LOOK_UP_REFUND,
+    )
+
+
+PAYMENT_TOOL_SETTINGS = read_settings(PaymentToolSettings)
+"""The settings every worker read at import; the contracts below are built from them."""
+CHARGE_PAYMENT = charge_payment_contract(PAYMENT_TOOL_SETTINGS)
+REFUND_PAYMENT = refund_payment_contract(PAYMENT_TOOL_SETTINGS)

@@ -1,0 +1,591 @@
+"""``AgentTaskWorkflow``: one agent task, its steps run in order under one retry budget.
+
+The workflow is the only retry owner: every activity runs with ``maximum_attempts=1``
+and after each attempt the workflow asks ``retry_policy`` what to do. An unknown outcome
+whose repeat is not provably safe parks the step until an operator decides.
+"""
+
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy, SearchAttributeUpdate
+from temporalio.exceptions import ActivityError, ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from pydantic import BaseModel, ValidationError
+
+    from onceflow.retry_policy import (
+        FailStep,
+        OutcomeClass,
+        ParkStep,
+        RetryBudget,
+        RetryStep,
+        StepUsage,
+        decide_after_attempt,
+    )
+    from onceflow.tools import (
+        CATALOGUE,
+        ToolAttemptResult,
+        ToolCallInput,
+        ToolContract,
+        UnknownTool,
+    )
+    from onceflow.tools import arguments_digest as digest_arguments
+    from onceflow.workflows.task_models import (
+        RECORD_TASK_OUTCOME,
+        AgentTaskInput,
+        ApproveInput,
+        AttemptRecord,
+        BudgetStatus,
+        DecisionRecord,
+        DecisionResult,
+        ReconcileDecision,
+        ReconcileInput,
+        StepInput,
+        StepState,
+        StepStatus,
+        TaskOutcomeInput,
+        TaskState,
+        TaskStatus,
+    )
+    from onceflow.workflows.visibility import TASK_PARKED_AT, TASK_STATE, TASK_TENANT, TASK_TOOLS
+
+ONE_ATTEMPT = RetryPolicy(maximum_attempts=1)
+TRACE_ID_MEMO = "trace_id"
+"""Memo field with the id of the trace that started the task (set by ``TaskClient``)."""
+
+
+UNREGISTERED_TOOL_WAITS = "unregistered-tool-waits-for-a-worker"
+"""Patch id: an unknown tool fails the workflow task instead of the step (see _validated)."""
+UNREGISTERED_ACTIVITY_IS_TRANSIENT = "unregistered-activity-is-transient"
+"""Patch id: an attempt no worker could run (activity not registered) ran nothing."""
+
+
+class ToolNotOnThisWorker(RuntimeError):
+    """The worker running the workflow task does not know a step's tool: retry elsewhere."""
+
+
+class _StepStopped(Exception):
+    """The step ended without success; the task stops with the step's reason."""
+
+
+@workflow.defn
+class AgentTaskWorkflow:
+    """Runs an agent task's tool calls in order, retrying only within its budget."""
+
+    @workflow.init
+    def __init__(self, task: AgentTaskInput) -> None:
+        self._task = task
+        self._budget = task.budget or RetryBudget()
+        self._started_at = workflow.now()
+        self._state = TaskState.RUNNING
+        self._failure_reason: str | None = None
+        self._steps = {
+            step.step_id: StepStatus(
+                step_id=step.step_id,
+                tool=step.tool,
+                arguments=step.arguments,
+                arguments_digest=digest_arguments(step.tool, step.arguments),
+            )
+            for step in task.steps
+        }
+        self._decisions: list[DecisionRecord] = []
+        self._approvals: dict[str, ApproveInput] = {}
+        self._reconciliations: dict[str, ReconcileInput] = {}
+        self._budgeted_attempts = 0
+        self._operator_authorised_attempts = 0
+
+    @workflow.run
+    async def run(self, task: AgentTaskInput) -> TaskStatus:
+        workflow.upsert_search_attributes(
+            [
+                TASK_TENANT.value_set(task.tenant),
+                TASK_TOOLS.value_set(sorted({step.tool for step in task.steps})),
+                TASK_STATE.value_set(self._state.value),
+            ]
+        )
+        try:
+            for step in task.steps:
+                await self._run_step(step)
+            self._set_state(TaskState.SUCCEEDED)
+        except _StepStopped as stopped:
+            self._failure_reason = str(stopped)
+            self._set_state(TaskState.FAILED)
+        if task.record_outcome:
+            await self._record_outcome()
+        # A decision arriving as the task ends must finish before the workflow completes.
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        return self._status()
+
+    # ── queries, updates and signals ────────────────────────────────────────────────
+
+    @workflow.query
+    def status(self) -> TaskStatus:
+        """The task's state, every step's attempts, evidence and the budget spent."""
+        return self._status()
+
+    @workflow.update
+    def approve(self, decision: ApproveInput) -> DecisionResult:
+        """Approve or deny a step awaiting approval (validated before it is recorded)."""
+        return self._accept_approval(decision, via="update")
+
+    @approve.validator
+    def _validate_approve(self, decision: ApproveInput) -> None:
+        problem = self._approval_problem(decision)
+        if problem:
+            raise ValueError(problem)
+
+    @workflow.signal(name="approve")
+    def approve_signal(self, decision: ApproveInput) -> None:
+        """The same decision as ``approve``, for the UI; an invalid one is only recorded."""
+        problem = self._approval_problem(decision)
+        if problem:
+            self._record_rejected(
+                "approve", decision, "approve" if decision.approved else "deny", problem
+            )
+            return
+        self._accept_approval(decision, via="signal")
+
+    @workflow.update
+    def reconcile(self, decision: ReconcileInput) -> DecisionResult:
+        """Decide a parked step: happened, did_not_happen or abandon."""
+        return self._accept_reconciliation(decision, via="update")
+
+    @reconcile.validator
+    def _validate_reconcile(self, decision: ReconcileInput) -> None:
+        problem = self._reconciliation_problem(decision)
+        if problem:
+            raise ValueError(problem)
+
+    @workflow.signal(name="reconcile")
+    def reconcile_signal(self, decision: ReconcileInput) -> None:
+        """The same decision as ``reconcile``, for the UI; an invalid one is only recorded."""
+        problem = self._reconciliation_problem(decision)
+        if problem:
+            self._record_rejected("reconcile", decision, decision.decision.value, problem)
+            return
+        self._accept_reconciliation(decision, via="signal")
+
+    # ── application logic ───────────────────────────────────────────────────────────
+
+    async def _run_step(self, step: StepInput) -> None:
+        status = self._steps[step.step_id]
+        contract, arguments = self._validated(step, status)
+        if contract.needs_approval(arguments):
+            await self._await_approval(status)
+        operator_authorised = False
+        saw_unknown = False
+        while True:
+            result = await self._attempt(step, contract, status, operator_authorised)
+            if result.outcome is OutcomeClass.SUCCEEDED:
+                self._finish_step(status, result.resource_id, result.result)
+                return
+            saw_unknown = saw_unknown or result.outcome is OutcomeClass.UNKNOWN
+            decision = decide_after_attempt(
+                self._budget,
+                result.outcome,
+                self._usage(status, saw_unknown),
+                safe_repeat_window=contract.safe_repeat_window(self._first_attempt_age(status)),
+                random_fraction=workflow.random().random,
+            )
+            operator_authorised = False
+            if not isinstance(decision, RetryStep) and decision.budget_exhausted:
+                _count("onceflow_budget_exhausted", tool=step.tool, then=decision.kind)
+            if isinstance(decision, RetryStep):
+                status.state = StepState.BACKING_OFF
+                await workflow.sleep(
+                    decision.delay, summary=f"backoff before retrying step {step.step_id}"
+                )
+            elif isinstance(decision, FailStep):
+                last = f" (last attempt: {result.reason})" if result.reason else ""
+                self._stop_step(
+                    status, StepState.FAILED, f"step {step.step_id}: {decision.reason}{last}"
+                )
+            elif isinstance(decision, ParkStep):
+                found = await self._look_up(step, contract, status)
+                if found is not None:
+                    self._finish_step(status, found.resource_id, found.result)
+                    return
+                finding = await self._park(status, decision.reason)
+                if finding.decision is ReconcileDecision.HAPPENED:
+                    self._finish_step(status, finding.resource_id, {"reconciled": True})
+                    return
+                if finding.decision is ReconcileDecision.ABANDON:
+                    self._stop_step(
+                        status,
+                        StepState.ABANDONED,
+                        f"step {step.step_id} abandoned by {finding.operator}: {finding.reason}",
+                    )
+                operator_authorised = True
+                saw_unknown = False
+
+    def _validated(self, step: StepInput, status: StepStatus) -> tuple[ToolContract, BaseModel]:
+        try:
+            contract = CATALOGUE.get(step.tool)
+            return contract, contract.input_model.model_validate(step.arguments)
+        except UnknownTool as unknown:
+            if workflow.patched(UNREGISTERED_TOOL_WAITS):
+                # The boundary only starts tasks with catalogued tools, so this worker is
+                # missing a custom tool: fail the workflow task (Temporal retries it, the UI
+                # shows why) until a worker with the tool picks it up; fail nothing for good.
+                raise ToolNotOnThisWorker(
+                    f"tool {step.tool!r} is not registered on this worker; load it on every "
+                    "worker of the task queue (ONCEFLOW_TOOLS)"
+                ) from None
+            self._stop_step(status, StepState.FAILED, f"step {step.step_id}: {unknown}")
+        except ValidationError as invalid:
+            problems = "; ".join(
+                f"{'.'.join(str(part) for part in error['loc']) or 'arguments'}: {error['msg']}"
+                for error in invalid.errors()
+            )
+            self._stop_step(
+                status, StepState.FAILED, f"step {step.step_id}: invalid arguments: {problems}"
+            )
+        raise AssertionError("unreachable")  # _stop_step always raises
+
+    async def _attempt(
+        self,
+        step: StepInput,
+        contract: ToolContract,
+        status: StepStatus,
+        operator_authorised: bool,
+    ) -> ToolAttemptResult:
+        attempt = len(status.attempts) + 1
+        if operator_authorised:
+            self._operator_authorised_attempts += 1
+        else:
+            self._budgeted_attempts += 1
+        status.state = StepState.RUNNING
+        started_at = workflow.now()
+        call = ToolCallInput(
+            tenant=self._task.tenant,
+            principal=self._task.principal,
+            workflow_id=workflow.info().workflow_id,
+            step_id=step.step_id,
+            tool=step.tool,
+            arguments=step.arguments,
+            attempt=attempt,
+            evidence=status.evidence,
+        )
+        try:
+            result: ToolAttemptResult = await workflow.execute_activity(
+                contract.name,
+                call,
+                result_type=ToolAttemptResult,
+                start_to_close_timeout=contract.attempt_timeout,
+                heartbeat_timeout=contract.heartbeat_timeout,
+                retry_policy=ONE_ATTEMPT,
+                summary=f"{contract.name} · step {step.step_id} · attempt {attempt}",
+            )
+        except ActivityError as failure:
+            result = ToolAttemptResult(
+                outcome=OutcomeClass.UNKNOWN, reason=_describe_activity_failure(failure)
+            )
+            if _not_registered(failure) and workflow.patched(UNREGISTERED_ACTIVITY_IS_TRANSIENT):
+                result = ToolAttemptResult(
+                    outcome=OutcomeClass.TRANSIENT,
+                    reason=(
+                        f"the worker that took the attempt has no tool {contract.name!r}, so "
+                        "nothing ran; load it on every worker of the task queue (ONCEFLOW_TOOLS)"
+                    ),
+                )
+        _count("onceflow_attempts", tool=step.tool, outcome=result.outcome.value)
+        status.attempts.append(
+            AttemptRecord(
+                attempt=attempt,
+                outcome=result.outcome,
+                started_at=started_at,
+                finished_at=workflow.now(),
+                operator_authorised=operator_authorised,
+                reason=result.reason,
+                evidence=result.evidence,
+            )
+        )
+        status.evidence.update(result.evidence)
+        return result
+
+    async def _look_up(
+        self, step: StepInput, contract: ToolContract, status: StepStatus
+    ) -> ToolAttemptResult | None:
+        """Before parking, ask the provider (strongly consistent reads first) if it happened."""
+        if contract.lookup_activity is None:
+            return None
+        call = ToolCallInput(
+            tenant=self._task.tenant,
+            principal=self._task.principal,
+            workflow_id=workflow.info().workflow_id,
+            step_id=step.step_id,
+            tool=step.tool,
+            arguments=step.arguments,
+            attempt=len(status.attempts),
+            evidence=status.evidence,
+        )
+        try:
+            found: ToolAttemptResult = await workflow.execute_activity(
+                contract.lookup_activity,
+                call,
+                result_type=ToolAttemptResult,
+                start_to_close_timeout=contract.attempt_timeout,
+                retry_policy=ONE_ATTEMPT,
+                summary=f"look up step {step.step_id}'s effect before parking",
+            )
+        except ActivityError as failure:
+            status.evidence["lookup"] = _describe_activity_failure(failure)
+            return None
+        status.evidence.update(found.evidence)
+        if found.outcome is OutcomeClass.SUCCEEDED:
+            return found
+        status.evidence["lookup"] = found.reason or "inconclusive"
+        return None
+
+    async def _record_outcome(self) -> None:
+        # The record is the boundary's answer to repeats. Writing it is an idempotent
+        # local update, so the workflow (still the only retry owner) tries a few times;
+        # if all fail, the boundary falls back to asking the workflow itself.
+        outcome = TaskOutcomeInput(workflow_id=workflow.info().workflow_id, status=self._status())
+        for attempt in range(1, 6):
+            try:
+                await workflow.execute_activity(
+                    RECORD_TASK_OUTCOME,
+                    outcome,
+                    start_to_close_timeout=timedelta(seconds=30),
+                    retry_policy=ONE_ATTEMPT,
+                    summary="record the task's result for repeated requests",
+                )
+                return
+            except ActivityError as failure:
+                workflow.logger.warning(
+                    "recording the task outcome failed (attempt %d): %s",
+                    attempt,
+                    _describe_activity_failure(failure),
+                )
+                await workflow.sleep(timedelta(seconds=2**attempt))
+
+    # ── approval and parking plumbing ───────────────────────────────────────────────
+
+    async def _await_approval(self, status: StepStatus) -> None:
+        status.state = StepState.AWAITING_APPROVAL
+        self._set_state(TaskState.AWAITING_APPROVAL)
+        workflow.set_current_details(
+            f"Step {status.step_id} ({status.tool}) awaits approval of arguments "
+            f"{status.arguments_digest}.\n\n"
+            f"`onceflow approve {workflow.info().workflow_id} --step {status.step_id} "
+            f"--approve|--deny --reason TEXT`"
+        )
+        await workflow.wait_condition(lambda: status.step_id in self._approvals)
+        approval = self._approvals[status.step_id]
+        workflow.set_current_details("")
+        if not approval.approved:
+            self._stop_step(
+                status,
+                StepState.DENIED,
+                f"step {status.step_id} denied by {approval.approver}: {approval.reason}",
+            )
+        self._set_state(TaskState.RUNNING)
+
+    async def _park(self, status: StepStatus, reason: str) -> ReconcileInput:
+        workflow_id = workflow.info().workflow_id
+        status.state = StepState.PARKED
+        status.park_reason = reason
+        status.reconcile_command = (
+            f"onceflow reconcile {workflow_id} --step {status.step_id} "
+            "--decision happened|did_not_happen|abandon [--resource-id ID] --reason TEXT"
+        )
+        self._set_state(TaskState.PARKED)
+        _count("onceflow_tasks_parked", tool=status.tool)
+        evidence = "\n".join(
+            f"- {name}: {value}" for name, value in sorted(status.evidence.items())
+        )
+        trace_id = workflow.memo_value(TRACE_ID_MEMO, default=None, type_hint=str)
+        trace = f"\n\nTrace: `{trace_id}`" if trace_id else ""
+        workflow.set_current_details(
+            f"Parked at step {status.step_id} ({status.tool}): {reason}\n\n"
+            f"Evidence:\n{evidence or '- none'}\n\nDecide with:\n`{status.reconcile_command}`"
+            f"{trace}"
+        )
+        await workflow.wait_condition(lambda: status.step_id in self._reconciliations)
+        finding = self._reconciliations.pop(status.step_id)
+        status.park_reason = None
+        status.reconcile_command = None
+        workflow.set_current_details("")
+        self._set_state(TaskState.RUNNING)
+        return finding
+
+    def _approval_problem(self, decision: ApproveInput) -> str | None:
+        status = self._steps.get(decision.step_id)
+        if status is None:
+            return f"this task has no step {decision.step_id!r}"
+        if status.state is not StepState.AWAITING_APPROVAL or decision.step_id in self._approvals:
+            return (
+                f"step {decision.step_id!r} is not awaiting approval (it is {status.state.value})"
+            )
+        if decision.arguments_digest != status.arguments_digest:
+            return (
+                f"the approval is for other arguments: step {decision.step_id!r} has "
+                f"{status.arguments_digest}, the approval names {decision.arguments_digest}"
+            )
+        return None
+
+    def _reconciliation_problem(self, decision: ReconcileInput) -> str | None:
+        status = self._steps.get(decision.step_id)
+        if status is None:
+            return f"this task has no step {decision.step_id!r}"
+        if status.state is not StepState.PARKED or decision.step_id in self._reconciliations:
+            return f"step {decision.step_id!r} is not parked (it is {status.state.value})"
+        return None
+
+    def _accept_approval(
+        self, decision: ApproveInput, *, via: Literal["update", "signal"]
+    ) -> DecisionResult:
+        self._approvals[decision.step_id] = decision
+        self._decisions.append(
+            DecisionRecord(
+                kind="approve",
+                step_id=decision.step_id,
+                decision="approve" if decision.approved else "deny",
+                operator=decision.approver,
+                reason=decision.reason,
+                at=workflow.now(),
+                via=via,
+                arguments_digest=self._steps[decision.step_id].arguments_digest,
+                accepted=True,
+            )
+        )
+        outcome = "approved: it will run" if decision.approved else "denied: it will not run"
+        return DecisionResult(
+            step_id=decision.step_id,
+            step_state=self._steps[decision.step_id].state,
+            message=f"step {decision.step_id} {outcome}",
+        )
+
+    def _accept_reconciliation(
+        self, decision: ReconcileInput, *, via: Literal["update", "signal"]
+    ) -> DecisionResult:
+        self._reconciliations[decision.step_id] = decision
+        self._decisions.append(
+            DecisionRecord(
+                kind="reconcile",
+                step_id=decision.step_id,
+                decision=decision.decision.value,
+                operator=decision.operator,
+                reason=decision.reason,
+                at=workflow.now(),
+                via=via,
+                arguments_digest=self._steps[decision.step_id].arguments_digest,
+                accepted=True,
+            )
+        )
+        consequences = {
+            ReconcileDecision.HAPPENED: f"succeeds with resource {decision.resource_id}",
+            ReconcileDecision.DID_NOT_HAPPEN: "gets one operator-authorised attempt",
+            ReconcileDecision.ABANDON: "is abandoned and the task fails",
+        }
+        return DecisionResult(
+            step_id=decision.step_id,
+            step_state=self._steps[decision.step_id].state,
+            message=f"step {decision.step_id} {consequences[decision.decision]}",
+        )
+
+    def _record_rejected(
+        self,
+        kind: Literal["approve", "reconcile"],
+        decision: ApproveInput | ReconcileInput,
+        verdict: str,
+        problem: str,
+    ) -> None:
+        operator = decision.approver if isinstance(decision, ApproveInput) else decision.operator
+        status = self._steps.get(decision.step_id)
+        self._decisions.append(
+            DecisionRecord(
+                kind=kind,
+                step_id=decision.step_id,
+                decision=verdict,
+                operator=operator,
+                reason=decision.reason,
+                at=workflow.now(),
+                via="signal",
+                arguments_digest=status.arguments_digest if status else "",
+                accepted=False,
+                rejection=problem,
+            )
+        )
+
+    # ── bookkeeping ─────────────────────────────────────────────────────────────────
+
+    def _finish_step(
+        self, status: StepStatus, resource_id: str | None, result: dict[str, Any]
+    ) -> None:
+        status.state = StepState.SUCCEEDED
+        status.resource_id = resource_id
+        status.result = result
+
+    def _stop_step(self, status: StepStatus, state: StepState, reason: str) -> None:
+        status.state = state
+        status.failure_reason = reason
+        raise _StepStopped(reason)
+
+    def _usage(self, status: StepStatus, saw_unknown: bool) -> StepUsage:
+        return StepUsage(
+            task_attempts=self._budgeted_attempts,
+            step_attempts=sum(1 for attempt in status.attempts if not attempt.operator_authorised),
+            elapsed=workflow.now() - self._started_at,
+            step_saw_unknown=saw_unknown,
+        )
+
+    def _first_attempt_age(self, status: StepStatus) -> timedelta:
+        first: datetime = status.attempts[0].started_at
+        return workflow.now() - first
+
+    def _set_state(self, state: TaskState) -> None:
+        if state is not self._state:
+            # One upsert per change: the parked-at time rides along, adding no command.
+            updates: list[SearchAttributeUpdate[Any]] = [TASK_STATE.value_set(state.value)]
+            if state is TaskState.PARKED:
+                updates.append(TASK_PARKED_AT.value_set(workflow.now()))
+            elif self._state is TaskState.PARKED:
+                updates.append(TASK_PARKED_AT.value_unset())
+            self._state = state
+            workflow.upsert_search_attributes(updates)
+
+    def _status(self) -> TaskStatus:
+        return TaskStatus(
+            workflow_id=workflow.info().workflow_id,
+            tenant=self._task.tenant,
+            principal=self._task.principal,
+            state=self._state,
+            steps=list(self._steps.values()),
+            budget=BudgetStatus(
+                budget=self._budget,
+                attempts_used=self._budgeted_attempts,
+                attempts_left=max(self._budget.max_attempts_per_task - self._budgeted_attempts, 0),
+                operator_authorised_attempts=self._operator_authorised_attempts,
+                deadline_at=self._started_at + self._budget.deadline,
+            ),
+            decisions=self._decisions,
+            failure_reason=self._failure_reason,
+        )
+
+
+def _count(name: str, **attributes: str) -> None:
+    """Add one to a counter; Temporal's workflow meter records nothing during replay."""
+    workflow.metric_meter().create_counter(name).add(1, attributes)
+
+
+def _not_registered(failure: ActivityError) -> bool:
+    # The SDK's own refusal, raised before any activity code runs.
+    cause = failure.cause
+    return (
+        isinstance(cause, ApplicationError)
+        and cause.type == "NotFoundError"
+        and "is not registered on this worker" in cause.message
+    )
+
+
+def _describe_activity_failure(failure: ActivityError) -> str:
+    cause = failure.cause
+    if isinstance(cause, ApplicationError):
+        return f"the activity raised {cause.type or 'an error'}: {cause.message}; outcome unknown"
+    if cause is not None:
+        return f"the activity did not report ({type(cause).__name__}: {cause}); outcome unknown"
+    return "the activity failed without a cause; outcome unknown"

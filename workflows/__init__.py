@@ -1,5 +1,0 @@
-"""Deterministic workflow code: ``AgentTaskWorkflow`` and its public models."""
-
-from workflows.agent_task import AgentTaskWorkflow
-
-__all__ = ["AgentTaskWorkflow"]
