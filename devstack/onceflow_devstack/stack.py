@@ -11,6 +11,7 @@ blocks the next.
 import asyncio
 import fcntl
 import os
+import shlex
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass
@@ -57,6 +58,9 @@ class StackInfo:
     """Where the dev principal's API key is kept (tenant ``dev``, every tool)."""
     email_and_deploy: EmailAndDeployEndpoints | None = None
     """The SMTP server the stack's relay delivers to and the deployment target."""
+    join_file: Path | None = None
+    """Shell exports that point other commands (``onceflow worker``, ``relay``, ``gateway``)
+    at this stack; production commands never find a dev stack by themselves."""
 
     def describe(self) -> list[tuple[str, str]]:
         """(what, where) pairs for printing."""
@@ -78,6 +82,7 @@ class StackInfo:
             ("dev API key", f"{self.dev_api_key_file} (principal dev/dev-agent)"),
             *(self.email_and_deploy.describe() if self.email_and_deploy else []),
             ("state and logs", str(self.state_dir)),
+            *([("join from another shell", f"source {self.join_file}")] if self.join_file else []),
         ]
 
 
@@ -150,6 +155,18 @@ async def embedded_stack(
                 )
             )
             await _wait_until_ready(ready, worker_task)
+            join_file = _write_join_file(
+                state_dir,
+                {
+                    "DATABASE_URL": database_url,
+                    "TEMPORAL_ADDRESS": endpoints.address,
+                    "ONCEFLOW_TASK_QUEUE": settings.task_queue,
+                    "STRIPE_API_KEY": stripe.api_key.get_secret_value() if stripe.api_key else None,
+                    "STRIPE_API_BASE": stripe.api_base,
+                    "SMTP_URL": email_and_deploy.smtp_url,
+                    "DEPLOY_TARGET_URL": email_and_deploy.deploy_target.url,
+                },
+            )
             boundary = await gateway.enter_async_context(
                 running_gateway(
                     settings,
@@ -173,6 +190,7 @@ async def embedded_stack(
                 gateway_url=boundary.url,
                 dev_api_key_file=boundary.api_key_file,
                 email_and_deploy=email_and_deploy,
+                join_file=join_file,
             )
         finally:
             progress("stopping")
@@ -247,6 +265,22 @@ def _exclusive(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _write_join_file(state_dir: Path, settings: dict[str, str | None]) -> Path:
+    """``dev.env``: one ``export NAME=value`` per setting, readable by its owner only."""
+    path = state_dir / "dev.env"
+    lines = [
+        "# Written by `onceflow dev`: `source` it to point onceflow commands at this stack.\n",
+        *(
+            f"export {name}={shlex.quote(value)}\n"
+            for name, value in settings.items()
+            if value is not None
+        ),
+    ]
+    path.touch(mode=0o600)
+    path.write_text("".join(lines))
+    return path
 
 
 def _without_password(url: str) -> str:

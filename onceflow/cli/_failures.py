@@ -1,8 +1,5 @@
 """Turns the failures an operator can meet into one line each: never a traceback."""
 
-from onceflow_devstack.binaries import MissingBinary
-from onceflow_devstack.stack import StackAlreadyRunning
-from onceflow_devstack.temporal import PortInUse
 from pydantic import ValidationError
 from temporalio.client import WorkflowQueryFailedError
 from temporalio.service import RPCError, RPCStatusCode
@@ -48,8 +45,6 @@ def explain(error: BaseException) -> CommandFailed:
         return CommandFailed(f"not found: {error.message}")
     if isinstance(error, WorkflowQueryFailedError):
         return CommandFailed(f"the task did not answer: {error}")
-    if isinstance(error, StackAlreadyRunning | PortInUse | MissingBinary):
-        return CommandFailed(str(error))
     if isinstance(error, RuntimeError) and "Failed client connect" in str(error):
         return CommandFailed(
             "cannot reach Temporal (is `onceflow dev` running, or TEMPORAL_ADDRESS set?): "

@@ -1,5 +1,6 @@
-"""Where a command finds onceflow's services and tools: the environment, else the embedded
-stack."""
+"""Where a command finds onceflow's services and tools: its configuration, never a dev stack
+it happens to find on the machine (``onceflow dev`` writes the settings to join it into
+``.onceflow/dev.env``)."""
 
 from onceflow.cli._failures import CommandFailed
 from onceflow.settings import OnceflowSettings, load_settings
@@ -7,17 +8,16 @@ from onceflow.tools import ToolRegistrationError
 
 
 def settings_and_database() -> tuple[OnceflowSettings, str]:
-    """The settings and the database URL: ``DATABASE_URL``, else the embedded stack's."""
-    from onceflow_devstack.stack import running_stack_database_url
-
+    """The settings and the database URL (``DATABASE_URL``), or one line saying how to set it."""
     settings = load_settings()
-    database_url = settings.database_url or running_stack_database_url(settings.state_dir)
-    if database_url is None:
+    if not settings.database_url:
         raise CommandFailed(
-            "DATABASE_URL is not set and no embedded stack has run from "
-            f"{settings.state_dir}; run `onceflow dev` or set DATABASE_URL"
+            "DATABASE_URL is not set; fix: set it to your PostgreSQL "
+            "(postgresql://user:password@host/db), or to join a running `onceflow dev`: "
+            "source .onceflow/dev.env",
+            exit_code=2,
         )
-    return settings, database_url
+    return settings, settings.database_url
 
 
 def register_configured_tools(settings: OnceflowSettings) -> list[str]:

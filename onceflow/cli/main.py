@@ -8,13 +8,9 @@ on standard output.
 import asyncio
 import json
 import os
-import signal
-from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 
 from onceflow.cli._boundary import register as register_boundary_commands
 from onceflow.cli._configuration import register as register_configuration_commands
@@ -22,6 +18,14 @@ from onceflow.cli._failures import CommandFailed, explain
 from onceflow.cli._render import render_status, render_task_list
 from onceflow.cli._services import register_configured_tools, settings_and_database
 from onceflow.cli._tools import register as register_tool_commands
+from onceflow.cli.plugin import (
+    console,
+    errors,
+    operate,
+    print_failure,
+    register_plugin_commands,
+    stop_on_signals,
+)
 from onceflow.settings import InvalidSettings, load_settings
 from onceflow.task_api import TaskClient, connect_temporal
 from onceflow.telemetry import process_telemetry
@@ -43,54 +47,12 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-console = Console()
-errors = Console(stderr=True)
-T = TypeVar("T")
 
 TaskId = Annotated[str, typer.Argument(help="The task's workflow id.")]
 TemporalAddress = Annotated[
     str | None,
     typer.Option(help="Temporal frontend host:port (default: TEMPORAL_ADDRESS or localhost:7233)."),
 ]
-
-
-def _operate(action: Callable[[], Awaitable[T]]) -> T:
-    """Run one command's async body, turning any failure into one line and an exit code."""
-    try:
-        return _run_to_completion(action())
-    except typer.Exit:
-        raise
-    except asyncio.CancelledError:
-        errors.print("stopped before it was ready")
-        raise typer.Exit(130) from None
-    except Exception as error:  # the one place every failure is phrased for the operator
-        failure = explain(error)
-        _print_failure(failure)
-        raise typer.Exit(failure.exit_code) from None
-
-
-def _print_failure(failure: CommandFailed) -> None:
-    """One ``error:`` line per problem; escaped, as settings problems name [tables]."""
-    for line in str(failure).splitlines() or [""]:
-        errors.print(f"[red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
-
-
-def _run_to_completion(main: Awaitable[T]) -> T:
-    """Like ``asyncio.run``, but leftovers get a bounded time to end after ``main`` does.
-
-    A client still polling a server that has gone away may never finish cancelling;
-    ``asyncio.run`` would wait for it forever and Ctrl-C would never return the prompt.
-    """
-    loop = asyncio.new_event_loop()
-    try:
-        return loop.run_until_complete(main)
-    finally:
-        leftovers = asyncio.all_tasks(loop)
-        for task in leftovers:
-            task.cancel()
-        if leftovers:
-            loop.run_until_complete(asyncio.wait(leftovers, timeout=10))
-        loop.close()
 
 
 def _operator_name() -> str:
@@ -102,62 +64,14 @@ async def _task_client(address: str | None) -> TaskClient:
     return TaskClient(await connect_temporal(address=address), task_queue=settings.task_queue)
 
 
-def _stop_on_signals(stop: asyncio.Event, *, ready: asyncio.Event | None = None) -> None:
-    """SIGINT/SIGTERM set ``stop``; before ``ready`` is set they abort start-up instead."""
-    loop = asyncio.get_running_loop()
-    starting = asyncio.current_task()
-
-    def on_signal() -> None:
-        if ready is not None and not ready.is_set() and starting is not None:
-            starting.cancel()  # leaves each started service's cleanup to run
-        stop.set()
-
-    for stop_signal in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(stop_signal, on_signal)
-
-
-@app.command()
-def dev(
-    temporal_port: Annotated[int, typer.Option(help="Temporal gRPC port.")] = 7233,
-    ui_port: Annotated[int, typer.Option(help="Temporal Web UI port.")] = 8233,
-) -> None:
-    """Run the embedded stack in the foreground until Ctrl-C: PostgreSQL, Temporal, a worker."""
-    from onceflow_devstack.stack import embedded_stack
-
-    async def body() -> None:
-        stop, ready = asyncio.Event(), asyncio.Event()
-        _stop_on_signals(stop, ready=ready)
-        async with (
-            process_telemetry("onceflow-dev"),
-            embedded_stack(
-                load_settings(),
-                temporal_port=temporal_port,
-                ui_port=ui_port,
-                progress=lambda message: errors.print(f"[dim]… {message}[/]"),
-            ) as stack,
-        ):
-            ready.set()
-            console.print("[bold green]onceflow dev stack is running[/]")
-            for what, where in stack.describe():
-                console.print(f"  {what:<26} {where}", highlight=False, soft_wrap=True)
-            console.print("Press Ctrl-C to stop.")
-            await stop.wait()
-        console.print("stopped cleanly")
-
-    _operate(body)
-
-
 @app.command()
 def worker(temporal_address: TemporalAddress = None) -> None:
     """Run a worker until SIGTERM/SIGINT, then drain running activities and exit.
 
-    Without DATABASE_URL, STRIPE_API_KEY or DEPLOY_TARGET_URL it joins the services of
-    the embedded stack last started from ONCEFLOW_STATE_DIR.
+    It never joins a dev stack it finds on the machine: DATABASE_URL, STRIPE_API_KEY,
+    DEPLOY_TARGET_URL come from its configuration (`source .onceflow/dev.env` to join a
+    running `onceflow dev`).
     """
-    from onceflow_devstack.email_deploy_services import running_stack_deploy_target_url
-    from onceflow_devstack.stack import LOCAL_PROVIDER_KEY, running_stack_provider_url
-    from pydantic import SecretStr
-
     from onceflow.deployments import DeployTargetSettings
     from onceflow.payments import StripeSettings
     from onceflow.settings import read_settings
@@ -165,19 +79,11 @@ def worker(temporal_address: TemporalAddress = None) -> None:
 
     settings, database_url = settings_and_database()
     stripe = read_settings(StripeSettings)
-    local_provider = running_stack_provider_url(settings.state_dir)
-    if not (stripe.api_base or stripe.configured) and local_provider:
-        stripe = stripe.model_copy(
-            update={"api_key": SecretStr(LOCAL_PROVIDER_KEY), "api_base": local_provider}
-        )
     deploy_target = read_settings(DeployTargetSettings)
-    local_target = running_stack_deploy_target_url(settings.state_dir)
-    if deploy_target.url is None and local_target:
-        deploy_target = deploy_target.model_copy(update={"url": local_target})
 
     async def body() -> None:
         stop, ready = asyncio.Event(), asyncio.Event()
-        _stop_on_signals(stop, ready=ready)
+        stop_on_signals(stop, ready=ready)
 
         def announce() -> None:
             ready.set()
@@ -197,7 +103,7 @@ def worker(temporal_address: TemporalAddress = None) -> None:
             )
         console.print("onceflow worker stopped")
 
-    _operate(body)
+    operate(body)
 
 
 @app.command()
@@ -206,21 +112,21 @@ def relay() -> None:
 
     Run as many as you like: each armed email is claimed by one relay at a time.
     """
-    from onceflow_devstack.email_deploy_services import running_stack_smtp_url
-
     from onceflow.email import EmailSettings, serve_relay
 
     settings, database_url = settings_and_database()
     email = EmailSettings()
     if email.smtp_url is None:
-        recorded = running_stack_smtp_url(settings.state_dir)
-        if recorded is None:
-            raise CommandFailed("SMTP_URL is not set and no embedded stack runs an SMTP sink")
-        email = email.model_copy(update={"smtp_url": recorded})
+        raise CommandFailed(
+            "SMTP_URL is not set; fix: set it to your SMTP relay (smtp://host:587 or "
+            "smtps://user:password@host:465), or to join a running `onceflow dev`: "
+            "source .onceflow/dev.env",
+            exit_code=2,
+        )
 
     async def body() -> None:
         stop = asyncio.Event()
-        _stop_on_signals(stop)
+        stop_on_signals(stop)
         async with process_telemetry("onceflow-relay"):
             await serve_relay(
                 email,
@@ -235,7 +141,7 @@ def relay() -> None:
             )
         console.print("onceflow relay stopped")
 
-    _operate(body)
+    operate(body)
 
 
 @app.command()
@@ -263,7 +169,7 @@ def call(
             status = await client.status(workflow_id)
         console.print_json(status.model_dump_json())
 
-    _operate(body)
+    operate(body)
 
 
 def _one_step_task(tool: str, tenant: str, principal: str, key: str, raw: str) -> AgentTaskInput:
@@ -302,7 +208,7 @@ def status(
         else:
             render_status(console, current)
 
-    _operate(body)
+    operate(body)
 
 
 @app.command()
@@ -319,7 +225,7 @@ def tasks(
         found = [task async for task in client.list(state=state, tenant=tenant, limit=limit)]
         render_task_list(console, found)
 
-    _operate(body)
+    operate(body)
 
 
 @app.command()
@@ -348,7 +254,7 @@ def reconcile(
         result = await client.reconcile(task_id, finding)
         console.print(f"accepted: {result.message}")
 
-    _operate(body)
+    operate(body)
 
 
 @app.command()
@@ -389,7 +295,7 @@ def approve(
         )
         console.print(f"accepted: {result.message}")
 
-    _operate(body)
+    operate(body)
 
 
 @app.command()
@@ -406,54 +312,22 @@ def migrate() -> None:
         applied = await apply_migrations(database_url)
         console.print(f"applied migrations: {applied or 'none (up to date)'}")
 
-    _operate(body)
+    operate(body)
 
 
-@app.command()
-def provider(
-    host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port to bind; 0 picks a free one.")] = 12111,
-    key_retention_seconds: Annotated[
-        float, typer.Option(help="How long an idempotency key is honoured (Stripe: ~24 h).")
-    ] = 86400.0,
-    search_lag_seconds: Annotated[
-        float, typer.Option(help="Delay before a new object appears in search results.")
-    ] = 0.0,
-) -> None:
-    """Run the local Stripe-compatible provider (prints its URL for STRIPE_API_BASE)."""
-    from onceflow_devstack.stripe_provider import serve
-
-    serve(
-        host=host,
-        port=port,
-        key_retention_seconds=key_retention_seconds,
-        search_lag_seconds=search_lag_seconds,
-    )
-
-
-@app.command()
-def demo(
-    temporal_port: Annotated[int, typer.Option(help="Temporal gRPC port.")] = 7233,
-    ui_port: Annotated[int, typer.Option(help="Temporal Web UI port.")] = 8233,
-) -> None:
-    """Run a short scripted agent task end to end on the embedded stack and explain it."""
-    from onceflow_devstack.demo import run_demo
-
-    _operate(lambda: run_demo(load_settings(), console, temporal_port, ui_port))
-
-
-register_boundary_commands(app, _operate)  # gateway, mcp, principal
+register_boundary_commands(app, operate)  # gateway, mcp, principal
 register_configuration_commands(app)  # --config, config check|show, the start-up check
 register_tool_commands(app)  # tools
+register_plugin_commands(app)  # dev, demo, provider: from the dev stack when installed
 
 
 def run(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
     try:
         app(args=argv)
-    except (CommandFailed, InvalidSettings) as failure:  # raised outside _operate
+    except (CommandFailed, InvalidSettings) as failure:  # raised outside operate
         explained = explain(failure)
-        _print_failure(explained)
+        print_failure(explained)
         raise SystemExit(explained.exit_code) from None
 
 

@@ -1,6 +1,6 @@
 """Composes one boundary process: its database pool, Temporal client and service."""
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import timedelta
 
@@ -22,6 +22,7 @@ async def open_boundary(
     *,
     database_url: str,
     temporal_address: str | None = None,
+    after_claim: Callable[[], Awaitable[None]] | None = None,
 ) -> AsyncIterator[BoundaryService]:
     """The boundary service with its clients, for the duration of the block.
 
@@ -44,4 +45,5 @@ async def open_boundary(
             records=IdempotencyStore(pool),
             tasks=TaskClient(client, task_queue=settings.task_queue),
             settings=gateway_settings,
+            after_claim=after_claim,
         )

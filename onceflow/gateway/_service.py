@@ -18,7 +18,7 @@ processing when the workflow has closed, the workflow's result is used and store
 import asyncio
 import logging
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -192,12 +192,17 @@ class BoundaryService:
         tasks: TaskClient,
         settings: GatewaySettings,
         catalogue: Catalogue = CATALOGUE,
+        after_claim: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
+        """``after_claim`` is a seam for tests only, awaited after a new claim and before
+        its task starts (a test holds or kills the owner inside that window); no setting
+        reaches it."""
         self._principals = principals
         self._records = records
         self._tasks = tasks
         self._settings = settings
         self._catalogue = catalogue
+        self._after_claim = after_claim
 
     @property
     def catalogue(self) -> Catalogue:
@@ -470,10 +475,8 @@ class BoundaryService:
     async def _start_claimed(
         self, record: IdempotencyRecord, submission: _Submission, deadline: float
     ) -> BoundaryAnswer:
-        pause = self._settings.fault_pause_after_claim_seconds
-        if pause > 0:
-            log.warning("FAULT INJECTION: pausing %.1f s after the claim", pause)
-            await asyncio.sleep(pause)
+        if self._after_claim is not None:
+            await self._after_claim()
         handle = await self._tasks.start(
             submission.task,
             workflow_id=record.workflow_id,

@@ -37,10 +37,6 @@ class GatewaySettings(FileBackedSettings):
     """How often the prune schedule deletes expired terminal records. Default 3600."""
     db_pool_max_size: int = Field(default=20, ge=1, le=200)
     """Most database connections one gateway process holds. Default 20."""
-    fault_pause_after_claim_seconds: float = Field(default=0.0, ge=0)
-    """FAULT INJECTION, tests only: sleep this long right after a new claim, before the
-    task starts, so a test can kill the gateway inside the claim→start window. Default 0
-    (off); never set it in production."""
 
     @property
     def result_retention(self) -> timedelta:

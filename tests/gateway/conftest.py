@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,11 +108,14 @@ class GatewayProcess:
                 self.process.wait()
 
 
-def start_gateway(stack: Stack, log_path: Path, **settings: str) -> GatewayProcess:
-    """Start ``onceflow gateway --port 0`` and wait until it listens."""
+def start_gateway(
+    stack: Stack, log_path: Path, *, module: str = "onceflow.cli", **settings: str
+) -> GatewayProcess:
+    """Start ``onceflow gateway --port 0`` (or ``module``'s gateway) and wait until it listens."""
     log_file = log_path.open("wb")
+    command = ["gateway"] if module == "onceflow.cli" else []
     process = subprocess.Popen(
-        [sys.executable, "-m", "onceflow.cli.main", "gateway", "--port", "0"],
+        [sys.executable, "-m", module, *command, "--port", "0"],
         cwd=repo_root(),
         env={**os.environ, **stack.env(**settings)},
         stdout=log_file,
@@ -261,11 +264,32 @@ def count(database_url: str, table: str) -> int:
     return int(rows(database_url, f"SELECT count(*) FROM {table}")[0][0])
 
 
-def open_service(stack: Stack, **settings: Any) -> AbstractAsyncContextManager[BoundaryService]:
+def open_service(
+    stack: Stack,
+    *,
+    after_claim: Callable[[], Awaitable[None]] | None = None,
+    **settings: Any,
+) -> AbstractAsyncContextManager[BoundaryService]:
     """An in-process boundary service on the stack with the given gateway settings."""
     return open_boundary(
         OnceflowSettings(task_queue=stack.task_queue),
         GatewaySettings(**settings),
         database_url=stack.postgres_url,
         temporal_address=stack.temporal_address,
+        after_claim=after_claim,
     )
+
+
+class HoldAfterClaim:
+    """Holds a boundary inside the claim→start window, as if its process hung there.
+
+    Pass ``hold`` as ``open_service(after_claim=...)``; ``claimed`` is set once a claim
+    is held, so a test waits on it instead of polling the records table.
+    """
+
+    def __init__(self) -> None:
+        self.claimed = asyncio.Event()
+
+    async def hold(self) -> None:
+        self.claimed.set()
+        await asyncio.Event().wait()

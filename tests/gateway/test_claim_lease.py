@@ -25,6 +25,7 @@ from onceflow.storage import build_pool
 from .conftest import (
     Caller,
     GatewayProcess,
+    HoldAfterClaim,
     Stack,
     count,
     execute,
@@ -32,6 +33,7 @@ from .conftest import (
     rows,
     start_gateway,
 )
+from .held_gateway import HELD
 
 ORDER = {
     "customer_id": "c-lease",
@@ -60,7 +62,7 @@ async def test_a_gateway_killed_between_claim_and_start_is_taken_over_after_the_
     faulty = start_gateway(
         stack,
         tmp_path / "faulty.log",  # type: ignore[operator]
-        ONCEFLOW_GATEWAY_FAULT_PAUSE_AFTER_CLAIM_SECONDS="60",
+        module="tests.gateway.held_gateway",
         ONCEFLOW_GATEWAY_CLAIM_LEASE_SECONDS="2",
     )
     headers = {**agent.headers, "Idempotency-Key": "order-crash-1"}
@@ -68,7 +70,7 @@ async def test_a_gateway_killed_between_claim_and_start_is_taken_over_after_the_
         pending = asyncio.create_task(
             http.post(f"{faulty.url}/v1/tools/create_order/calls", json=ORDER, headers=headers)
         )
-        await wait_for(lambda: "FAULT INJECTION" in faulty.log())
+        await wait_for(lambda: HELD in faulty.log())
         faulty.kill()
         with pytest.raises(httpx.TransportError):
             await pending
@@ -106,14 +108,15 @@ async def test_a_gateway_killed_between_claim_and_start_is_taken_over_after_the_
 async def test_a_request_meeting_an_unexpired_claim_gets_409_with_retry_after(
     stack: Stack, agent: Caller, database: str
 ) -> None:
+    holding = HoldAfterClaim()
     async with (
-        open_service(stack, fault_pause_after_claim_seconds=30, claim_lease_seconds=30) as owner,
+        open_service(stack, after_claim=holding.hold, claim_lease_seconds=30) as owner,
         open_service(stack, replay_wait_seconds=0.3) as other,
     ):
         claiming = asyncio.create_task(
             owner.call_tool(agent.principal, "create_order", ORDER, "order-busy-1")
         )
-        await wait_for(lambda: count(database, "idempotency_records") == 1)
+        await holding.claimed.wait()
 
         with pytest.raises(RequestInProgress) as busy:
             await other.call_tool(agent.principal, "create_order", ORDER, "order-busy-1")

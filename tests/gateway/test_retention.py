@@ -41,7 +41,16 @@ from onceflow.worker import build_worker
 from onceflow.workflows.visibility import ALL_SEARCH_ATTRIBUTES
 
 from ..conftest import repo_root
-from .conftest import Caller, GatewayProcess, Stack, count, execute, open_service, rows
+from .conftest import (
+    Caller,
+    GatewayProcess,
+    HoldAfterClaim,
+    Stack,
+    count,
+    execute,
+    open_service,
+    rows,
+)
 
 COUPON = {"user_id": "u-9", "coupon_id": "RETAIN"}
 ORDER = {
@@ -117,12 +126,12 @@ async def test_the_prune_schedule_deletes_only_expired_terminal_records(
             headers={**agent.headers, "Idempotency-Key": key},
         )
         assert answer.status_code == 200
-    async with open_service(stack, fault_pause_after_claim_seconds=60) as stuck:
+    holding = HoldAfterClaim()
+    async with open_service(stack, after_claim=holding.hold) as stuck:
         claiming = asyncio.create_task(
             stuck.call_tool(agent.principal, "issue_coupon", COUPON, "processing-1")
         )
-        while count(database, "idempotency_records") < 3:
-            await asyncio.sleep(0.05)
+        await holding.claimed.wait()
         claiming.cancel()
         await asyncio.gather(claiming, return_exceptions=True)
     expire(database, "expired-1")

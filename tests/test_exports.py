@@ -1,0 +1,65 @@
+"""The public names of each distribution, pinned (as sdk-python's test_client_exports does).
+
+A name added or removed here is an API change: change the list on purpose, with the docs.
+"""
+
+import importlib
+
+import onceflow
+import onceflow_client
+
+ONCEFLOW = [
+    "ApprovalThreshold",
+    "ChildOperation",
+    "DedupeStrategy",
+    "EffectFlags",
+    "Lease",
+    "LeaseLost",
+    "NothingSent",
+    "OnceflowConfiguration",
+    "OutcomeClass",
+    "RetryBudget",
+    "Tool",
+    "ToolAttemptResult",
+    "ToolCall",
+    "ToolContract",
+    "ToolRegistrationError",
+    "__version__",
+    "classify_database_error",
+    "classify_http_error",
+    "classify_http_status",
+    "load_configuration",
+]
+CLIENT = [
+    "IdempotencyKeyReused",
+    "OnceflowClient",
+    "OnceflowError",
+    "RequestInProgress",
+    "TaskResult",
+    "new_idempotency_key",
+]
+
+
+def test_onceflow_exports_its_curated_names_and_each_resolves() -> None:
+    assert sorted(onceflow.__all__) == sorted(ONCEFLOW)
+    for name in ONCEFLOW:
+        assert getattr(onceflow, name) is not None, name
+
+
+def test_onceflow_names_are_the_ones_their_subpackages_define() -> None:
+    tools = importlib.import_module("onceflow.tools")
+    assert onceflow.Tool is tools.Tool
+    assert onceflow.OutcomeClass is importlib.import_module("onceflow.retry_policy").OutcomeClass
+    assert set(ONCEFLOW) - {"__version__"} <= {
+        *tools.__all__,
+        "OnceflowConfiguration",
+        "load_configuration",
+        "OutcomeClass",
+        "RetryBudget",
+    }
+
+
+def test_the_client_exports_its_curated_names() -> None:
+    assert sorted(onceflow_client.__all__) == sorted(CLIENT)
+    for name in CLIENT:
+        assert getattr(onceflow_client, name) is not None, name
