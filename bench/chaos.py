@@ -39,6 +39,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import random
 import signal
@@ -65,6 +66,7 @@ from onceflow.gateway import PrincipalStore
 from onceflow.storage import apply_migrations, build_pool
 from onceflow.task_api import connect_temporal
 from onceflow.workflows import AgentTaskWorkflow
+from tests.harness import eventually, log_line, settled_count
 
 REPO = Path(__file__).resolve().parent.parent
 TOOLS = (
@@ -332,15 +334,7 @@ class Process:
 
     async def ready(self, needle: str, *, timeout: float = 90) -> str:
         """Wait for a log line containing ``needle``; returns that line."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for line in self.log().splitlines():
-                if needle in line:
-                    return line
-            if self.process.poll() is not None:
-                raise RuntimeError(f"{self.name} exited ({self.process.returncode}):\n{self.log()}")
-            await asyncio.sleep(0.1)
-        raise RuntimeError(f"{self.name} not ready within {timeout} s:\n{self.log()}")
+        return await log_line(self.process, self.log_path, needle, timeout=timeout)
 
     def kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -523,7 +517,7 @@ class ChaosRun:
                 )
             except httpx.HTTPError:
                 self.figures["client retries after a timeout or reset"] += 1
-                await asyncio.sleep(pause)
+                await asyncio.sleep(pause)  # scenario: the agent backs off before retrying
                 pause = min(pause * 2, 3)
                 continue
             record.answers[response.status_code] += 1
@@ -536,7 +530,8 @@ class ChaosRun:
             if response.status_code in (409, 429) or response.status_code >= 500:
                 self.figures[f"answers {response.status_code} (retried, same key)"] += 1
                 retry_after = float(response.headers.get("Retry-After", pause))
-                await asyncio.sleep(min(retry_after, 3) * self.rng.uniform(0.5, 1.0))
+                backoff = min(retry_after, 3) * self.rng.uniform(0.5, 1.0)
+                await asyncio.sleep(backoff)  # scenario: the agent honours Retry-After
                 pause = min(pause * 2, 3)
                 continue
             record.refusal = f"{response.status_code} {response.text[:300]}"
@@ -572,7 +567,7 @@ class ChaosRun:
                 if status is not None:
                     await self.decide(record, status)
             else:
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(0.5)  # scenario: the agent re-asks (same key) at its pace
             next_answer = await self.submit(record)
             if next_answer is None:
                 return
@@ -586,7 +581,7 @@ class ChaosRun:
         except httpx.HTTPError:
             return None
         if response.status_code != 200:
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.5)  # scenario: an operator's console backs off
             return None
         status: dict[str, Any] = response.json()
         return status
@@ -681,7 +676,7 @@ class ChaosRun:
         if mean <= 0:
             return
         while self.driving:
-            await asyncio.sleep(mean * self.rng.uniform(0.5, 1.5))
+            await asyncio.sleep(mean * self.rng.uniform(0.5, 1.5))  # scenario: fault cadence
             if not self.driving:
                 return
             try:
@@ -703,7 +698,7 @@ class ChaosRun:
         """Keep two workers: a replacement that exits on its own (it cannot start while the
         Temporal server is down) is started again, as a process supervisor would."""
         while True:
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.5)  # scenario: a process supervisor's check cadence
             for worker in list(self.workers):
                 if worker.process.poll() is not None:
                     self.workers.remove(worker)
@@ -752,8 +747,12 @@ class ChaosRun:
         share = self.config.restart_temporal_at
         if share is None:
             return
-        while self.driving and self.submitted < share * self.config.tasks:
-            await asyncio.sleep(0.2)
+        await eventually(
+            lambda: not self.driving or self.submitted >= share * self.config.tasks,
+            what=f"{share:.0%} of the tasks are submitted",
+            timeout=math.inf,
+            interval=0.2,
+        )
         if not self.driving:
             return
         self.say("restarting the Temporal dev server (state kept in its db file)")
@@ -766,7 +765,7 @@ class ChaosRun:
 
     async def progress(self) -> None:
         while True:
-            await asyncio.sleep(self.config.progress_every)
+            await asyncio.sleep(self.config.progress_every)  # the progress report's cadence
             done = Counter(r.final_state for r in self.records if r.final_state)
             self.say(
                 f"t={time.monotonic() - self.started:4.0f}s submitted {self.submitted}/"
@@ -812,12 +811,16 @@ class ChaosRun:
             asyncio.create_task(self.every(self.config.pg_kill_every, self.kill_connections)),
             asyncio.create_task(self.restart_temporal_once()),
         ]
-        while (
-            self.acknowledged + sum(1 for r in self.records if r.refusal)
-            < max(self.config.tasks, 1)
-            and not driving.done()
-        ):
-            await asyncio.sleep(0.2)
+        await eventually(
+            lambda: (
+                self.acknowledged + sum(1 for r in self.records if r.refusal)
+                >= max(self.config.tasks, 1)
+                or driving.done()
+            ),
+            what="every task is acknowledged or refused",
+            timeout=math.inf,
+            interval=0.2,
+        )
         # Every task has been acknowledged: stop breaking things, let them end.
         self.driving = False
         self.settle_deadline = time.monotonic() + self.config.settle_seconds
@@ -1055,21 +1058,12 @@ class ChaosRun:
                     return {"workflow_id": task_id, "state": str(described.status), "steps": []}
                 return status.model_dump(mode="json")
             except (RPCError, TimeoutError, WorkflowFailureError):
-                await asyncio.sleep(1)
+                await asyncio.sleep(1)  # scenario: a client retrying while Temporal restarts
         return None
 
     async def count_workflows(self, client: Client) -> int:
         query = f"WorkflowType = 'AgentTaskWorkflow' AND OnceflowTenant = '{self.tenant}'"
-        previous, stable_since = -1, time.monotonic()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            count = (await client.count_workflows(query)).count
-            if count != previous:
-                previous, stable_since = count, time.monotonic()
-            elif time.monotonic() - stable_since > 2:
-                break
-            await asyncio.sleep(0.2)
-        return previous
+        return await settled_count(client, query, timeout=30)
 
 
 async def run_chaos(

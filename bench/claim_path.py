@@ -35,11 +35,13 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from bench._report import Arm, report
+from onceflow.coupons import coupon_tools
 from onceflow.gateway import IdempotencyStore, NewClaim, PrincipalStore, request_fingerprint
 from onceflow.settings import OnceflowSettings
 from onceflow.storage import apply_migrations, build_pool
 from onceflow.worker import build_worker
 from onceflow.workflows.visibility import ALL_SEARCH_ATTRIBUTES
+from tests.harness import log_line
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -166,7 +168,7 @@ async def replay_path(
             headers = {"Authorization": f"Bearer {api_key}", "Idempotency-Key": "bench-replay-1"}
             body = {"user_id": "u-bench", "coupon_id": "BENCH"}
             async with (
-                build_worker(env.client, pool, settings),
+                build_worker(env.client, pool, settings, tools=coupon_tools()),
                 httpx.AsyncClient(
                     base_url=url, timeout=30, limits=httpx.Limits(max_connections=concurrency)
                 ) as http,
@@ -202,15 +204,8 @@ async def replay_path(
 
 
 async def _gateway_url(process: "subprocess.Popen[bytes]", log_path: Path) -> str:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        for line in log_path.read_text(errors="replace").splitlines():
-            if line.startswith("onceflow gateway ready on "):
-                return line.split()[4]
-        if process.poll() is not None:
-            raise RuntimeError(log_path.read_text())
-        await asyncio.sleep(0.05)
-    raise RuntimeError("the gateway did not start")
+    ready = "onceflow gateway ready on "
+    return (await log_line(process, log_path, ready)).split(ready, 1)[1].split()[0]
 
 
 async def main(claims: int, requests: int, concurrency: int, rounds: int) -> None:

@@ -33,11 +33,13 @@ from temporalio.testing import WorkflowEnvironment
 
 from bench._report import Arm, report
 from bench.claim_path import _gateway_url
+from onceflow.coupons import coupon_tools
 from onceflow.gateway import PrincipalStore
 from onceflow.settings import OnceflowSettings
 from onceflow.storage import apply_migrations, build_pool
 from onceflow.worker import build_worker
 from onceflow.workflows.visibility import ALL_SEARCH_ATTRIBUTES
+from tests.harness import settled_count
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -79,7 +81,9 @@ async def main(requests: int, concurrency: int, rounds: int) -> None:
                 )
                 limits = httpx.Limits(max_connections=concurrency)
                 async with (
-                    build_worker(env.client, pool, OnceflowSettings(task_queue=queue)),
+                    build_worker(
+                        env.client, pool, OnceflowSettings(task_queue=queue), tools=coupon_tools()
+                    ),
                     httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as http,
                 ):
 
@@ -130,9 +134,7 @@ async def main(requests: int, concurrency: int, rounds: int) -> None:
                     "SELECT count(*) FROM idempotency_records WHERE idempotency_key = ANY(%s)",
                     (keys,),
                 ).fetchone()
-            workflows = (
-                await env.client.count_workflows("WorkflowType = 'AgentTaskWorkflow'")
-            ).count
+            workflows = await settled_count(env.client, "WorkflowType = 'AgentTaskWorkflow'")
         finally:
             gateway.terminate()
             gateway.wait(timeout=30)

@@ -25,9 +25,11 @@ from temporalio.worker import Worker
 
 from bench._bare import BareWorkflow, no_op
 from bench._report import Arm, report
-from onceflow.activities import build_activities
+from onceflow.activities import IdempotencyRecordActivities
+from onceflow.coupons import coupon_tools
 from onceflow.storage import apply_migrations, build_pool
 from onceflow.task_api import TaskClient
+from onceflow.tools import tool_activities
 from onceflow.workflows import AgentTaskWorkflow
 from onceflow.workflows.task_models import AgentTaskInput, StepInput, TaskState
 from onceflow.workflows.visibility import ALL_SEARCH_ATTRIBUTES
@@ -88,22 +90,26 @@ async def main(tasks: int, concurrency: int, rounds: int) -> None:
             assert result.state is TaskState.SUCCEEDED
 
         try:
-            async with (
-                build_pool(postgres.url) as pool,
-                Worker(
+            async with build_pool(postgres.url) as pool:
+                records = IdempotencyRecordActivities(pool)
+                [issue_coupon] = coupon_tools()
+                async with Worker(
                     env.client,
                     task_queue=queue,
                     workflows=[AgentTaskWorkflow, BareWorkflow],
-                    activities=[*build_activities(pool), no_op],
-                ),
-            ):
-                await _measure(Arm("warm-up"), 20, concurrency, bare)
-                await _measure(Arm("warm-up"), 20, concurrency, onceflow)
-                per_round = max(tasks // rounds, 1)
-                for number in range(1, rounds + 1):
-                    await _measure(baseline, per_round, concurrency, bare)
-                    await _measure(candidate, per_round, concurrency, onceflow)
-                    print(f"  round {number}/{rounds} done", flush=True)
+                    activities=[
+                        *tool_activities(issue_coupon, pool, None),
+                        records.record_task_outcome,
+                        no_op,
+                    ],
+                ):
+                    await _measure(Arm("warm-up"), 20, concurrency, bare)
+                    await _measure(Arm("warm-up"), 20, concurrency, onceflow)
+                    per_round = max(tasks // rounds, 1)
+                    for number in range(1, rounds + 1):
+                        await _measure(baseline, per_round, concurrency, bare)
+                        await _measure(candidate, per_round, concurrency, onceflow)
+                        print(f"  round {number}/{rounds} done", flush=True)
         finally:
             await env.shutdown()
             postgres.stop()

@@ -22,7 +22,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -39,6 +38,7 @@ from onceflow.storage import apply_migrations
 from onceflow.task_api import TaskClient
 from onceflow.workflows.task_models import AgentTaskInput, StepInput
 from onceflow.workflows.visibility import ALL_SEARCH_ATTRIBUTES
+from tests.harness import eventually, log_line
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -51,15 +51,18 @@ def rss_kib(pid: int) -> int:
     raise RuntimeError("no VmRSS")
 
 
-async def wait_for_line(process: subprocess.Popen[bytes], log: Path, needle: str) -> None:
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        if needle in log.read_text(errors="replace"):
-            return
-        if process.poll() is not None:
-            raise RuntimeError(log.read_text())
-        await asyncio.sleep(0.1)
-    raise RuntimeError(f"no {needle!r} in {log}")
+async def steady_rss_kib(pid: int, *, every: float = 0.5, within: float = 0.01) -> int:
+    """The process's RSS once it stopped moving: two readings ``every`` seconds apart
+    within ``within`` of each other (start-up, a batch's allocations and the collector
+    have settled), instead of a pause guessed long enough."""
+    readings = [rss_kib(pid)]
+
+    def steady() -> bool:
+        readings.append(rss_kib(pid))
+        return abs(readings[-1] - readings[-2]) <= readings[-2] * within
+
+    await eventually(steady, what=f"RSS of {pid} stops moving", timeout=60, interval=every)
+    return readings[-1]
 
 
 async def measure_arm(
@@ -80,9 +83,8 @@ async def measure_arm(
             command, cwd=REPO, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT
         )
     try:
-        await wait_for_line(process, log, ready)
-        await asyncio.sleep(2)
-        samples = [(0, rss_kib(process.pid))]
+        await log_line(process, log, ready, timeout=90)
+        samples = [(0, await steady_rss_kib(process.pid))]
         gate = asyncio.Semaphore(20)
 
         async def bounded(action: Awaitable[object]) -> object:
@@ -95,8 +97,7 @@ async def measure_arm(
             ids = await asyncio.gather(*(bounded(start_one(n)) for n in numbers))
             opened += [str(workflow_id) for workflow_id in ids]
             await asyncio.gather(*(bounded(touch(workflow_id)) for workflow_id in opened[first:]))
-            await asyncio.sleep(1)
-            samples.append((len(opened), rss_kib(process.pid)))
+            samples.append((len(opened), await steady_rss_kib(process.pid)))
             print(f"  {name}: {len(opened)} open, RSS {samples[-1][1] / 1024:.1f} MiB", flush=True)
         return samples
     finally:
@@ -175,6 +176,7 @@ async def main(tasks: int, batch: int) -> None:
                     "ONCEFLOW_TASK_QUEUE": queue,
                     "ONCEFLOW_STATE_DIR": str(scratch / "state"),
                     "DEPLOY_TARGET_URL": "http://127.0.0.1:9",
+                    "ONCEFLOW_BUILTIN_TOOLS": "start_deployment",
                 },
                 "onceflow worker ready",
                 tasks,
@@ -192,12 +194,16 @@ async def main(tasks: int, batch: int) -> None:
 async def _processed(client: Client, workflow_id: str) -> None:
     """Wait until the worker has completed the workflow's first workflow task."""
     handle = client.get_workflow_handle(workflow_id)
-    for _ in range(600):
+
+    async def processed() -> bool:
         async for event in handle.fetch_history_events():
             if event.HasField("workflow_task_completed_event_attributes"):
-                return
-        await asyncio.sleep(0.1)
-    raise RuntimeError(f"{workflow_id} was never processed")
+                return True
+        return False
+
+    await eventually(
+        processed, what=f"{workflow_id} completed its first workflow task", timeout=60, interval=0.1
+    )
 
 
 def _report(

@@ -39,7 +39,9 @@ def _entry(name: str, value: Any) -> str:
         return _class(name, value)
     if inspect.isfunction(value):
         return f"## `{name}{_signature(value)}`\n\n{_doc(value)}\n"
-    return f"## `{name}`\n\n`{name} = {value!r}`\n"
+    # An object's default repr holds its address, which differs on every run.
+    shown = re.sub(r"<(\w+\.)*(\w+) object at 0x[0-9a-f]+>", r"\2()", repr(value))
+    return f"## `{name}`\n\n`{name} = {shown}`\n"
 
 
 def _class(name: str, cls: type) -> str:

@@ -12,10 +12,10 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
-from onceflow.deployments import DeployTargetSettings
-from onceflow.email import EmailSettings
+from onceflow.deployments import DeploymentToolSettings, DeployTargetSettings
+from onceflow.email import EmailSettings, EmailToolSettings
 from onceflow.gateway import GatewaySettings, RetentionTooShort, check_retention
-from onceflow.payments import StripeSettings
+from onceflow.payments import PaymentToolSettings, StripeSettings
 from onceflow.settings import (
     FileBackedSettings,
     InvalidSettings,
@@ -23,9 +23,6 @@ from onceflow.settings import (
     SettingsReader,
     declared_settings_classes,
 )
-from onceflow.tools.deployments import DeploymentToolSettings
-from onceflow.tools.email import EmailToolSettings
-from onceflow.tools.payments import PaymentToolSettings
 
 
 class OnceflowConfiguration(BaseModel):

@@ -6,8 +6,8 @@ scale out. SIGTERM or SIGINT shuts it down gracefully: running activities get
 """
 
 import asyncio
-from collections.abc import Callable
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -15,101 +15,133 @@ from psycopg_pool import AsyncConnectionPool
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from onceflow.activities import build_activities
-from onceflow.deployments import DeployTarget, DeployTargetSettings, open_deploy_target
-from onceflow.email import EmailSettings
-from onceflow.payments import PaymentProvider, StripeSettings, open_stripe_provider
-from onceflow.settings import OnceflowSettings
+from onceflow.activities import (
+    IdempotencyRecordActivities,
+    configured_tools,
+    missing_services,
+)
+from onceflow.configuration import OnceflowConfiguration
+from onceflow.settings import InvalidSettings, OnceflowSettings
 from onceflow.storage import build_pool
 from onceflow.task_api import connect_temporal
 from onceflow.telemetry import AttemptAnnotations, watch_parked_tasks
-from onceflow.tools import load_configured_tools, open_tool_client, tool_activities
+from onceflow.tools import (
+    ClientOpener,
+    Tool,
+    client_retry_problems,
+    open_tool_client,
+    register_tools,
+    tool_activities,
+)
+from onceflow.tools._checks import refuse
 from onceflow.workflows import AgentTaskWorkflow
 from onceflow.workflows.pruning import PruneIdempotencyRecordsWorkflow
 
 
-def build_worker(
+@asynccontextmanager
+async def build_worker(
     client: Client,
     pool: AsyncConnectionPool,
     settings: OnceflowSettings,
     *,
-    payment_provider: PaymentProvider | None = None,
-    deploy_target: DeployTarget | None = None,
-    email_settings: EmailSettings | None = None,
-    extra_activities: tuple[Callable[..., Any], ...] = (),
-) -> Worker:
-    """The one composition point: workflows and every activity with its clients.
+    tools: Iterable[Tool],
+    clients: Mapping[str, Any] | None = None,
+) -> AsyncIterator[Worker]:
+    """The one composition point: a running worker with the workflows, every tool's
+    activities (built-in and custom alike: ``open_tool_client`` + ``tool_activities``) and
+    the boundary's record activities. Leaving the block shuts it down: no new work is
+    taken and running activities get the shutdown grace, so their completions are kept.
 
-    Tracing comes with ``client`` (``connect_temporal`` puts Temporal's interceptor on it,
-    and a worker inherits its client's); ``AttemptAnnotations`` adds onceflow's fields to
-    each attempt's span and logs one line per attempt.
+    The tools are registered with the catalogue first (the workflow reads their
+    contracts there). Each tool's client is opened once for the worker's lifetime; tools
+    sharing one ``open_client`` (one family's) share the client it opened. Tracing comes
+    with ``client`` (``connect_temporal`` puts Temporal's interceptor on it, and a worker
+    inherits its client's); ``AttemptAnnotations`` adds onceflow's fields to each
+    attempt's span and logs one line per attempt.
+
+    Args:
+        client: The Temporal client.
+        pool: The database pool every tool and record activity uses.
+        settings: Task queue and shutdown grace.
+        tools: The tools to serve (``configured_tools(configuration)`` in production).
+        clients: Clients by tool name, used instead of opening that tool's own (tests
+            inject a fault-injecting provider this way); checked for retries the same.
+            Default: none.
+
+    Raises:
+        ToolRegistrationError: A tool is unsafe, takes a name already registered with
+            another contract, or its client retries on its own.
     """
-    return Worker(
-        client,
-        task_queue=settings.task_queue,
-        workflows=[AgentTaskWorkflow, PruneIdempotencyRecordsWorkflow],
-        activities=[
-            *build_activities(
-                pool,
-                payment_provider=payment_provider,
-                deploy_target=deploy_target,
-                email_settings=email_settings,
-            ),
-            *extra_activities,
-        ],
-        graceful_shutdown_timeout=timedelta(seconds=settings.shutdown_grace_seconds),
-        interceptors=[AttemptAnnotations()],
-    )
+    tools = tuple(tools)
+    register_tools(tools)
+    injected = dict(clients or {})
+    async with AsyncExitStack() as opened:
+        by_opener: dict[ClientOpener, Any] = {}
+        activities: list[Callable[..., Any]] = []
+        for tool in tools:
+            if tool.name in injected:
+                tool_client = injected[tool.name]
+                problems = client_retry_problems(tool_client)
+                if problems:
+                    raise refuse(tool.name, problems)
+            elif tool.open_client is not None and tool.open_client in by_opener:
+                tool_client = by_opener[tool.open_client]
+            else:
+                tool_client = await open_tool_client(tool, opened)
+                if tool.open_client is not None:
+                    by_opener[tool.open_client] = tool_client
+            activities += tool_activities(tool, pool, tool_client)
+        records = IdempotencyRecordActivities(pool)
+        async with Worker(
+            client,
+            task_queue=settings.task_queue,
+            workflows=[AgentTaskWorkflow, PruneIdempotencyRecordsWorkflow],
+            activities=[
+                *activities,
+                records.record_task_outcome,
+                records.prune_idempotency_records,
+            ],
+            graceful_shutdown_timeout=timedelta(seconds=settings.shutdown_grace_seconds),
+            interceptors=[AttemptAnnotations()],
+        ) as worker:
+            yield worker
 
 
 async def serve_worker(
-    settings: OnceflowSettings,
+    configuration: OnceflowConfiguration,
     *,
     database_url: str,
     stop: asyncio.Event,
     temporal_address: str | None = None,
     on_ready: Callable[[], None] | None = None,
-    stripe: StripeSettings | None = None,
-    deploy_target: DeployTargetSettings | None = None,
 ) -> None:
     """Poll for work until ``stop`` is set, then drain within the shutdown grace.
 
-    ``stripe`` defaults to ``StripeSettings()`` (``STRIPE_API_KEY``, ``STRIPE_API_BASE``);
-    ``deploy_target`` to ``DeployTargetSettings()`` (``DEPLOY_TARGET_URL``). Email
-    settings come from ``EmailSettings()``; relays run apart (``onceflow relay``). When
-    the process exports metrics, the worker also publishes the parked-task gauges.
-    The custom tools of ``settings.tools`` are loaded and registered first, and their
-    clients opened for the worker's lifetime; an unsafe tool stops the start-up with
-    ``ToolRegistrationError``.
+    Refuses to start (``InvalidSettings``, one line per problem) while a served built-in
+    tool lacks its service (``missing_services``): it never joins a dev stack it finds.
+
+    Serves ``configured_tools(configuration)``: the built-in tools, built from their
+    sections (``[stripe]``, ``[email]``, ``[deploy_target]``, ``[tools.*]``), and the
+    custom tools of ``[onceflow] tools``, registered before anything connects (an unsafe
+    tool stops the start-up with ``ToolRegistrationError``) and their clients opened for
+    the worker's lifetime. Relays run apart (``onceflow relay``). When the process
+    exports metrics, the worker also publishes the parked-task gauges.
     """
-    custom_tools = load_configured_tools(settings.tools)
+    settings = configuration.onceflow
+    missing = missing_services(configuration)
+    if missing:
+        raise InvalidSettings(*missing)
+    tools = configured_tools(configuration)
+    register_tools(tools)
     client = await connect_temporal(address=temporal_address)
     async with (
         watch_parked_tasks(client, every=timedelta(seconds=settings.parked_scan_seconds)),
         build_pool(database_url, max_size=settings.db_pool_max_size) as pool,
-        open_stripe_provider(stripe or StripeSettings()) as payment_provider,
-        open_deploy_target(deploy_target or DeployTargetSettings()) as target,
-        AsyncExitStack() as tool_clients,
+        build_worker(client, pool, settings, tools=tools),
     ):
-        custom_activities = [
-            activity
-            for tool in custom_tools
-            for activity in tool_activities(tool, pool, await open_tool_client(tool, tool_clients))
-        ]
-        # Leaving the block calls worker.shutdown(): no new work is taken and running
-        # activities get the grace period, so their completions are not dropped.
-        async with build_worker(
-            client,
-            pool,
-            settings,
-            payment_provider=payment_provider,
-            deploy_target=target,
-            email_settings=EmailSettings(),
-            extra_activities=tuple(custom_activities),
-        ):
-            if on_ready is not None:
-                on_ready()
-            await stop.wait()
+        if on_ready is not None:
+            on_ready()
+        await stop.wait()
 
 
 def main() -> None:

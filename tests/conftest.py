@@ -39,6 +39,15 @@ BUSINESS_TABLES = (
 )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the built-in tools as every entry point does at start-up, before the test
+    modules (some parametrize over the catalogue) are collected."""
+    from onceflow.tools import register_tools
+    from tests.tool_configuration import builtin
+
+    register_tools(builtin())
+
+
 @pytest.fixture(scope="session")
 def postgres_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real PostgreSQL server for the whole session, schema migrated."""

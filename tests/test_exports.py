@@ -5,8 +5,9 @@ A name added or removed here is an API change: change the list on purpose, with 
 
 import importlib
 
-import onceflow
 import onceflow_client
+
+import onceflow
 
 ONCEFLOW = [
     "ApprovalThreshold",

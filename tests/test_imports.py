@@ -19,17 +19,25 @@ import importlib, os, pkgutil, sys
 from collections.abc import MutableMapping
 
 ours = tuple(str(p) for p in sys.argv[1:])
+SETTINGS = ("ONCEFLOW_", "DATABASE_URL", "STRIPE_", "SMTP_", "DEPLOY_", "TEMPORAL_", "OTEL_")
 reads = []
 
 class Watched(MutableMapping):
     def __init__(self, real):
         self._real = real
     def _note(self, name):
+        # A library's own switches (PYDANTIC_DISABLE_PLUGINS while a model class is made)
+        # are not settings; ours, the standard ones we honour, or a scan of them all are.
+        if not name.startswith(SETTINGS) and name != "(every variable)":
+            return
         frame = sys._getframe(2)
+        # The innermost module body running decides: ours is a read at our import; a
+        # library's is that library reading at its own import, which is not ours to fix.
         while frame is not None:
-            path = frame.f_code.co_filename
-            if frame.f_code.co_name == "<module>" and path.startswith(ours):
-                reads.append(f"{name} read at import by {path}:{frame.f_lineno}")
+            if frame.f_code.co_name == "<module>":
+                path = frame.f_code.co_filename
+                if path.startswith(ours):
+                    reads.append(f"{name} read at import by {path}:{frame.f_lineno}")
                 break
             frame = frame.f_back
     def __getitem__(self, name):

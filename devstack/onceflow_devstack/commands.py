@@ -8,7 +8,6 @@ from typing import Annotated, TypeVar
 import typer
 
 from onceflow.cli.plugin import CommandFailed, console, errors, operate, stop_on_signals
-from onceflow.settings import load_settings
 from onceflow.telemetry import process_telemetry
 from onceflow_devstack.binaries import MissingBinary
 from onceflow_devstack.stack import StackAlreadyRunning
@@ -29,6 +28,7 @@ def register(app: typer.Typer) -> None:
 
 def dev(temporal_port: TemporalPort = 7233, ui_port: UiPort = 8233) -> None:
     """Run the embedded stack in the foreground until Ctrl-C: PostgreSQL, Temporal, a worker."""
+    from onceflow.cli._configuration import loaded_configuration
     from onceflow_devstack.stack import embedded_stack
 
     async def body() -> None:
@@ -37,7 +37,7 @@ def dev(temporal_port: TemporalPort = 7233, ui_port: UiPort = 8233) -> None:
         async with (
             process_telemetry("onceflow-dev"),
             embedded_stack(
-                load_settings(),
+                loaded_configuration(),
                 temporal_port=temporal_port,
                 ui_port=ui_port,
                 progress=lambda message: errors.print(f"[dim]… {message}[/]"),
@@ -56,9 +56,10 @@ def dev(temporal_port: TemporalPort = 7233, ui_port: UiPort = 8233) -> None:
 
 def demo(temporal_port: TemporalPort = 7233, ui_port: UiPort = 8233) -> None:
     """Run a short scripted agent task end to end on the embedded stack and explain it."""
+    from onceflow.cli._configuration import loaded_configuration
     from onceflow_devstack.demo import run_demo
 
-    operate(_phrased(lambda: run_demo(load_settings(), console, temporal_port, ui_port)))
+    operate(_phrased(lambda: run_demo(loaded_configuration(), console, temporal_port, ui_port)))
 
 
 def provider(

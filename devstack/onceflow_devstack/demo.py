@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import psycopg
 from rich.console import Console
 
-from onceflow.settings import OnceflowSettings
+from onceflow.configuration import OnceflowConfiguration
 from onceflow.task_api import TaskClient, connect_temporal
 from onceflow.tools import derive_task_workflow_id
 from onceflow.workflows.task_models import AgentTaskInput, StepInput, TaskStatus
@@ -43,13 +43,14 @@ class _Endpoints:
 
 
 async def run_demo(
-    settings: OnceflowSettings, console: Console, temporal_port: int, ui_port: int
+    configuration: OnceflowConfiguration, console: Console, temporal_port: int, ui_port: int
 ) -> None:
     """Run the demo on a running ``onceflow dev`` stack, or on one started for it."""
+    settings = configuration.onceflow
     entered = False
     try:
         async with embedded_stack(
-            settings,
+            configuration,
             temporal_port=temporal_port,
             ui_port=ui_port,
             progress=lambda message: console.print(f"[dim]… {message}[/]"),

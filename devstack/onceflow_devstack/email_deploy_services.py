@@ -84,14 +84,16 @@ def running_stack_deploy_target_url(state_dir: Path) -> str | None:
 async def email_and_deploy_services(
     state_dir: Path,
     *,
+    email: EmailSettings,
+    deploy_target: DeployTargetSettings,
     database_url: str,
     progress: Callable[[str], None] = lambda message: None,
 ) -> AsyncIterator[EmailAndDeployEndpoints]:
-    """Run the sink and target (where not configured elsewhere) and one relay."""
+    """Run the sink and target (where ``email`` and ``deploy_target`` name none) and one
+    relay; the endpoints name the settings the stack's worker then uses."""
     for name in (_SMTP_URL_FILE, _SINK_CONTROL_FILE, _TARGET_URL_FILE):
         (state_dir / name).unlink(missing_ok=True)
-    email = EmailSettings()
-    deploy = DeployTargetSettings()
+    deploy = deploy_target
     stop_relay = asyncio.Event()
     relay: asyncio.Task[None] | None = None
     async with AsyncExitStack() as exits:

@@ -20,8 +20,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import SecretStr
 
+from onceflow.configuration import OnceflowConfiguration
 from onceflow.payments import StripeSettings
-from onceflow.settings import OnceflowSettings
 from onceflow.storage import apply_migrations
 from onceflow.worker import serve_worker
 from onceflow_devstack.email_deploy_services import (
@@ -104,7 +104,7 @@ def running_stack_provider_url(state_dir: Path) -> str | None:
 
 @asynccontextmanager
 async def embedded_stack(
-    settings: OnceflowSettings,
+    configuration: OnceflowConfiguration,
     *,
     temporal_port: int = 7233,
     ui_port: int = 8233,
@@ -112,7 +112,13 @@ async def embedded_stack(
     gateway_port: int = 8080,
     progress: Callable[[str], None] = lambda message: None,
 ) -> AsyncIterator[StackInfo]:
-    """Run the whole stack for the duration of the block, then stop it in order."""
+    """Run the whole stack for the duration of the block, then stop it in order.
+
+    The stack's worker serves the built-in tools of ``configuration`` with its Stripe,
+    SMTP and deployment target settings pointed at the local far sides wherever
+    ``configuration`` names none.
+    """
+    settings = configuration.onceflow
     state_dir = settings.state_dir.resolve()
     state_dir.mkdir(parents=True, exist_ok=True)
     with _exclusive(state_dir / "dev.lock"):
@@ -136,22 +142,28 @@ async def embedded_stack(
             progress("starting the Temporal dev server")
             endpoints = await temporal.start()
             stripe, provider_is_local = await _stripe_for_worker(
-                state_dir, local_provider, provider_port, progress
+                configuration.stripe, state_dir, local_provider, provider_port, progress
             )
             email_and_deploy = await far_sides.enter_async_context(
-                email_and_deploy_services(state_dir, database_url=database_url, progress=progress)
+                email_and_deploy_services(
+                    state_dir,
+                    email=configuration.email,
+                    deploy_target=configuration.deploy_target,
+                    database_url=database_url,
+                    progress=progress,
+                )
             )
             progress("starting a worker")
             ready = asyncio.Event()
             worker_task = asyncio.create_task(
                 serve_worker(
-                    settings,
+                    configuration.model_copy(
+                        update={"stripe": stripe, "deploy_target": email_and_deploy.deploy_target}
+                    ),
                     database_url=database_url,
                     stop=stop_worker,
                     temporal_address=endpoints.address,
                     on_ready=ready.set,
-                    stripe=stripe,
-                    deploy_target=email_and_deploy.deploy_target,
                 )
             )
             await _wait_until_ready(ready, worker_task)
@@ -212,15 +224,15 @@ async def embedded_stack(
 
 
 async def _stripe_for_worker(
+    stripe: StripeSettings,
     state_dir: Path,
     exits: AsyncExitStack,
     port: int,
     progress: Callable[[str], None],
 ) -> tuple[StripeSettings, bool]:
-    """The worker's Stripe settings: the environment's, else the local provider's."""
+    """The worker's Stripe settings: the configured ones, else the local provider's."""
     recorded = state_dir / "stripe_provider_url"
     recorded.unlink(missing_ok=True)
-    stripe = StripeSettings()
     if stripe.api_base or stripe.configured:
         return stripe, False
     progress("starting the local Stripe-compatible provider")

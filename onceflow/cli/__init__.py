@@ -26,24 +26,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def run(argv: list[str] | None = None) -> None:
-    """Run one command (``argv`` defaults to the process's arguments).
+    """Run one command (``argv`` defaults to the process's arguments)."""
+    from onceflow.cli.main import run as run_app
 
-    ``--config`` takes effect before the tool modules read their settings at import; a
-    problem in those settings is reported with every other problem, one line each.
-    """
-    from onceflow.cli._configuration import preset_config_file
-    from onceflow.settings import InvalidSettings, settings_problems_collected
-
-    preset_config_file(sys.argv[1:] if argv is None else argv)
-    try:
-        with settings_problems_collected() as problems:
-            from onceflow.cli.main import run as run_app
-
-            if problems:  # the tools read bad settings: look at the others too
-                from onceflow.configuration import load_configuration
-
-                load_configuration()
-    except InvalidSettings as invalid:
-        sys.stderr.writelines(f"error: {problem}\n" for problem in invalid.problems)
-        raise SystemExit(2) from None
     run_app(argv)

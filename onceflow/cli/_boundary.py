@@ -50,7 +50,8 @@ def register(app: typer.Typer, operate: Operate) -> None:
         """Serve the HTTP API (OpenAPI at /openapi.json) until SIGTERM/SIGINT."""
         settings, database_url = settings_and_database()
         gateway_settings = _gateway_settings()
-        register_configured_tools(settings)  # before build_app: it documents a route per tool
+        # Before build_app: it documents a route per tool.
+        register_configured_tools(_configuration())
 
         async def body() -> None:
             from onceflow.gateway import open_boundary
@@ -87,6 +88,7 @@ def register(app: typer.Typer, operate: Operate) -> None:
         """Serve every catalogue tool over MCP, through the same boundary as the HTTP API."""
         settings, database_url = settings_and_database()
         gateway_settings = _gateway_settings()
+        register_configured_tools(_configuration())  # the MCP tools are the catalogue's
         api_key = os.environ.get(API_KEY_VARIABLE)
         if transport is McpTransport.STDIO and not api_key:
             raise CommandFailed(
@@ -155,7 +157,7 @@ def register(app: typer.Typer, operate: Operate) -> None:
         from onceflow.tools import CATALOGUE
 
         settings, database_url = settings_and_database()
-        register_configured_tools(settings)
+        register_configured_tools(_configuration())
         allowed = [tool.strip() for tool in tools.split(",") if tool.strip()]
         unknown = [tool for tool in allowed if tool != "*" and tool not in CATALOGUE]
         if not allowed or unknown:
@@ -191,13 +193,15 @@ def register(app: typer.Typer, operate: Operate) -> None:
     app.add_typer(principal, name="principal")
 
 
-def _gateway_settings() -> Any:
-    from onceflow.gateway import InvalidGatewaySettings, RetentionTooShort, load_gateway_settings
+def _configuration() -> Any:
+    from onceflow.cli._configuration import loaded_configuration
 
-    try:
-        return load_gateway_settings()
-    except (InvalidGatewaySettings, RetentionTooShort) as refused:
-        raise CommandFailed(str(refused), exit_code=2) from None
+    return loaded_configuration()
+
+
+def _gateway_settings() -> Any:
+    # Checked with every other section, the retention against the retry window included.
+    return _configuration().gateway
 
 
 @asynccontextmanager

@@ -1,21 +1,23 @@
 """The configuration on the command line: ``--config``, ``onceflow config check|show``, and the
-check of every setting before a long-running command starts.
+one load of every setting before a long-running command starts.
 
-Registered on the main app by ``register``. ``--config`` must take effect before anything
-reads settings, and the tool modules read theirs at import, before typer parses the
-command line: ``preset_config_file`` finds it in the raw arguments first (``cli.run``).
+Registered on the main app by ``register``. A command process reads its configuration
+once (``loaded_configuration``) and passes its sections down; nothing reads settings at
+import, so ``--config`` only has to be in place before the command body runs.
 """
 
 import json
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-# Only light imports here: cli.run imports this module before anything reads settings.
 from onceflow.settings import CONFIG_FILE_VARIABLE, is_secret_setting, mask_url_password
+
+if TYPE_CHECKING:
+    from onceflow.configuration import OnceflowConfiguration
 
 VALIDATED_AT_START = frozenset({"worker", "gateway", "mcp", "dev", "relay"})
 """Commands that check every setting before they start, so a bad one anywhere stops them."""
@@ -34,12 +36,22 @@ ConfigPath = Annotated[
 ]
 
 
-def preset_config_file(arguments: list[str]) -> None:
-    """Set ``ONCEFLOW_CONFIG`` from a ``--config PATH`` (or ``--config=PATH``) given before
-    the command, as typer would, but before any module reading settings is imported."""
-    path = _config_argument(arguments)
-    if path is not None:
-        os.environ[CONFIG_FILE_VARIABLE] = _absolute(path)
+_loaded: "OnceflowConfiguration | None" = None
+"""Read by ``loaded_configuration`` (a command is one process: one configuration)."""
+
+
+def loaded_configuration() -> "OnceflowConfiguration":
+    """This command's configuration: read and checked on first use, then the same object.
+
+    Raises:
+        InvalidSettings: Every problem of every section, one line each.
+    """
+    global _loaded
+    if _loaded is None:
+        from onceflow.configuration import load_configuration
+
+        _loaded = load_configuration()
+    return _loaded
 
 
 def register(app: typer.Typer) -> None:
@@ -47,20 +59,12 @@ def register(app: typer.Typer) -> None:
 
     @app.callback()
     def configure(ctx: typer.Context, config: ConfigPath = None) -> None:
-        # The option is parsed here only to appear in --help and to catch a path that came
-        # too late: cli.run has already set it from the raw arguments.
-        if config is not None and os.environ.get(CONFIG_FILE_VARIABLE) != _absolute(str(config)):
-            from onceflow.cli._failures import CommandFailed
-
-            raise CommandFailed(
-                f"{_CONFIG_OPTION} came after settings were read; fix: run the onceflow "
-                f"command (or python -m cli), or set {CONFIG_FILE_VARIABLE}",
-                exit_code=2,
-            )
+        if config is not None:
+            # The file is named where every reader looks for it (settings and the
+            # subprocesses a command starts alike).
+            os.environ[CONFIG_FILE_VARIABLE] = _absolute(str(config))
         if ctx.invoked_subcommand in VALIDATED_AT_START and not _asks_for_help():
-            from onceflow.configuration import load_configuration
-
-            load_configuration()
+            loaded_configuration()
 
     config = typer.Typer(
         help=f"Check or show the settings (environment, {CONFIG_FILE_VARIABLE} file, defaults).",
@@ -110,17 +114,6 @@ def _toml_line(name: str, value: Any, *, secret: bool) -> str:
         value = mask_url_password(value)
     # JSON's strings, numbers, booleans and arrays of them are TOML too.
     return f"{name} = {json.dumps(value)}"
-
-
-def _config_argument(arguments: list[str]) -> str | None:
-    for position, argument in enumerate(arguments):
-        if argument == _CONFIG_OPTION:
-            return arguments[position + 1] if position + 1 < len(arguments) else None
-        if argument.startswith(f"{_CONFIG_OPTION}="):
-            return argument.partition("=")[2]
-        if argument == "--" or not argument.startswith("-"):
-            return None  # the command: options after it are the command's own
-    return None
 
 
 def _absolute(path: str) -> str:

@@ -2,14 +2,22 @@
 it happens to find on the machine (``onceflow dev`` writes the settings to join it into
 ``.onceflow/dev.env``)."""
 
+from typing import TYPE_CHECKING
+
 from onceflow.cli._failures import CommandFailed
-from onceflow.settings import OnceflowSettings, load_settings
+from onceflow.settings import OnceflowSettings
 from onceflow.tools import ToolRegistrationError
+
+if TYPE_CHECKING:  # the configuration imports every tool family: only when a command runs
+    from onceflow.configuration import OnceflowConfiguration
 
 
 def settings_and_database() -> tuple[OnceflowSettings, str]:
-    """The settings and the database URL (``DATABASE_URL``), or one line saying how to set it."""
-    settings = load_settings()
+    """The loaded ``[onceflow]`` settings and the database URL (``DATABASE_URL``), or one line
+    saying how to set it."""
+    from onceflow.cli._configuration import loaded_configuration
+
+    settings = loaded_configuration().onceflow
     if not settings.database_url:
         raise CommandFailed(
             "DATABASE_URL is not set; fix: set it to your PostgreSQL "
@@ -20,12 +28,17 @@ def settings_and_database() -> tuple[OnceflowSettings, str]:
     return settings, settings.database_url
 
 
-def register_configured_tools(settings: OnceflowSettings) -> list[str]:
-    """Add the custom tools of ``ONCEFLOW_TOOLS`` to the catalogue, or fail with the fix;
-    returns their names."""
-    from onceflow.tools import load_configured_tools
+def register_configured_tools(configuration: "OnceflowConfiguration") -> list[str]:
+    """Add the built-in tools (built from ``configuration``) and the custom tools of
+    ``ONCEFLOW_TOOLS`` to the catalogue, or fail with the fix; returns the custom tools'
+    names."""
+    from onceflow.activities import builtin_tools
+    from onceflow.tools import load_tools, register_tools
 
     try:
-        return [tool.name for tool in load_configured_tools(settings.tools)]
-    except ToolRegistrationError as refused:
+        builtin = builtin_tools(configuration)
+        custom = load_tools(configuration.onceflow.tools)
+        register_tools((*builtin, *custom))
+    except (ToolRegistrationError, ValueError) as refused:
         raise CommandFailed(str(refused), exit_code=2) from None
+    return [tool.name for tool in custom]

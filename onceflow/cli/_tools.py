@@ -9,7 +9,6 @@ from rich.console import Console
 from rich.table import Table
 
 from onceflow.cli._services import register_configured_tools
-from onceflow.settings import load_settings
 from onceflow.tools import CATALOGUE, ToolContract
 
 
@@ -24,8 +23,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """List every tool: the reference tools and those of ONCEFLOW_TOOLS, checked as the
         worker checks them (exit 2 with the fix when one is refused)."""
-        settings = load_settings()
-        custom = set(register_configured_tools(settings))
+        from onceflow.cli._configuration import loaded_configuration
+
+        custom = set(register_configured_tools(loaded_configuration()))
         if as_json:
             print(
                 json.dumps(

@@ -72,14 +72,11 @@ def worker(temporal_address: TemporalAddress = None) -> None:
     DEPLOY_TARGET_URL come from its configuration (`source .onceflow/dev.env` to join a
     running `onceflow dev`).
     """
-    from onceflow.deployments import DeployTargetSettings
-    from onceflow.payments import StripeSettings
-    from onceflow.settings import read_settings
+    from onceflow.cli._configuration import loaded_configuration
     from onceflow.worker import serve_worker
 
     settings, database_url = settings_and_database()
-    stripe = read_settings(StripeSettings)
-    deploy_target = read_settings(DeployTargetSettings)
+    configuration = loaded_configuration()
 
     async def body() -> None:
         stop, ready = asyncio.Event(), asyncio.Event()
@@ -93,13 +90,11 @@ def worker(temporal_address: TemporalAddress = None) -> None:
 
         async with process_telemetry("onceflow-worker"):
             await serve_worker(
-                settings,
+                configuration,
                 database_url=database_url,
                 stop=stop,
                 temporal_address=temporal_address,
                 on_ready=announce,
-                stripe=stripe,
-                deploy_target=deploy_target,
             )
         console.print("onceflow worker stopped")
 
@@ -112,10 +107,11 @@ def relay() -> None:
 
     Run as many as you like: each armed email is claimed by one relay at a time.
     """
-    from onceflow.email import EmailSettings, serve_relay
+    from onceflow.cli._configuration import loaded_configuration
+    from onceflow.email import serve_relay
 
     settings, database_url = settings_and_database()
-    email = EmailSettings()
+    email = loaded_configuration().email
     if email.smtp_url is None:
         raise CommandFailed(
             "SMTP_URL is not set; fix: set it to your SMTP relay (smtp://host:587 or "
@@ -156,7 +152,9 @@ def call(
 ) -> None:
     """Call one tool as a one-step task; the same key returns the same task."""
 
-    register_configured_tools(load_settings())
+    from onceflow.cli._configuration import loaded_configuration
+
+    register_configured_tools(loaded_configuration())
 
     async def body() -> None:
         task = _one_step_task(tool, tenant, principal, key, args)

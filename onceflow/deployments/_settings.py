@@ -1,8 +1,9 @@
-"""How a worker reaches the deployment target (``[deploy_target]``), read once at start-up."""
+"""The deployment settings: how a worker reaches the target (``[deploy_target]``) and what
+the workflow and ``start_deployment`` agree on (``[tools.deployments]``), read at start-up."""
 
 from datetime import timedelta
 
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from onceflow.settings import FileBackedSettings
@@ -37,3 +38,35 @@ class DeployTargetSettings(FileBackedSettings):
     @classmethod
     def _no_trailing_slash(cls, value: str | None) -> str | None:
         return value.rstrip("/") if value else None
+
+
+class DeploymentToolSettings(FileBackedSettings):
+    """What the workflow and ``start_deployment`` need to agree on; same on every worker.
+
+    Read from ``ONCEFLOW_DEPLOYMENTS_*`` and the file's ``[tools.deployments]``; durations
+    are ISO 8601 (``PT30S``) or ``HH:MM:SS``. The workflow reads the contract built from
+    these values, so every worker must run with the same values.
+    """
+
+    config_table = "tools.deployments"
+    model_config = SettingsConfigDict(
+        env_prefix="ONCEFLOW_DEPLOYMENTS_", extra="ignore", frozen=True
+    )
+
+    attempt_timeout: timedelta = Field(default=timedelta(minutes=30), gt=timedelta(0))
+    """Longest one attempt may run, waiting for an expired lease included. Default 30 min."""
+    heartbeat_timeout: timedelta = Field(default=timedelta(seconds=30), gt=timedelta(0))
+    """Longest silence from a running attempt before Temporal ends it and the workflow
+    tries again (a dead or paused worker). Default 30 s."""
+    lease_ttl: timedelta = Field(default=timedelta(seconds=60), gt=timedelta(0))
+    """How long a lease lasts unless its owner extends it (every third of the shorter
+    of this and the heartbeat timeout). Another attempt takes over only after it has
+    expired. Default 60 s."""
+
+    @model_validator(mode="after")
+    def _a_lost_owner_is_noticed_within_an_attempt(self) -> "DeploymentToolSettings":
+        if self.heartbeat_timeout >= self.attempt_timeout:
+            raise ValueError("heartbeat_timeout must be shorter than attempt_timeout")
+        if 2 * self.lease_ttl >= self.attempt_timeout:
+            raise ValueError("attempt_timeout must exceed twice lease_ttl (waiting for a lease)")
+        return self

@@ -58,7 +58,7 @@ class DeployTargetError(Exception):
 
 
 class DeployTarget(Protocol):
-    """What the deployment activity needs from a target."""
+    """What ``start_deployment`` needs from a target."""
 
     @property
     def account(self) -> str:
@@ -74,7 +74,8 @@ class HttpDeployTarget:
     """A target reached over HTTP with explicit timeouts and no retries."""
 
     def __init__(self, client: httpx.AsyncClient, *, account: str) -> None:
-        self._client = client
+        self.client = client
+        """The HTTP client, public so the worker's retry check sees its transport."""
         self._account = account
 
     @property
@@ -102,7 +103,7 @@ class HttpDeployTarget:
     async def _apply_step(self, write: StepWrite) -> None:
         path = f"/deployments/{write.deployment_id}/steps/{write.step}"
         try:
-            response = await self._client.post(
+            response = await self.client.post(
                 path,
                 headers={"Fencing-Token": str(write.fencing_token)},
                 json={

@@ -1,4 +1,5 @@
-"""The email outbox's settings: where relays deliver and how they claim rows."""
+"""The email settings: where relays deliver and how they claim rows (``[email]``), and what
+the workflow needs to know about ``send_email`` (``[tools.email]``)."""
 
 import os
 import socket
@@ -6,7 +7,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from urllib.parse import urlsplit
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from onceflow.settings import FileBackedSettings
@@ -80,6 +81,32 @@ class EmailSettings(FileBackedSettings):
             username=parts.username,
             password=SecretStr(parts.password) if parts.password else None,
         )
+
+
+class EmailToolSettings(FileBackedSettings):
+    """What the workflow needs to know about ``send_email``; same on every worker.
+
+    Read from ``ONCEFLOW_EMAIL_*`` and the file's ``[tools.email]``; durations are
+    ISO 8601 (``PT2M``) or ``HH:MM:SS``. The workflow reads the contract built from these
+    values, so every worker must run with the same values.
+    """
+
+    config_table = "tools.email"
+    model_config = SettingsConfigDict(env_prefix="ONCEFLOW_EMAIL_", extra="ignore", frozen=True)
+
+    attempt_timeout: timedelta = Field(default=timedelta(minutes=2), gt=timedelta(seconds=2))
+    """Longest one attempt waits for a relay's outcome. An arming no relay has claimed by
+    then is withdrawn (transient); one still being delivered is unknown. Default 2 min."""
+    heartbeat_timeout: timedelta = Field(default=timedelta(seconds=30), gt=timedelta(0))
+    """Longest silence from a waiting attempt before Temporal gives up on it (its
+    worker died); the step then looks the row up and parks unless it was delivered.
+    Default 30 s."""
+
+    @model_validator(mode="after")
+    def _heartbeats_fit_in_an_attempt(self) -> "EmailToolSettings":
+        if self.heartbeat_timeout >= self.attempt_timeout:
+            raise ValueError("heartbeat_timeout must be shorter than attempt_timeout")
+        return self
 
 
 @dataclass(frozen=True, kw_only=True)

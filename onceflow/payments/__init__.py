@@ -1,8 +1,10 @@
-"""onceflow's payment integration: Stripe through the official SDK, nested retries off.
+"""The payment tools, ``charge_payment`` and ``refund_payment``: Stripe through the official
+SDK with its own retries off, built on the public tool API like any user's tool.
 
-Activities talk to a ``PaymentProvider`` (a small protocol) and get plain values back or
-a ``PaymentProviderError`` that already carries its outcome class; the Stripe
-implementation classifies SDK failures with ``classify_stripe_error``::
+``payment_tools(tool_settings, stripe)`` returns both tools; their client is one
+``StripePaymentProvider`` per worker (a ``PaymentProvider``, the small protocol other
+providers can implement), and every failure reaches a perform as a
+``PaymentProviderError`` already classified by ``classify_stripe_error``::
 
     outcome of a Stripe call                             class       the workflow then
     ─────────────────────────────────────────────────    ─────────   ─────────────────────
@@ -20,7 +22,23 @@ Nothing here imports the dev stack; point ``STRIPE_API_BASE`` at the local provi
 use it.
 """
 
+from functools import partial
+
+from onceflow.payments._contract import (
+    ChargePaymentInput,
+    RefundPaymentInput,
+    charge_payment_contract,
+    refund_payment_contract,
+)
 from onceflow.payments._errors import PaymentProviderError, classify_stripe_error
+from onceflow.payments._perform import (
+    CHARGE_CHILD_OP,
+    REFUND_CHILD_OP,
+    charge_payment,
+    look_up_charge,
+    look_up_refund,
+    refund_payment,
+)
 from onceflow.payments._provider import (
     OPERATION_METADATA_KEY,
     ChargeRequest,
@@ -30,25 +48,74 @@ from onceflow.payments._provider import (
     RefundRequest,
     RefundView,
 )
-from onceflow.payments._settings import StripeSettings
+from onceflow.payments._settings import PaymentToolSettings, StripeSettings
 from onceflow.payments._stripe import (
     StripePaymentProvider,
     build_stripe_client,
     open_stripe_provider,
 )
+from onceflow.tools import Tool
 
 __all__ = [
+    "CHARGE_CHILD_OP",
     "OPERATION_METADATA_KEY",
+    "REFUND_CHILD_OP",
+    "ChargePaymentInput",
     "ChargeRequest",
     "PaymentIntentView",
     "PaymentProvider",
     "PaymentProviderError",
+    "PaymentToolSettings",
     "ProviderReply",
+    "RefundPaymentInput",
     "RefundRequest",
     "RefundView",
     "StripePaymentProvider",
     "StripeSettings",
     "build_stripe_client",
+    "charge_payment_contract",
     "classify_stripe_error",
     "open_stripe_provider",
+    "payment_tools",
+    "refund_payment_contract",
 ]
+
+
+def payment_tools(tool_settings: PaymentToolSettings, stripe: StripeSettings) -> tuple[Tool, Tool]:
+    """``charge_payment`` and ``refund_payment`` under these settings.
+
+    Both share one client per worker: the ``StripePaymentProvider`` of ``stripe``
+    (``max_network_retries=0``, explicit timeouts), or None without an API key, in which
+    case every call is rejected with a reason saying so.
+
+    Args:
+        tool_settings: What the workflow decides from (``[tools.payments]``); the same on
+            every worker.
+        stripe: How this worker reaches Stripe (``[stripe]``).
+
+    Raises:
+        ValueError: With an API key set, the attempt timeout does not exceed two Stripe
+            calls (an attempt could be cut off while its request is still in flight).
+    """
+    if stripe.configured and tool_settings.attempt_timeout <= 2 * stripe.longest_call:
+        raise ValueError(
+            f"the payment tools' attempt timeout ({tool_settings.attempt_timeout}) must "
+            f"exceed two Stripe calls (2 × {stripe.longest_call}); raise "
+            "ONCEFLOW_PAYMENTS_ATTEMPT_TIMEOUT or lower ONCEFLOW_STRIPE_REQUEST_TIMEOUT / "
+            "ONCEFLOW_STRIPE_CONNECT_TIMEOUT"
+        )
+    open_provider = partial(open_stripe_provider, stripe)
+    return (
+        Tool(
+            contract=charge_payment_contract(tool_settings),
+            perform=charge_payment,
+            look_up=look_up_charge,
+            open_client=open_provider,
+        ),
+        Tool(
+            contract=refund_payment_contract(tool_settings),
+            perform=refund_payment,
+            look_up=look_up_refund,
+            open_client=open_provider,
+        ),
+    )

@@ -1,8 +1,9 @@
-"""The Stripe connection settings of one worker process (``[stripe]``), read once at start-up."""
+"""The payment tools' settings: how a worker reaches Stripe (``[stripe]``) and what the
+workflow needs to know about the provider (``[tools.payments]``), both read at start-up."""
 
 from datetime import timedelta
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from onceflow.settings import FileBackedSettings
@@ -57,3 +58,35 @@ class StripeSettings(FileBackedSettings):
         Sending a small form body is near-instant, so the answer's wait dominates.
         """
         return self.connect_timeout + self.request_timeout
+
+
+class PaymentToolSettings(FileBackedSettings):
+    """What the workflow needs to know about the payment provider; same on every worker.
+
+    Read from ``ONCEFLOW_PAYMENTS_*`` and the file's ``[tools.payments]``; durations are
+    ISO 8601 (``PT24H``) or ``HH:MM:SS``. The workflow reads the contracts built from
+    these values on every worker that runs task workflows, and a replay must decide as
+    the original run did, so **every worker must run with the same values** (deploy them
+    together, like code).
+    """
+
+    config_table = "tools.payments"
+    model_config = SettingsConfigDict(env_prefix="ONCEFLOW_PAYMENTS_", extra="ignore", frozen=True)
+
+    key_retention: timedelta = Field(default=timedelta(hours=24), gt=timedelta(0))
+    """How long the provider honours an idempotency key (Stripe: about 24 h). Default 24 h."""
+    retention_margin: timedelta = Field(default=timedelta(hours=1), ge=timedelta(0))
+    """Subtracted from ``key_retention`` before a repeat is still called safe, for clock
+    skew and the time a request spends in flight. Default 1 h."""
+    refund_approval_above: int = Field(default=10_000, ge=0)
+    """Refunds of more than this many minor units (or of an unstated amount) wait for a
+    person's approval. Default 10 000 (100.00 in a two-decimal currency)."""
+    attempt_timeout: timedelta = Field(default=timedelta(seconds=60), gt=timedelta(0))
+    """Longest one attempt (or lookup) may run before its outcome counts as unknown; must
+    exceed two Stripe calls (``ONCEFLOW_STRIPE_*_TIMEOUT``). Default 60 s."""
+
+    @model_validator(mode="after")
+    def _margin_leaves_a_window(self) -> "PaymentToolSettings":
+        if self.retention_margin >= self.key_retention:
+            raise ValueError("retention_margin must be shorter than key_retention")
+        return self

@@ -72,7 +72,9 @@ class StripePaymentProvider:
     def __init__(
         self, client: stripe.StripeClient, *, account: str, request_timeout: timedelta
     ) -> None:
-        self._client = client
+        self.client = client
+        """The underlying SDK client, public so the worker's retry check sees its settings
+        (and for tests and diagnostics)."""
         self._account = account
         self._request_timeout = request_timeout
 
@@ -86,11 +88,6 @@ class StripePaymentProvider:
         )
 
     @property
-    def client(self) -> stripe.StripeClient:
-        """The underlying SDK client (for tests and diagnostics)."""
-        return self._client
-
-    @property
     def account(self) -> str:
         """The Stripe account child keys are scoped to."""
         return self._account
@@ -102,7 +99,7 @@ class StripePaymentProvider:
 
     async def aclose(self) -> None:
         """Close the HTTP connections."""
-        http_client = _http_client_of(self._client)
+        http_client = _http_client_of(self.client)
         if http_client is not None:
             await http_client.close_async()  # type: ignore[no-untyped-call]  # untyped in the SDK
 
@@ -124,7 +121,7 @@ class StripePaymentProvider:
     async def _create_payment_intent(
         self, request: ChargeRequest, idempotency_key: str
     ) -> stripe.PaymentIntent:
-        return await self._client.v1.payment_intents.create_async(
+        return await self.client.v1.payment_intents.create_async(
             params={
                 "amount": request.amount,
                 "currency": request.currency,
@@ -147,7 +144,7 @@ class StripePaymentProvider:
             "stripe", "GET /v1/payment_intents/{id}", {"stripe.payment_intent": payment_intent_id}
         ) as span:
             try:
-                intent = await self._client.v1.payment_intents.retrieve_async(
+                intent = await self.client.v1.payment_intents.retrieve_async(
                     payment_intent_id,
                     params={"expand": ["latest_charge"]} if with_charge else None,
                 )
@@ -166,7 +163,7 @@ class StripePaymentProvider:
             "stripe", "GET /v1/payment_intents/search", {"onceflow.child_key_digest": operation_id}
         ) as span:
             try:
-                found = await self._client.v1.payment_intents.search_async(
+                found = await self.client.v1.payment_intents.search_async(
                     params={"query": query, "limit": 10}
                 )
             except Exception as error:
@@ -194,7 +191,7 @@ class StripePaymentProvider:
             },
         ) as span:
             try:
-                refund = await self._client.v1.refunds.create_async(
+                refund = await self.client.v1.refunds.create_async(
                     params=params, options={"idempotency_key": idempotency_key}
                 )
             except Exception as error:
@@ -207,7 +204,7 @@ class StripePaymentProvider:
         """Read a refund by id."""
         with outbound_call("stripe", "GET /v1/refunds/{id}", {"stripe.refund": refund_id}) as span:
             try:
-                refund = await self._client.v1.refunds.retrieve_async(refund_id)
+                refund = await self.client.v1.refunds.retrieve_async(refund_id)
             except Exception as error:
                 _raise_classified(error, span)
             view = _refund_view(refund)

@@ -25,16 +25,16 @@ from onceflow.settings._file import (
     read_config_file,
 )
 from onceflow.settings._invalid import InvalidSettings
-from onceflow.settings._onceflow import OnceflowSettings, load_settings
+from onceflow.settings._onceflow import BUILTIN_TOOL_NAMES, OnceflowSettings, load_settings
 from onceflow.settings._reading import (
     SettingsReader,
     environment_variables,
     read_settings,
-    settings_problems_collected,
 )
 from onceflow.settings._secrets import is_secret_setting, mask_url_password
 
 __all__ = [
+    "BUILTIN_TOOL_NAMES",
     "CONFIG_FILE_VARIABLE",
     "ConfigFile",
     "FileBackedSettings",
@@ -49,5 +49,4 @@ __all__ = [
     "mask_url_password",
     "read_config_file",
     "read_settings",
-    "settings_problems_collected",
 ]

@@ -35,6 +35,8 @@ class FileBackedSettings(BaseSettings):
 
     A custom tool's settings go under ``[tools.<tool>]``::
 
+        from collections.abc import AsyncIterator
+        from contextlib import asynccontextmanager
         from datetime import timedelta
 
         from pydantic import Field, SecretStr
@@ -57,7 +59,11 @@ class FileBackedSettings(BaseSettings):
             \"\"\"Longest one attempt may run. Default 30 s.\"\"\"
 
 
-        SLACK_TOOL_SETTINGS = read_settings(SlackToolSettings)
+        @asynccontextmanager
+        async def open_slack() -> AsyncIterator[SlackClient]:
+            # Read when the worker opens the client, never at import.
+            settings = read_settings(SlackToolSettings)
+            ...
 
     with, in the file::
 

@@ -9,6 +9,16 @@ from pydantic_settings import NoDecode, SettingsConfigDict
 from onceflow.settings._base import FileBackedSettings
 from onceflow.settings._reading import read_settings
 
+BUILTIN_TOOL_NAMES = (
+    "issue_coupon",
+    "create_order",
+    "charge_payment",
+    "refund_payment",
+    "send_email",
+    "start_deployment",
+)
+"""The tools onceflow brings, in catalogue order."""
+
 
 class OnceflowSettings(FileBackedSettings):
     """Settings shared by the worker, the CLI and the dev stack (``[onceflow]``)."""
@@ -17,7 +27,8 @@ class OnceflowSettings(FileBackedSettings):
     model_config = SettingsConfigDict(env_prefix="ONCEFLOW_", extra="ignore")
 
     database_url: str | None = Field(default=None, validation_alias="DATABASE_URL")
-    """PostgreSQL URL (``DATABASE_URL``). Default: the embedded server of ``onceflow dev``."""
+    """PostgreSQL URL (``DATABASE_URL``). Default none: the worker, gateway, MCP server and
+    relay refuse to start without it (``onceflow dev`` runs its own)."""
     task_queue: str = "onceflow-tasks"
     """Task queue of the task workflows and their activities. Default ``onceflow-tasks``."""
     state_dir: Path = Path(".onceflow")
@@ -38,12 +49,30 @@ class OnceflowSettings(FileBackedSettings):
     ``ONCEFLOW_TOOLS`` is comma-separated (``a, b``); the file holds an array
     (``tools = ["a", "b"]``)."""
 
-    @field_validator("tools", mode="before")
+    builtin_tools: Annotated[tuple[str, ...], NoDecode] = BUILTIN_TOOL_NAMES
+    """The built-in tools this deployment serves (``ONCEFLOW_BUILTIN_TOOLS``, comma-separated;
+    ``builtin_tools = [...]`` in the file). Default all six. A worker refuses to start while
+    a tool it serves lacks its service (``STRIPE_API_KEY`` for the payment tools,
+    ``DEPLOY_TARGET_URL`` for ``start_deployment``): set the service, or leave the tool out
+    here, on every worker and gateway alike."""
+
+    @field_validator("tools", "builtin_tools", mode="before")
     @classmethod
     def _split_comma_separated(cls, value: Any) -> Any:
         if isinstance(value, str):
             return tuple(part.strip() for part in value.split(",") if part.strip())
         return value
+
+    @field_validator("builtin_tools")
+    @classmethod
+    def _known_builtin_tools(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = [name for name in value if name not in BUILTIN_TOOL_NAMES]
+        if unknown:
+            raise ValueError(
+                f"unknown built-in tool(s) {', '.join(unknown)}; the built-in tools are "
+                f"{', '.join(BUILTIN_TOOL_NAMES)}"
+            )
+        return tuple(dict.fromkeys(value))
 
 
 def load_settings() -> OnceflowSettings:

@@ -4,10 +4,7 @@ environment variable, the file key and the fix, never the value."""
 import json
 import os
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
-from typing import TypeVar, cast
+from typing import TypeVar
 
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
@@ -23,52 +20,15 @@ from onceflow.settings._secrets import is_secret_setting
 AnySettings = TypeVar("AnySettings", bound=FileBackedSettings)
 
 
-_collected_problems: ContextVar[list[str] | None] = ContextVar("_collected_problems", default=None)
-
-
 def read_settings(settings_class: type[AnySettings]) -> AnySettings:
     """Read one settings class; every problem (its table's unknown keys included) raises
-    one ``InvalidSettings``, never a validation traceback.
-
-    Inside ``settings_problems_collected`` the problems are recorded instead and the
-    defaults returned, for the block to report them with all others.
-    """
-    try:
-        reader = SettingsReader()
-        reader.check_table(settings_class.config_table)
-        settings = reader.read(settings_class)
-        reader.raise_problems()
-    except InvalidSettings as invalid:
-        collected = _collected_problems.get()
-        if collected is None:
-            raise
-        collected.extend(invalid.problems)
-        return cast(AnySettings, settings_class.model_construct())
+    one ``InvalidSettings``, never a validation traceback."""
+    reader = SettingsReader()
+    reader.check_table(settings_class.config_table)
+    settings = reader.read(settings_class)
+    reader.raise_problems()
     assert settings is not None  # raise_problems raised otherwise
     return settings
-
-
-@contextmanager
-def settings_problems_collected() -> Iterator[list[str]]:
-    """Report the problems of every settings read in the block together.
-
-    Inside the block ``read_settings`` records its problems (in the yielded list) and
-    returns the defaults instead of raising; leaving the block raises one
-    ``InvalidSettings`` with every problem recorded or raised in it. For start-up code
-    importing modules that read settings at import (the tools), so that a bad value in one
-    does not hide the problems of the others. Nothing read in a block that raises may be
-    used.
-    """
-    problems: list[str] = []
-    token = _collected_problems.set(problems)
-    try:
-        yield problems
-    except InvalidSettings as invalid:
-        problems.extend(invalid.problems)
-    finally:
-        _collected_problems.reset(token)
-    if problems:
-        raise InvalidSettings(*dict.fromkeys(problems))
 
 
 class SettingsReader:

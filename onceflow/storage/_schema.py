@@ -220,4 +220,44 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
                 CHECK ((lease_owner IS NULL) = (lease_expires_at IS NULL));
         """,
     ),
+    (
+        7,
+        "deployments: the lease and its fencing token move to the operation record",
+        """
+        -- start_deployment holds the tool API's fenced lease on its operation record; the
+        -- deployments row keeps the business state and the token and owner of its last
+        -- write. Deployments already under way carry their tokens over, so the target
+        -- keeps refusing their former owners.
+        ALTER TABLE deployments ALTER COLUMN lease_expires_at DROP NOT NULL;
+        COMMENT ON COLUMN deployments.lease_expires_at IS
+            'Before migration 7 only: the lease now lives on the operations row';
+        -- Every tool records its provider request ids among the correlation ids now.
+        COMMENT ON COLUMN operations.provider_request_id IS
+            'Before migration 7 only: request ids are in correlation (request_id)';
+        INSERT INTO operations
+            (child_key, tenant, workflow_id, step_id, tool, child_op, state, resource_id,
+             result, correlation, fencing_token, lease_owner, lease_expires_at)
+        SELECT deployment_id, tenant, workflow_id, step_id, 'start_deployment', 'deploy',
+               CASE state WHEN 'running' THEN 'started' ELSE state END,
+               CASE state WHEN 'succeeded' THEN deployment_id END,
+               CASE state
+                   WHEN 'succeeded' THEN jsonb_build_object(
+                       'deployment_id', deployment_id, 'service', service,
+                       'version', version, 'environment', environment,
+                       'fencing_token', fencing_token,
+                       'steps', '["prepare", "roll_out", "verify", "activate"]'::jsonb,
+                       'replayed', false)
+                   WHEN 'failed' THEN jsonb_build_object('reason', last_report)
+                   ELSE '{}'::jsonb
+               END,
+               jsonb_build_object(
+                   'deployment_id', deployment_id, 'fencing_token', fencing_token::text,
+                   'steps_done', steps_done || '/4', 'lease_owner', owner),
+               fencing_token,
+               CASE state WHEN 'running' THEN owner END,
+               CASE state WHEN 'running' THEN lease_expires_at END
+        FROM deployments
+        ON CONFLICT (child_key) DO NOTHING;
+        """,
+    ),
 )

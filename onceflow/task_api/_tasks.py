@@ -27,8 +27,6 @@ from onceflow.workflows.task_models import (
 )
 from onceflow.workflows.visibility import TASK_STATE, TASK_TENANT
 
-_tracer = trace.get_tracer("onceflow.tasks")
-
 
 class DecisionRefused(Exception):
     """The task refused an approve or reconcile decision; nothing was recorded."""
@@ -66,7 +64,8 @@ class TaskClient:
         ``trace_id`` for an operator who finds the task in the Temporal UI.
         """
         tools = ", ".join(step.tool for step in task.steps)
-        with _tracer.start_as_current_span(
+        # The tracer is looked up per start: the process installs its provider after import.
+        with trace.get_tracer("onceflow.tasks").start_as_current_span(
             "StartTask",
             attributes={
                 "onceflow.workflow_id": workflow_id,

@@ -73,6 +73,7 @@ from onceflow.tools._call import (
     DEFAULT_HEARTBEAT_EVERY,
     DEFAULT_LEASE_TTL,
     ChildOperation,
+    LocalWrite,
     ToolCall,
 )
 from onceflow.tools._catalogue import CATALOGUE, Catalogue, UnknownTool
@@ -97,45 +98,16 @@ from onceflow.tools._loading import (
     register_tools,
 )
 from onceflow.tools._tool import ClientOpener, Implementation, Tool, lookup_activity_name
-from onceflow.tools.coupons import ISSUE_COUPON, IssueCouponInput
-from onceflow.tools.deployments import START_DEPLOYMENT, StartDeploymentInput
-from onceflow.tools.email import SEND_EMAIL, SendEmailInput
-from onceflow.tools.orders import CREATE_ORDER, CreateOrderInput, OrderLine
-from onceflow.tools.payments import (
-    CHARGE_PAYMENT,
-    REFUND_PAYMENT,
-    ChargePaymentInput,
-    PaymentToolSettings,
-    RefundPaymentInput,
-)
-
-_BUILTIN = (
-    ISSUE_COUPON,
-    CREATE_ORDER,
-    CHARGE_PAYMENT,
-    REFUND_PAYMENT,
-    SEND_EMAIL,
-    START_DEPLOYMENT,
-)
-for _builtin in _BUILTIN:
-    CATALOGUE.register(_builtin)
 
 __all__ = [
     "CATALOGUE",
-    "CHARGE_PAYMENT",
-    "CREATE_ORDER",
     "DEFAULT_HEARTBEAT_EVERY",
     "DEFAULT_LEASE_TTL",
     "ENTRY_POINT_GROUP",
     "IDEMPOTENCY_KEY_MAX_LENGTH",
-    "ISSUE_COUPON",
-    "REFUND_PAYMENT",
-    "SEND_EMAIL",
-    "START_DEPLOYMENT",
     "ApprovalThreshold",
     "arguments_digest",
     "Catalogue",
-    "ChargePaymentInput",
     "check_idempotency_key",
     "ChildOperation",
     "classify_database_error",
@@ -143,29 +115,23 @@ __all__ = [
     "classify_http_status",
     "client_retry_problems",
     "ClientOpener",
-    "CreateOrderInput",
     "DedupeStrategy",
     "derive_child_key",
     "derive_task_workflow_id",
     "EffectFlags",
     "Implementation",
-    "IssueCouponInput",
     "key_digest",
     "Lease",
     "LeaseLost",
     "load_configured_tools",
     "load_tools",
+    "LocalWrite",
     "lookup_activity_name",
     "MalformedIdempotencyKey",
     "NothingSent",
     "open_tool_client",
-    "OrderLine",
     "OutcomeClass",
-    "PaymentToolSettings",
-    "RefundPaymentInput",
     "register_tools",
-    "SendEmailInput",
-    "StartDeploymentInput",
     "Tool",
     "tool_activities",
     "ToolAttemptResult",

@@ -1,33 +1,39 @@
-"""What a custom tool's implementation gets for one attempt: its arguments, its identity,
-its client, child operations with derived keys and persisted correlation ids, heartbeats.
+"""What a tool's implementation gets for one attempt: its arguments, its identity, its
+client, child operations with derived keys and persisted correlation ids, heartbeats.
 
 A child operation's record lives in onceflow's ``operations`` table, keyed by the derived
 child key, so every attempt of the same step (in any worker) sees what earlier ones
 learnt::
 
-    (none) --begin--> started --succeeded--> succeeded   (a later attempt replays it)
+    (none) --begin--> started --succeeded / commit_local_effect--> succeeded
+                         |                       (a later attempt replays it)
                          |----failed(rejected)--> failed
+
+This module and ``_lease`` are the only places that read or write that table.
 """
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Generic, TypeVar
 
+import psycopg
+from psycopg import AsyncConnection
 from psycopg.types.json import Jsonb
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from pydantic import BaseModel
 from temporalio import activity
 
 from onceflow.retry_policy import OutcomeClass
+from onceflow.storage import classify_database_error
 from onceflow.tools._attempts import ToolAttemptResult, ToolCallInput
 from onceflow.tools._classify import NothingSent
 from onceflow.tools._contract import ToolContract
 from onceflow.tools._identity import derive_child_key, key_digest
-from onceflow.tools._lease import Lease, hold_lease
+from onceflow.tools._lease import Lease, check_fence, hold_lease, lease_owner
 
 ArgsT = TypeVar("ArgsT", bound=BaseModel)
 
@@ -65,10 +71,27 @@ UPDATE operations SET state = 'failed', result = %(result)s,
     correlation = correlation || %(ids)s, updated_at = now()
 WHERE child_key = %(child_key)s AND state <> 'succeeded'
 """
+# Claims the success before the tool's own write in the same transaction: a second attempt
+# racing this one waits on the row, then finds it succeeded and writes nothing.
+_CLAIM_SUCCESS = """
+INSERT INTO operations
+    (child_key, tenant, workflow_id, step_id, tool, child_op, state, resource_id, result,
+     correlation)
+VALUES (%(child_key)s, %(tenant)s, %(workflow_id)s, %(step_id)s, %(tool)s, %(child_op)s,
+        'succeeded', %(resource_id)s, %(result)s, %(ids)s)
+ON CONFLICT (child_key) DO UPDATE
+SET state = 'succeeded', resource_id = EXCLUDED.resource_id, result = EXCLUDED.result,
+    correlation = operations.correlation || EXCLUDED.correlation, updated_at = now()
+WHERE operations.state <> 'succeeded'
+RETURNING child_key
+"""
 DEFAULT_HEARTBEAT_EVERY = timedelta(seconds=10)
 """How often ``keep_alive`` heartbeats when the contract sets no ``heartbeat_timeout``."""
 DEFAULT_LEASE_TTL = timedelta(seconds=30)
 """How long a ``fenced_lease`` outlives a holder that stopped extending it."""
+
+LocalWrite = Callable[[AsyncConnection[Any]], Awaitable[None]]
+"""A tool's write to onceflow's database, run inside a transaction the tool API opened."""
 
 
 @dataclass
@@ -76,7 +99,9 @@ class ChildOperation:
     """One child effect of a step (one request to one provider account) and its record.
 
     Send ``key`` as the provider's idempotency key. Report the end with ``succeeded``
-    or ``failed``; both persist what the attempt learnt before the step may finish.
+    or ``failed``; both persist what the attempt learnt before the step may finish. An
+    effect in onceflow's own database ends with ``commit_local_effect`` instead: the
+    write and the success commit in one transaction.
     """
 
     key: str
@@ -112,8 +137,14 @@ class ChildOperation:
 
     @property
     def evidence(self) -> dict[str, str]:
-        """What the workflow keeps for lookups and operators: key digest and provider ids."""
-        return {f"{self.child_op}_key_digest": self.key_digest, **self.correlation}
+        """What the workflow keeps for lookups and operators: the key's digest (as
+        ``child_key_digest``, which traces and logs show, and as ``<child_op>_key_digest``,
+        which keeps the child operations of one step apart) and the provider ids."""
+        return {
+            "child_key_digest": self.key_digest,
+            f"{self.child_op}_key_digest": self.key_digest,
+            **self.correlation,
+        }
 
     async def record(self, **ids: str) -> None:
         """Persist provider correlation ids now (e.g. a request id as soon as it is known).
@@ -125,12 +156,24 @@ class ChildOperation:
         await self._pool_execute(_MERGE_CORRELATION, ids=Jsonb(_strings(ids)))
 
     async def succeeded(
-        self, resource_id: str, result: dict[str, Any] | None = None, **ids: str
+        self,
+        resource_id: str,
+        result: dict[str, Any] | None = None,
+        *,
+        evidence: Mapping[str, str] | None = None,
+        **ids: str,
     ) -> ToolAttemptResult:
         """Record the success with its ids and return it as this attempt's result.
 
         If the record cannot be written the attempt is ``unknown`` (the effect exists but
         nobody could find it again); the next attempt repeats with the same key.
+
+        Args:
+            resource_id: The resource the effect produced (an order, a PaymentIntent).
+            result: The tool's documented result body, recorded for later attempts.
+            evidence: More evidence for this attempt only (timings, what a read saw),
+                shown to operators but not recorded. Default: none.
+            **ids: Provider correlation ids, recorded with the operation.
         """
         self.correlation.update(_strings(ids))
         body = dict(result or {})
@@ -144,20 +187,27 @@ class ChildOperation:
                 reason=(
                     f"{resource_id} was made but could not be recorded ({type(error).__name__})"
                 ),
-                evidence={**self.evidence, "resource_id": resource_id},
+                evidence={**self.evidence, **(evidence or {}), "resource_id": resource_id},
             )
-        self.state, self.resource_id, self.result = "succeeded", resource_id, body
-        return ToolAttemptResult(
-            outcome=OutcomeClass.SUCCEEDED,
-            resource_id=resource_id,
-            result=body,
-            evidence=self.evidence,
-        )
+        return self._success(resource_id, body, evidence)
 
-    async def failed(self, outcome: OutcomeClass, reason: str, **ids: str) -> ToolAttemptResult:
+    async def failed(
+        self,
+        outcome: OutcomeClass,
+        reason: str,
+        *,
+        evidence: Mapping[str, str] | None = None,
+        **ids: str,
+    ) -> ToolAttemptResult:
         """Return a failed attempt's result; a ``rejected`` one is recorded as failed.
 
         Correlation ids are kept on a best-effort basis: the failure is reported either way.
+
+        Args:
+            outcome: ``rejected``, ``transient`` or ``unknown``.
+            reason: Why, in words an operator can act on; never a secret or a body.
+            evidence: More evidence for this attempt only, not recorded. Default: none.
+            **ids: Provider correlation ids, recorded with the operation.
         """
         if outcome is OutcomeClass.SUCCEEDED:
             raise ValueError("use succeeded() for a success")
@@ -169,7 +219,102 @@ class ChildOperation:
             )
         except Exception:
             _log.warning("could not record the failure of %s", self.key_digest)
-        return ToolAttemptResult(outcome=outcome, reason=reason, evidence=self.evidence)
+        return ToolAttemptResult(
+            outcome=outcome, reason=reason, evidence={**self.evidence, **(evidence or {})}
+        )
+
+    async def commit_local_effect(
+        self,
+        write: LocalWrite,
+        resource_id: str,
+        result: dict[str, Any] | None = None,
+        *,
+        lease: Lease | None = None,
+        evidence: Mapping[str, str] | None = None,
+        **ids: str,
+    ) -> ToolAttemptResult:
+        """Make an effect in onceflow's own database and record the success, in one
+        transaction: both commit or neither does (use with
+        ``DedupeStrategy.LOCAL_TRANSACTION``).
+
+        The success is claimed first, so of two attempts racing, the second waits for the
+        first to commit, writes nothing and returns its ``earlier_success``. A database
+        failure is classified (``classify_database_error``): the transaction rolled back,
+        so a repeat is safe, but a connection lost during the commit is ``unknown``. Call
+        ``begin`` first. Example::
+
+            async def insert_order(conn: AsyncConnection) -> None:
+                await conn.execute("INSERT INTO orders ...", {...})
+
+            return await operation.commit_local_effect(insert_order, order_id, body)
+
+        Args:
+            write: Writes the effect with the connection it is given (its transaction).
+            resource_id: The resource the effect produces, recorded with the success.
+            result: The documented result body, recorded for later attempts.
+            lease: With a ``fenced_lease``: commit only while it still holds the
+                operation (``LeaseLost`` otherwise, and nothing commits). Default: none.
+            evidence: More evidence for this attempt only, not recorded. Default: none.
+            **ids: Correlation ids, recorded with the operation.
+
+        Raises:
+            LeaseLost: ``lease`` was taken over; nothing was committed.
+        """
+        call = self._bound_call()
+        body = dict(result or {})
+        recorded = {**self.correlation, **_strings(ids)}
+        params = {
+            **call.operation_params(self),
+            "resource_id": resource_id,
+            "result": Jsonb(body),
+            "ids": Jsonb(recorded),
+        }
+        try:
+            async with call.pool.connection() as conn, conn.transaction():
+                if lease is not None:
+                    await check_fence(conn, self.key, lease)
+                claimed = await (await conn.execute(_CLAIM_SUCCESS, params)).fetchone()
+                if claimed is None:
+                    earlier = await (await conn.execute(_READ, params)).fetchone()
+                else:
+                    earlier = None
+                    await write(conn)
+        except (psycopg.Error, PoolTimeout) as error:
+            outcome, reason = classify_database_error(error)
+            return await self.failed(outcome, reason, evidence=evidence)
+        if claimed is None:
+            if earlier is not None:
+                self._load_row(earlier)
+            success = self.earlier_success
+            if success is None:  # the record vanished between the two statements
+                return await self.failed(
+                    OutcomeClass.TRANSIENT, "the operation record vanished; nothing was written"
+                )
+            return success
+        self.correlation = recorded
+        return self._success(resource_id, body, evidence)
+
+    @asynccontextmanager
+    async def fenced_transaction(self, lease: Lease) -> AsyncIterator[AsyncConnection[Any]]:
+        """A transaction on onceflow's database that commits only while ``lease`` holds
+        this operation: local writes fenced as the far side fences remote ones.
+
+        The record stays locked until the block ends, so a take-over waits for a write in
+        flight rather than slipping in before its commit. Example::
+
+            async with operation.fenced_lease() as lease:
+                ...
+                async with operation.fenced_transaction(lease) as conn:
+                    await conn.execute("UPDATE progress SET ...", {...})
+
+        Raises:
+            LeaseLost: A newer token holds the operation; nothing in the block commits
+                (``lease.lost`` is set, and the lease is not released).
+        """
+        call = self._bound_call()
+        async with call.pool.connection() as conn, conn.transaction():
+            await check_fence(conn, self.key, lease)
+            yield conn
 
     def fenced_lease(
         self, ttl: timedelta = DEFAULT_LEASE_TTL
@@ -177,24 +322,55 @@ class ChildOperation:
         """Hold this operation alone for the block (use with ``DedupeStrategy.FENCED_LEASE``).
 
         Send ``lease.token`` with every write to the far side, which must refuse a token
-        lower than the highest it has seen. The lease is extended (and the attempt
-        heartbeats) every ``ttl / 3``; if another attempt took it over after it lapsed,
-        the block is cancelled and ``LeaseLost`` raised (the attempt ends ``unknown``).
-        While another attempt holds a live lease this waits up to two TTLs, then raises
-        ``NothingSent`` (``transient``). Call ``begin`` first.
+        lower than the highest it has seen; write to onceflow's own database through
+        ``fenced_transaction`` or ``commit_local_effect(..., lease=lease)``. The lease is
+        extended (and the attempt heartbeats ``lease.progress``) every third of the
+        shorter of ``ttl`` and the contract's ``heartbeat_timeout``; if another attempt
+        took it over after it lapsed, the block is cancelled and ``LeaseLost`` raised (the
+        attempt ends ``unknown``). While another attempt holds a live lease this waits up
+        to two TTLs, then raises ``NothingSent`` (``transient``). Call ``begin`` first.
 
         Args:
             ttl: How long the lease outlives a silent holder. Default ``DEFAULT_LEASE_TTL``.
         """
+        call = self._bound_call()
+        heartbeat = call.contract.heartbeat_timeout
+        return hold_lease(
+            call.pool,
+            self.key,
+            ttl=ttl,
+            owner=lease_owner(call.step_id, call.attempt),
+            keep_every=min(ttl, heartbeat) / 3 if heartbeat else ttl / 3,
+        )
+
+    def _success(
+        self, resource_id: str, body: dict[str, Any], evidence: Mapping[str, str] | None
+    ) -> ToolAttemptResult:
+        self.state, self.resource_id, self.result = "succeeded", resource_id, body
+        return ToolAttemptResult(
+            outcome=OutcomeClass.SUCCEEDED,
+            resource_id=resource_id,
+            result=body,
+            evidence={**self.evidence, **(evidence or {})},
+        )
+
+    def _load_row(self, row: Any) -> None:
+        state, resource_id, result, correlation = row
+        self.state, self.resource_id = state, resource_id
+        self.result, self.correlation = dict(result), _strings(correlation)
+
+    def _bound_call(self) -> "ToolCall[Any]":
         if self._call is None:
-            raise RuntimeError("this child operation is not bound to a call")
-        return hold_lease(self._call.pool, self.key, ttl=ttl, attempt=self._call.attempt)
+            raise RuntimeError(
+                "this child operation is not bound to this call (an operation of another "
+                "step is read-only)"
+            )
+        return self._call
 
     async def _pool_execute(self, statement: str, **params: Any) -> None:
-        if self._call is None:
-            raise RuntimeError("this child operation is not bound to a call")
-        async with self._call.pool.connection() as conn:
-            await conn.execute(statement, {**self._call.operation_params(self), **params})
+        call = self._bound_call()
+        async with call.pool.connection() as conn:
+            await conn.execute(statement, {**call.operation_params(self), **params})
 
 
 @dataclass(frozen=True)
@@ -237,12 +413,26 @@ class ToolCall(Generic[ArgsT]):
         """What earlier attempts of this step reported (key digests, provider ids)."""
         return self.identity.evidence
 
-    def child_key(self, child_op: str, *, provider_account: str) -> str:
-        """The derived idempotency key of one child operation at one provider account."""
+    @property
+    def attempt_timeout(self) -> timedelta:
+        """How long this attempt may run in all: the limit Temporal enforces on it, else
+        the contract's ``start_to_close_timeout``. Work that waits (polls a far side for
+        an outcome) should give up a little before it, to report what it saw."""
+        limit = activity.info().start_to_close_timeout if activity.in_activity() else None
+        return limit or self.contract.attempt_timeout
+
+    def child_key(self, child_op: str, *, provider_account: str, step_id: str | None = None) -> str:
+        """The derived idempotency key of one child operation at one provider account.
+
+        Args:
+            child_op: Which child effect of the step.
+            provider_account: The provider account the effect lands in.
+            step_id: Another step of the same task. Default: this step.
+        """
         return derive_child_key(
             tenant=self.tenant,
             workflow_id=self.workflow_id,
-            step_id=self.step_id,
+            step_id=self.step_id if step_id is None else step_id,
             child_op=child_op,
             provider_account=provider_account,
         )
@@ -259,9 +449,25 @@ class ToolCall(Generic[ArgsT]):
         """
         return await self._load(child_op, provider_account, start=True)
 
-    async def find(self, child_op: str, *, provider_account: str) -> ChildOperation:
-        """A child operation's record without starting it: for ``look_up`` functions."""
-        return await self._load(child_op, provider_account, start=False)
+    async def find(
+        self, child_op: str, *, provider_account: str, step_id: str | None = None
+    ) -> ChildOperation:
+        """A child operation's record without starting it: for ``look_up`` functions, and
+        to read what an earlier step of the same task recorded (a refund reads the
+        PaymentIntent its charge step made).
+
+        Args:
+            child_op: Which child effect of the step.
+            provider_account: The provider account the effect lands in.
+            step_id: Another step of the same task, whose operation is then read-only.
+                Default: this step.
+
+        Raises:
+            NothingSent: The record could not be read; nothing was sent.
+        """
+        if step_id is None or step_id == self.step_id:
+            return await self._load(child_op, provider_account, start=False)
+        return await self._load(child_op, provider_account, start=False, step_id=step_id)
 
     def heartbeat(self, *details: Any) -> None:
         """Tell Temporal this attempt is alive (and how far it got)."""
@@ -301,34 +507,32 @@ class ToolCall(Generic[ArgsT]):
             "child_op": operation.child_op,
         }
 
-    async def _load(self, child_op: str, provider_account: str, *, start: bool) -> ChildOperation:
-        key = self.child_key(child_op, provider_account=provider_account)
-        params = self.operation_params(
-            ChildOperation(key=key, child_op=child_op, state=None, correlation={})
+    async def _load(
+        self, child_op: str, provider_account: str, *, start: bool, step_id: str | None = None
+    ) -> ChildOperation:
+        key = self.child_key(child_op, provider_account=provider_account, step_id=step_id)
+        operation = ChildOperation(
+            key=key,
+            child_op=child_op,
+            state=None,
+            correlation={},
+            # Another step's operation is read-only: its record's identity is not ours.
+            _call=self if step_id is None else None,
         )
+        params = self.operation_params(operation)
         try:
             async with self.pool.connection() as conn:
                 if start:
                     await conn.execute(_START, params)
                 row = await (await conn.execute(_READ, params)).fetchone()
         except Exception as error:
+            what = "record" if start else "read"
             raise NothingSent(
-                f"could not record {child_op!r} before sending ({type(error).__name__})"
+                f"could not {what} {child_op!r} before sending ({type(error).__name__})"
             ) from error
-        if row is None:
-            return ChildOperation(
-                key=key, child_op=child_op, state=None, correlation={}, _call=self
-            )
-        state, resource_id, result, correlation = row
-        return ChildOperation(
-            key=key,
-            child_op=child_op,
-            state=state,
-            correlation=_strings(correlation),
-            resource_id=resource_id,
-            result=dict(result),
-            _call=self,
-        )
+        if row is not None:
+            operation._load_row(row)
+        return operation
 
 
 def _strings(ids: dict[str, Any]) -> dict[str, str]:

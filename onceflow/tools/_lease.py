@@ -2,14 +2,16 @@
 
 The lease lives on the operation's record; every take-over raises its fencing token::
 
-    started, free ──acquire──▶ held by A (token n) ──A's keeper extends every ttl/3──▶ …
+    started, free ──acquire──▶ held by A (token n) ──A's keeper extends it──▶ …
          ▲                          │ A dies or stalls: the lease expires
          └──────release─────────────┤
                                     └──acquire by B──▶ held by B (token n+1)
 
 The far side must refuse writes carrying a token lower than the highest it has seen (that
 is what makes a stalled A harmless); locally, A's keeper notices the newer token and
-cancels A's block, which then raises ``LeaseLost`` (the attempt ends ``unknown``).
+cancels A's block, which then raises ``LeaseLost`` (the attempt ends ``unknown``), and
+A's writes to onceflow's own database go through ``fenced_transaction``, which refuses
+them once the token is no longer the record's.
 """
 
 import asyncio
@@ -17,10 +19,11 @@ import os
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 from temporalio import activity
 
@@ -47,10 +50,29 @@ _RELEASE = """
 UPDATE operations SET lease_owner = NULL, lease_expires_at = NULL, updated_at = now()
 WHERE child_key = %(child_key)s AND fencing_token = %(token)s AND lease_owner = %(owner)s
 """
+# Locks the record until the caller's transaction ends, so a take-over (which updates the
+# record) waits for a fenced write in flight instead of slipping in before its commit.
+_FENCE = """
+SELECT fencing_token FROM operations WHERE child_key = %(child_key)s FOR NO KEY UPDATE
+"""
+_CURRENT_TOKEN = "SELECT fencing_token FROM operations WHERE child_key = %(child_key)s"
 
 
 class LeaseLost(Exception):
-    """Another attempt took the lease over: this one must write nothing more."""
+    """Another attempt took the lease over: this one must write nothing more.
+
+    Args:
+        token: This attempt's fencing token.
+        current_token: The record's token now, when it could be read.
+    """
+
+    def __init__(self, token: int, current_token: int | None = None) -> None:
+        now_at = "unknown" if current_token is None else str(current_token)
+        super().__init__(f"fencing token {token} is stale (the operation is at token {now_at})")
+        self.token = token
+        """This attempt's fencing token."""
+        self.current_token = current_token
+        """The newer token that holds the operation now, if known."""
 
 
 @dataclass
@@ -60,14 +82,33 @@ class Lease:
     token: int
     """The fencing token: send it with every write so the far side can refuse stale ones."""
     owner: str
-    """Who holds it (host, process, attempt), as recorded and shown to operators."""
+    """Who holds it (``<step>#<attempt>@<host>:<pid>``), as recorded and shown to operators."""
     lost: bool = False
     """Set when a newer token took over; the block is cancelled at the same time."""
+    lost_to: int | None = None
+    """With ``lost``: the token that took over, when it could be read."""
+    progress: dict[str, Any] = field(default_factory=dict)
+    """Sent with every heartbeat besides the token and owner: keep it up to date with how
+    far the work got (a step name, a count), and the Temporal UI shows it on the attempt."""
+
+    def heartbeat_details(self) -> dict[str, Any]:
+        """What the keeper's heartbeats report: the token, the owner and ``progress``."""
+        return {"fencing_token": self.token, "owner": self.owner, **self.progress}
+
+
+def lease_owner(step_id: str, attempt: int) -> str:
+    """The name a lease is held under: step, attempt, host and process."""
+    return f"{step_id}#{attempt}@{socket.gethostname()}:{os.getpid()}"
 
 
 @asynccontextmanager
 async def hold_lease(
-    pool: AsyncConnectionPool, child_key: str, *, ttl: timedelta, attempt: int
+    pool: AsyncConnectionPool,
+    child_key: str,
+    *,
+    ttl: timedelta,
+    owner: str,
+    keep_every: timedelta,
 ) -> AsyncIterator[Lease]:
     """Hold the operation's lease for the block, extending it and heartbeating meanwhile.
 
@@ -76,19 +117,18 @@ async def hold_lease(
             no longer in progress; nothing was sent by this attempt.
         LeaseLost: A newer token took over while the block ran.
     """
-    owner = f"{socket.gethostname()}/{os.getpid()}/attempt-{attempt}"
     params: dict[str, Any] = {"child_key": child_key, "owner": owner, "ttl": ttl}
     lease = Lease(token=await _acquire(pool, params, ttl), owner=owner)
     params["token"] = lease.token
     body = asyncio.current_task()
-    keeper = asyncio.create_task(_keep(pool, params, ttl, lease, body))
+    keeper = asyncio.create_task(_keep(pool, params, keep_every, lease, body))
     try:
         yield lease
     except asyncio.CancelledError:
         if not lease.lost or body is None:
             raise
         body.uncancel()
-        raise LeaseLost(f"token {lease.token} was taken over; this attempt stopped") from None
+        raise LeaseLost(lease.token, lease.lost_to) from None
     finally:
         keeper.cancel()
         await asyncio.gather(keeper, return_exceptions=True)
@@ -98,6 +138,19 @@ async def hold_lease(
                     await conn.execute(_RELEASE, params)
             except Exception:  # the lease then simply expires after its TTL
                 activity.logger.warning("could not release the lease of %s", child_key[:12])
+
+
+async def check_fence(conn: AsyncConnection[Any], child_key: str, lease: Lease) -> None:
+    """In ``conn``'s transaction: go on only while ``lease`` still holds the operation.
+
+    Raises:
+        LeaseLost: A newer token holds it (``lease.lost`` is set too).
+    """
+    row = await (await conn.execute(_FENCE, {"child_key": child_key})).fetchone()
+    current = int(row[0]) if row is not None else None
+    if current != lease.token:
+        lease.lost, lease.lost_to = True, current
+        raise LeaseLost(lease.token, current)
 
 
 async def _acquire(pool: AsyncConnectionPool, params: dict[str, Any], ttl: timedelta) -> int:
@@ -124,20 +177,23 @@ async def _acquire(pool: AsyncConnectionPool, params: dict[str, Any], ttl: timed
 async def _keep(
     pool: AsyncConnectionPool,
     params: dict[str, Any],
-    ttl: timedelta,
+    every: timedelta,
     lease: Lease,
     body: "asyncio.Task[Any] | None",
 ) -> None:
     while True:
-        await asyncio.sleep(ttl.total_seconds() / 3)
-        activity.heartbeat({"fencing_token": lease.token, "owner": lease.owner})
+        await asyncio.sleep(every.total_seconds())
+        activity.heartbeat(lease.heartbeat_details())
         try:
             async with pool.connection() as conn:
                 kept = await (await conn.execute(_EXTEND, params)).fetchone()
+                current = (
+                    None if kept else await (await conn.execute(_CURRENT_TOKEN, params)).fetchone()
+                )
         except Exception:  # the lease may lapse; a newer holder then fences this one out
             continue
         if kept is None:
-            lease.lost = True
+            lease.lost, lease.lost_to = True, int(current[0]) if current else None
             if body is not None:
                 body.cancel()
             return

@@ -1,4 +1,4 @@
-"""A custom tool: its contract plus the code that performs it, checked before registering."""
+"""A tool: its contract plus the code that performs it, checked before registering."""
 
 import inspect
 from collections.abc import Awaitable, Callable
@@ -19,7 +19,8 @@ ClientOpener = Callable[[], AbstractAsyncContextManager[Any]]
 
 @dataclass(frozen=True, kw_only=True)
 class Tool:
-    """A tool a user brings: what it does to the world, and how.
+    """A tool: what it does to the world, and how. onceflow's own tools are built the same
+    way (``onceflow.payments.payment_tools``, ``onceflow.deployments.deployment_tools``, …).
 
     Example::
 

@@ -4,7 +4,7 @@ import subprocess
 
 import pytest
 
-from tests.processes import REPO, onceflow_command
+from tests.harness import REPO, onceflow_command
 
 
 def run(*arguments: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -100,8 +100,9 @@ def test_an_unknown_decision_is_a_usage_error() -> None:
 
 def test_a_worker_without_a_database_says_how_to_get_one(tmp_path: object) -> None:
     result = run("worker", env={"DATABASE_URL": "", "ONCEFLOW_STATE_DIR": str(tmp_path)})
-    assert result.returncode == 1
-    assert "DATABASE_URL is not set" in result.stderr
+    assert result.returncode == 2
+    assert "DATABASE_URL is not set; fix: set it to your PostgreSQL" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert "Traceback" not in result.stderr
 
 
@@ -113,7 +114,10 @@ def test_a_bad_setting_names_the_variable() -> None:
 
 
 def test_a_bad_tool_setting_read_at_start_up_names_the_variable() -> None:
-    result = run("status", "t-1", env={"ONCEFLOW_PAYMENTS_KEY_RETENTION": "forever"})
+    # Tool settings are read when a command builds the tools (never at import, so a
+    # command that needs no tool, like `status`, is not stopped by them).
+    call = ("call", "issue_coupon", "--tenant", "t", "--key", "k-1")
+    result = run(*call, env={"ONCEFLOW_PAYMENTS_KEY_RETENTION": "forever"})
     assert result.returncode == 2
     assert "ONCEFLOW_PAYMENTS_KEY_RETENTION" in result.stderr
     assert "Traceback" not in result.stderr

@@ -21,7 +21,8 @@ from onceflow.task_api import TaskClient
 from onceflow.tools import derive_child_key, derive_task_workflow_id
 from onceflow.worker import build_worker
 from onceflow.workflows.task_models import AgentTaskInput, StepInput
-from tests.tasks import wait_for  # noqa: F401 - re-exported for the tests
+from tests.harness import wait_for  # noqa: F401 - re-exported for the tests
+from tests.tool_configuration import builtin
 
 TENANT = "acme"
 ACCOUNT = "target-test"
@@ -43,10 +44,18 @@ async def target() -> AsyncIterator[RunningTarget]:
 
 
 @pytest.fixture
-async def deploy_client(target: RunningTarget) -> AsyncIterator[HttpDeployTarget]:
-    async with open_deploy_target(
-        DeployTargetSettings(url=target.url, account=ACCOUNT, request_timeout=timedelta(seconds=30))
-    ) as opened:
+def target_settings(target: RunningTarget) -> DeployTargetSettings:
+    """A worker's settings for the test's target."""
+    return DeployTargetSettings(
+        url=target.url, account=ACCOUNT, request_timeout=timedelta(seconds=30)
+    )
+
+
+@pytest.fixture
+async def deploy_client(
+    target_settings: DeployTargetSettings,
+) -> AsyncIterator[HttpDeployTarget]:
+    async with open_deploy_target(target_settings) as opened:
         assert opened is not None
         yield opened
 
@@ -61,14 +70,16 @@ async def pool(database: str) -> AsyncIterator[AsyncConnectionPool]:
 async def worker(
     dev_server: WorkflowEnvironment,
     pool: AsyncConnectionPool,
-    deploy_client: HttpDeployTarget,
+    target_settings: DeployTargetSettings,
     task_queue: str,
 ) -> AsyncIterator[Worker]:
+    """A worker serving the built-in tools, ``start_deployment`` opening its own client to
+    the test's target."""
     async with build_worker(
         dev_server.client,
         pool,
         OnceflowSettings(task_queue=task_queue, shutdown_grace_seconds=1),
-        deploy_target=deploy_client,
+        tools=builtin(deploy_target=target_settings),
     ) as running:
         yield running
 

@@ -12,6 +12,7 @@ from onceflow.task_api import DecisionRefused, TaskClient
 from onceflow.tools import arguments_digest
 from onceflow.workflows import AgentTaskWorkflow
 from onceflow.workflows.task_models import ApproveInput, StepState, TaskState, TaskStatus
+from tests.harness import workflow_idle
 
 from .conftest import RELEASE, deployment_id, deployment_rows, start_deployment, wait_for, writes
 
@@ -48,7 +49,7 @@ async def test_nothing_is_deployed_until_the_exact_arguments_are_approved(
     handle = dev_server.client.get_workflow_handle_for(AgentTaskWorkflow.run, workflow_id)
     await handle.signal(AgentTaskWorkflow.approve_signal, decision(other))
     refused = await wait_for(tasks, workflow_id, lambda status: bool(status.decisions))
-    await asyncio.sleep(0.5)
+    await workflow_idle(dev_server.client, workflow_id)  # nothing started, nothing due
 
     assert refused.state is TaskState.AWAITING_APPROVAL
     assert [(d.accepted, d.via) for d in refused.decisions] == [(False, "signal")]
@@ -73,7 +74,11 @@ async def test_nothing_is_deployed_until_the_exact_arguments_are_approved(
 
 
 async def test_a_denied_deployment_never_starts(
-    target: RunningTarget, worker: Worker, tasks: TaskClient, database: str
+    dev_server: WorkflowEnvironment,
+    target: RunningTarget,
+    worker: Worker,
+    tasks: TaskClient,
+    database: str,
 ) -> None:
     workflow_id = await start_deployment(tasks)
     waiting = await wait_for(tasks, workflow_id, awaiting_approval)
@@ -82,7 +87,7 @@ async def test_a_denied_deployment_never_starts(
         workflow_id, decision(waiting.step("deploy").arguments_digest, approved=False)
     )
     result = await asyncio.wait_for(tasks.result(workflow_id), timeout=20)
-    await asyncio.sleep(0.5)
+    await workflow_idle(dev_server.client, workflow_id)  # every attempt has reported back
 
     assert result.state is TaskState.FAILED
     assert result.step("deploy").state is StepState.DENIED

@@ -20,7 +20,7 @@ from temporalio.testing import WorkflowEnvironment
 from onceflow.retry_policy import OutcomeClass
 from onceflow.task_api import TaskClient
 from onceflow.workflows.task_models import ApproveInput, TaskState
-from tests.processes import onceflow_command, spawn, stop, wait_for_line
+from tests.harness import eventually, onceflow_command, spawn, stop, wait_for_line
 
 from .conftest import ACCOUNT, deployment_id, deployment_rows, start_deployment, wait_for, writes
 
@@ -37,6 +37,7 @@ def workers(
         "ONCEFLOW_TASK_QUEUE": task_queue,
         "ONCEFLOW_SHUTDOWN_GRACE_SECONDS": "1",
         "DEPLOY_TARGET_URL": target.url,
+        "ONCEFLOW_BUILTIN_TOOLS": "start_deployment",
         "ONCEFLOW_DEPLOY_TARGET_ACCOUNT": ACCOUNT,
         "ONCEFLOW_DEPLOYMENTS_HEARTBEAT_TIMEOUT": "PT2S",
         "ONCEFLOW_DEPLOYMENTS_LEASE_TTL": "PT2S",
@@ -81,8 +82,11 @@ async def test_a_paused_owner_is_fenced_out_at_the_target_and_in_the_database(
     result = await asyncio.wait_for(tasks.result(workflow_id), timeout=60)
     hold.release()  # the paused owner's write finally reaches the target
     deployment = deployment_id(workflow_id)
-    while not target.state.refused(deployment):
-        await asyncio.sleep(0.02)
+    await eventually(
+        lambda: target.state.refused(deployment),
+        what="the target refused the stale owner's write",
+        interval=0.02,
+    )
     os.kill(first.pid, signal.SIGCONT)
     resumed = await asyncio.to_thread(wait_for_line, first, "fencing token 1 is stale", timeout=30)
 

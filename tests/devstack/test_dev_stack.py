@@ -12,7 +12,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.processes import REPO, onceflow_command, spawn, stop, wait_for_line
+from tests.harness import REPO, onceflow_command, spawn, stop, wait_for_line
 
 # Starting the whole stack twice is slow on a loaded two-core machine.
 pytestmark = pytest.mark.timeout(400)

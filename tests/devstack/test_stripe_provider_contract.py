@@ -8,6 +8,7 @@ event loop, and checks the provider's ledger and request log, not only the respo
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 
@@ -24,6 +25,8 @@ from onceflow_devstack.stripe_provider import (
     running_provider,
 )
 
+from tests.harness import eventually
+
 API_KEY = "sk_test_onceflow_contract"
 VISA = {"amount": 1500, "currency": "usd", "payment_method": "pm_card_visa", "confirm": True}
 
@@ -38,6 +41,19 @@ ClientFactory = Callable[..., stripe.StripeClient]
 
 def new_key() -> str:
     return f"test-{uuid.uuid4()}"
+
+
+class SteppedClock:
+    """The provider's clock, moved on by the test: time passing is a step of the scenario."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
 
 
 @pytest.fixture
@@ -291,16 +307,16 @@ async def test_same_key_with_other_parameters_is_an_idempotency_error(
 
 
 async def test_key_in_flight_gets_409_and_the_effect_happens_once(
-    client: stripe.StripeClient, control: ProviderControl
+    client: stripe.StripeClient, provider: RunningProvider, control: ProviderControl
 ) -> None:
     key = new_key()
     await control.add_fault(
         Fault.DELAY_BEFORE_COMMIT, path_prefix="/v1/payment_intents", delay_seconds=0.5
     )
     slow = asyncio.create_task(charge(client, key))
-    while not await control.requests():
-        await asyncio.sleep(0.01)
-    await asyncio.sleep(0.05)
+    await eventually(
+        provider.provider.keys.in_flight, until=lambda keys: key in keys, what="the key is held"
+    )
     with pytest.raises(stripe.APIError) as in_use:
         await charge(client, key)
     assert in_use.value.http_status == 409
@@ -452,13 +468,14 @@ async def test_reset_before_commit_changes_nothing(
 
 
 async def test_key_reused_after_retention_creates_a_second_charge(
-    client: stripe.StripeClient, control: ProviderControl
+    client: stripe.StripeClient, provider: RunningProvider, control: ProviderControl
 ) -> None:
+    provider.provider.account.clock = clock = SteppedClock()
     await control.configure(key_retention_seconds=0.3)
     key = new_key()
     first = await charge(client, key)
     assert (await charge(client, key)).id == first.id
-    await asyncio.sleep(0.4)
+    clock.advance(0.4)
     second = await charge(client, key)
     assert second.id != first.id
     ledger = await control.ledger()
@@ -467,8 +484,9 @@ async def test_key_reused_after_retention_creates_a_second_charge(
 
 
 async def test_search_is_eventually_consistent(
-    client: stripe.StripeClient, control: ProviderControl
+    client: stripe.StripeClient, provider: RunningProvider, control: ProviderControl
 ) -> None:
+    provider.provider.account.clock = clock = SteppedClock()
     await control.configure(search_lag_seconds=0.4)
     wanted = await charge(client, new_key(), metadata={"operation_id": "op-s", "tenant": "t1"})
     await charge(client, new_key(), metadata={"operation_id": "op-other", "tenant": "t1"})
@@ -476,7 +494,7 @@ async def test_search_is_eventually_consistent(
     early = await client.v1.payment_intents.search_async(params={"query": query})
     assert early.object == "search_result"
     assert early.data == [] and early.has_more is False
-    await asyncio.sleep(0.45)
+    clock.advance(0.45)
     later = await client.v1.payment_intents.search_async(params={"query": query})
     assert [i.id for i in later.data] == [wanted.id]
     everything = await client.v1.payment_intents.search_async(

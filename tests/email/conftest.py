@@ -15,15 +15,15 @@ from psycopg_pool import AsyncConnectionPool
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from onceflow.email import EmailSettings, OutboxRelay
+from onceflow.email import EmailSettings, EmailToolSettings, OutboxRelay, email_tools
 from onceflow.retry_policy import RetryBudget
 from onceflow.settings import OnceflowSettings
 from onceflow.storage import build_pool
 from onceflow.task_api import TaskClient
 from onceflow.tools import derive_task_workflow_id
 from onceflow.worker import build_worker
-from onceflow.workflows.task_models import AgentTaskInput, StepInput
-from tests.tasks import parked, wait_for  # noqa: F401 - re-exported for the tests
+from onceflow.workflows.task_models import AgentTaskInput, StepInput, TaskState
+from tests.harness import parked, passed_marker, wait_for  # noqa: F401 - re-exported
 
 TENANT = "acme"
 FAST_BUDGET = RetryBudget(
@@ -93,12 +93,13 @@ async def worker(
     settings: EmailSettings,
     task_queue: str,
 ) -> AsyncIterator[Worker]:
-    """A worker built by onceflow's composition point, with the test's email settings."""
+    """A worker built by onceflow's composition point, serving ``send_email`` with the
+    test's email settings."""
     async with build_worker(
         dev_server.client,
         pool,
         OnceflowSettings(task_queue=task_queue, shutdown_grace_seconds=1),
-        email_settings=settings,
+        tools=email_tools(EmailToolSettings(), settings),
     ) as running:
         yield running
 
@@ -121,6 +122,25 @@ async def start_email(tasks: TaskClient, arguments: dict[str, Any]) -> str:
     )
     await tasks.start(task, workflow_id=workflow_id)
     return workflow_id
+
+
+async def relay_caught_up(tasks: TaskClient, sink: RunningSink) -> None:
+    """Prove the relay went quiet: a marker email, armed now, reached the sink.
+
+    A relay claims armed rows (and rows whose claim expired) in arming order, so once it
+    delivered a marker armed after the fact it has polled since, and has claimed and
+    delivered everything that was due before the marker.
+    """
+
+    async def send() -> str:
+        return await start_email(tasks, {**welcome_email(), "subject": "relay marker"})
+
+    async def delivered(workflow_id: str) -> bool:
+        status = await tasks.status(workflow_id)
+        message_id = status.step("mail").resource_id
+        return status.state is TaskState.SUCCEEDED and sink.sink.deliveries(message_id or "") > 0
+
+    await passed_marker(send, delivered, what="the outbox relay")
 
 
 def deliveries(database: str, message_id: str) -> list[tuple[Any, ...]]:

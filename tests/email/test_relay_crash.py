@@ -16,7 +16,7 @@ from temporalio.worker import Worker
 
 from onceflow.task_api import TaskClient
 from onceflow.workflows.task_models import TaskState
-from tests.processes import onceflow_command, spawn, stop, wait_for_line
+from tests.harness import eventually, onceflow_command, spawn, stop, wait_for_line
 
 from .conftest import deliveries, start_email, welcome_email
 
@@ -70,19 +70,22 @@ async def test_a_relay_killed_mid_batch_loses_no_email_and_duplicates_none(
     # The victim: a relay holding several claims, one of them a message the sink has
     # applied and whose reply it is holding (the relay dies between effect and record).
     by_pid = {f"-{relay.pid}": relay for relay in relays}
-    victim, in_flight = None, None
-    for _ in range(400):
+
+    def caught_mid_batch() -> tuple[subprocess.Popen[str], str, list[tuple[str, str]]] | None:
         rows = sending_rows(database)
         for claimed_by, message_id in rows:
             holders = [row for row in rows if row[0] == claimed_by]
             pid = next((p for p in by_pid if claimed_by.endswith(p)), None)
             if pid and len(holders) >= 2 and message_id in sink.sink.holding:
-                victim, in_flight = by_pid[pid], message_id
-                break
-        if victim is not None:
-            break
-        await asyncio.sleep(0.02)
-    assert victim is not None and in_flight is not None, "no relay was caught mid-batch"
+                return by_pid[pid], message_id, rows
+        return None
+
+    victim, in_flight, rows = await eventually(
+        caught_mid_batch,
+        what="a relay is caught mid-batch, the sink holding its applied message's reply",
+        timeout=8,
+        interval=0.02,
+    )
     victim_id = next(claimed for claimed, message in rows if message == in_flight)
     victim_claims = [message for claimed, message in rows if claimed == victim_id]
     os.kill(victim.pid, signal.SIGKILL)

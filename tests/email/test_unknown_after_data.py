@@ -4,21 +4,42 @@ until an operator decides; only "did not happen" authorises exactly one more del
 import asyncio
 
 from onceflow_devstack.smtp_sink import RunningSink, SinkFault
+from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from onceflow.email import OutboxRelay
 from onceflow.retry_policy import OutcomeClass
 from onceflow.task_api import TaskClient
 from onceflow.workflows.task_models import ReconcileDecision, ReconcileInput, StepState, TaskState
+from tests.harness import workflow_idle
 
-from .conftest import deliveries, outbox_row, parked, start_email, wait_for, welcome_email
+from .conftest import (
+    deliveries,
+    outbox_row,
+    parked,
+    relay_caught_up,
+    start_email,
+    wait_for,
+    welcome_email,
+)
 
-QUIET_PERIOD = 1.0
-"""Ten relay polls: long enough for a relay that wanted to resend to have done so."""
+
+async def quiet(
+    dev_server: WorkflowEnvironment, tasks: TaskClient, sink: RunningSink, task: str
+) -> None:
+    """Nothing more can happen by itself: the task has nothing pending (no timer, no
+    attempt in flight) and the relay has worked through everything armed before now."""
+    await workflow_idle(dev_server.client, task)
+    await relay_caught_up(tasks, sink)
 
 
 async def park_on_a_dropped_reply(
-    tasks: TaskClient, sink: RunningSink, database: str, *, server_kept_it: bool
+    dev_server: WorkflowEnvironment,
+    tasks: TaskClient,
+    sink: RunningSink,
+    database: str,
+    *,
+    server_kept_it: bool,
 ) -> tuple[str, str]:
     sink.sink.add_fault(SinkFault.DROP_AFTER_DATA, apply=server_kept_it)
     workflow_id = await start_email(tasks, welcome_email())
@@ -31,7 +52,7 @@ async def park_on_a_dropped_reply(
     assert step.evidence["outbox_state"] == "unknown"
     assert "the outbox row is unknown" in step.evidence["lookup"]  # looked up, inconclusive
 
-    await asyncio.sleep(QUIET_PERIOD)
+    await quiet(dev_server, tasks, sink, workflow_id)
     assert (await tasks.status(workflow_id)).state is TaskState.PARKED
     assert sink.sink.deliveries(message_id) == 1  # parked: nothing resent on its own
     assert [outcome for _, _, outcome in deliveries(database, message_id)] == ["unknown"]
@@ -39,10 +60,15 @@ async def park_on_a_dropped_reply(
 
 
 async def test_did_not_happen_authorises_exactly_one_more_delivery(
-    sink: RunningSink, relay: OutboxRelay, worker: Worker, tasks: TaskClient, database: str
+    dev_server: WorkflowEnvironment,
+    sink: RunningSink,
+    relay: OutboxRelay,
+    worker: Worker,
+    tasks: TaskClient,
+    database: str,
 ) -> None:
     workflow_id, message_id = await park_on_a_dropped_reply(
-        tasks, sink, database, server_kept_it=False
+        dev_server, tasks, sink, database, server_kept_it=False
     )
     assert sink.sink.applications(message_id) == 0  # the server lost it, as the operator finds
 
@@ -56,7 +82,7 @@ async def test_did_not_happen_authorises_exactly_one_more_delivery(
         ),
     )
     result = await asyncio.wait_for(tasks.result(workflow_id), timeout=20)
-    await asyncio.sleep(QUIET_PERIOD)
+    await quiet(dev_server, tasks, sink, workflow_id)
 
     step = result.step("mail")
     assert result.state is TaskState.SUCCEEDED and step.state is StepState.SUCCEEDED
@@ -75,10 +101,15 @@ async def test_did_not_happen_authorises_exactly_one_more_delivery(
 
 
 async def test_happened_sends_nothing_more(
-    sink: RunningSink, relay: OutboxRelay, worker: Worker, tasks: TaskClient, database: str
+    dev_server: WorkflowEnvironment,
+    sink: RunningSink,
+    relay: OutboxRelay,
+    worker: Worker,
+    tasks: TaskClient,
+    database: str,
 ) -> None:
     workflow_id, message_id = await park_on_a_dropped_reply(
-        tasks, sink, database, server_kept_it=True
+        dev_server, tasks, sink, database, server_kept_it=True
     )
     assert sink.sink.applications(message_id) == 1  # the server kept it, as the operator finds
 
@@ -93,7 +124,7 @@ async def test_happened_sends_nothing_more(
         ),
     )
     result = await asyncio.wait_for(tasks.result(workflow_id), timeout=20)
-    await asyncio.sleep(QUIET_PERIOD)
+    await quiet(dev_server, tasks, sink, workflow_id)
 
     step = result.step("mail")
     assert result.state is TaskState.SUCCEEDED

@@ -14,7 +14,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ import httpx
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from tests.processes import REPO, onceflow_command
+from tests.harness import REPO, eventually_blocking, onceflow_command
 
 EXAMPLE = REPO / "examples" / "ticketdesk"
 TOOLS = "create_ticket,create_ticket_unkeyed"
@@ -148,17 +147,20 @@ def start(arguments: list[str], env: dict[str, str], log: Path) -> subprocess.Po
 
 
 def wait_for(process: subprocess.Popen[bytes], log: Path, pattern: str) -> re.Match[str]:
-    """Wait until ``log`` has a line matching ``pattern``."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+    """Wait until ``log`` has a line matching ``pattern``; fail at once if the process exits."""
+
+    def search() -> re.Match[str] | None:
         text = log.read_text(errors="replace")
         found = re.search(pattern, text)
-        if found:
-            return found
-        if process.poll() is not None:
+        if not found and process.poll() is not None:
             raise AssertionError(f"{log.name}: exited ({process.returncode}):\n{text}")
-        time.sleep(0.05)
-    raise AssertionError(f"{log.name}: no {pattern!r} within 60 s:\n{log.read_text()}")
+        return found
+
+    return eventually_blocking(
+        search,
+        what=lambda: f"{log.name} shows {pattern!r}:\n{log.read_text(errors='replace')}",
+        timeout=60,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -193,6 +195,8 @@ def desk(
             # A parked task answers 202 after this wait; keep the test short.
             "ONCEFLOW_GATEWAY_REPLAY_WAIT_SECONDS": "5",
             "ONCEFLOW_TOOLS": "ticketdesk",
+            # No Stripe key or deployment target here: serve the local built-in tools only.
+            "ONCEFLOW_BUILTIN_TOOLS": "issue_coupon,create_order,send_email",
             "TICKETDESK_URL": service_url,
         }
         worker = start(onceflow_command("worker"), env, logs / "worker.log")

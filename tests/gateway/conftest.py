@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import AbstractAsyncContextManager
@@ -36,6 +35,8 @@ from onceflow.storage import build_pool
 from onceflow.task_api import TaskClient
 from onceflow.worker import build_worker
 from onceflow.workflows.task_models import AgentTaskInput, StepInput
+from tests.harness import log_line_blocking, settled_count
+from tests.tool_configuration import builtin
 
 from ..conftest import BUSINESS_TABLES, repo_root
 
@@ -68,16 +69,7 @@ class Stack:
         each test's tables, so every test works in a tenant of its own.
         """
         query = f"WorkflowType = 'AgentTaskWorkflow' AND OnceflowTenant = '{tenant}'"
-        previous, stable_since = -1, time.monotonic()
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            count = (await self.client.count_workflows(query)).count
-            if count != previous:
-                previous, stable_since = count, time.monotonic()
-            elif time.monotonic() - stable_since > 0.5:
-                return count
-            await asyncio.sleep(0.1)
-        return previous
+        return await settled_count(self.client, query)
 
 
 @dataclass
@@ -122,18 +114,13 @@ def start_gateway(
         stderr=subprocess.STDOUT,
     )
     log_file.close()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        text = log_path.read_text(errors="replace")
-        for line in text.splitlines():
-            if line.startswith(READY):
-                url = line.removeprefix(READY).split()[0]
-                return GatewayProcess(url=url, process=process, log_path=log_path)
-        if process.poll() is not None:
-            raise AssertionError(f"gateway exited ({process.returncode}):\n{text}")
-        time.sleep(0.05)
-    process.kill()
-    raise AssertionError(f"gateway not ready within 60 s:\n{log_path.read_text()}")
+    try:
+        line = log_line_blocking(process, log_path, READY)
+    except BaseException:
+        process.kill()
+        raise
+    url = line.split(READY, 1)[1].split()[0]
+    return GatewayProcess(url=url, process=process, log_path=log_path)
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +129,7 @@ async def stack(postgres_url: str, dev_server: WorkflowEnvironment) -> AsyncIter
     task_queue = f"gw-{uuid.uuid4().hex[:10]}"
     settings = OnceflowSettings(task_queue=task_queue, shutdown_grace_seconds=2)
     async with build_pool(postgres_url, max_size=10) as pool:
-        async with build_worker(dev_server.client, pool, settings):
+        async with build_worker(dev_server.client, pool, settings, tools=builtin()):
             # The first task of a worker pays for loading the workflow sandbox; pay it here
             # rather than inside a test's bounded wait.
             await TaskClient(dev_server.client, task_queue=task_queue).start(

@@ -21,6 +21,7 @@ from onceflow.gateway import (
     request_fingerprint,
 )
 from onceflow.storage import build_pool
+from tests.harness import eventually
 
 from .conftest import (
     Caller,
@@ -42,15 +43,6 @@ ORDER = {
 }
 
 
-async def wait_for(predicate: object, *, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("condition not met in time")
-
-
 async def test_a_gateway_killed_between_claim_and_start_is_taken_over_after_the_lease(
     stack: Stack,
     gateways: tuple[GatewayProcess, GatewayProcess],
@@ -70,7 +62,7 @@ async def test_a_gateway_killed_between_claim_and_start_is_taken_over_after_the_
         pending = asyncio.create_task(
             http.post(f"{faulty.url}/v1/tools/create_order/calls", json=ORDER, headers=headers)
         )
-        await wait_for(lambda: HELD in faulty.log())
+        await eventually(lambda: HELD in faulty.log(), what="the gateway holds its claim")
         faulty.kill()
         with pytest.raises(httpx.TransportError):
             await pending
@@ -181,8 +173,10 @@ async def test_the_task_writes_its_own_outcome_into_the_record(
         assert answer.body["state"] == "running"
 
         # The gateway does nothing more; the workflow's record_task_outcome fills the record.
-        await wait_for(
-            lambda: rows(database, "SELECT state FROM idempotency_records") == [("succeeded",)]
+        await eventually(
+            lambda: rows(database, "SELECT state FROM idempotency_records"),
+            until=lambda states: states == [("succeeded",)],
+            what="the task's record_task_outcome stored the outcome",
         )
         stored = rows(database, "SELECT status_code, response_body FROM idempotency_records")[0]
         assert stored[0] == 200

@@ -7,7 +7,6 @@ fingerprints, same records.
 import os
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -20,6 +19,7 @@ from mcp.shared.exceptions import MCPError
 
 from onceflow.gateway.mcp_server import REPLAYED_META, TASK_STATUS_TOOL
 from onceflow.tools import CATALOGUE
+from tests.harness import log_line_blocking
 
 from ..conftest import repo_root
 from .conftest import Caller, Stack, count, rows
@@ -117,16 +117,13 @@ def start_mcp_http(stack: Stack, log_path: Path) -> tuple[subprocess.Popen[bytes
         stderr=subprocess.STDOUT,
     )
     log.close()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        for line in log_path.read_text(errors="replace").splitlines():
-            if line.startswith("onceflow MCP server ready on "):
-                return process, line.split()[5]
-        if process.poll() is not None:
-            raise AssertionError(log_path.read_text())
-        time.sleep(0.05)
-    process.kill()
-    raise AssertionError("MCP server not ready")
+    ready = "onceflow MCP server ready on "
+    try:
+        line = log_line_blocking(process, log_path, ready)
+    except BaseException:
+        process.kill()
+        raise
+    return process, line.split(ready, 1)[1].split()[0]
 
 
 async def test_streamable_http_authenticates_each_request_with_its_bearer_key(

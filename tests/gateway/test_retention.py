@@ -13,7 +13,6 @@
 import asyncio
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
@@ -39,6 +38,8 @@ from onceflow.storage import build_pool
 from onceflow.task_api import TaskClient
 from onceflow.worker import build_worker
 from onceflow.workflows.visibility import ALL_SEARCH_ATTRIBUTES
+from tests.harness import eventually
+from tests.tool_configuration import builtin
 
 from ..conftest import repo_root
 from .conftest import (
@@ -73,10 +74,14 @@ def expire(database: str, key: str) -> None:
 async def prune_now(stack: Stack, database: str, gone_key: str) -> None:
     """Trigger the prune schedule and wait until ``gone_key``'s record is deleted."""
     await stack.client.get_schedule_handle(prune_schedule_id(stack.task_queue)).trigger()
-    deadline = time.monotonic() + 20
-    while rows(database, "SELECT 1 FROM idempotency_records WHERE idempotency_key = %s", gone_key):
-        assert time.monotonic() < deadline, "the prune schedule did not run"
-        await asyncio.sleep(0.1)
+    await eventually(
+        lambda: rows(
+            database, "SELECT 1 FROM idempotency_records WHERE idempotency_key = %s", gone_key
+        ),
+        until=lambda found: not found,
+        what=f"the prune schedule deleted the record of {gone_key}",
+        interval=0.1,
+    )
 
 
 @asynccontextmanager
@@ -96,7 +101,7 @@ async def temporal_that_forgot(stack: Stack) -> AsyncIterator[BoundaryService]:
         settings = OnceflowSettings(task_queue=stack.task_queue, shutdown_grace_seconds=2)
         async with (
             build_pool(stack.postgres_url, max_size=4) as pool,
-            build_worker(env.client, pool, settings),
+            build_worker(env.client, pool, settings, tools=builtin()),
         ):
             yield BoundaryService(
                 principals=PrincipalStore(pool),

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from tests.processes import onceflow_command, spawn, stop, wait_for_line
+from tests.harness import onceflow_command, spawn, stop, wait_for_line
 
 WorkerFactory = Callable[[], subprocess.Popen[str]]
 
@@ -23,7 +23,9 @@ def worker_processes(
         "DATABASE_URL": database,
         "ONCEFLOW_TASK_QUEUE": task_queue,
         "ONCEFLOW_SHUTDOWN_GRACE_SECONDS": "5",
-        # Never join services a developer's own `onceflow dev` left recorded in the repo.
+        # The local tools only: no Stripe key or deployment target here, and a worker
+        # serves no tool whose service it lacks.
+        "ONCEFLOW_BUILTIN_TOOLS": "issue_coupon,create_order,send_email",
         "ONCEFLOW_STATE_DIR": str(tmp_path / "state"),
     }
 

@@ -12,13 +12,15 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from onceflow.activities import build_activities
+from onceflow.activities import IdempotencyRecordActivities
 from onceflow.retry_policy import OutcomeClass
 from onceflow.storage import build_pool
 from onceflow.task_api import TaskClient
+from onceflow.tools import tool_activities
 from onceflow.workflows import AgentTaskWorkflow
 from onceflow.workflows.task_models import AgentTaskInput, StepInput, StepState, TaskState
-from tests.processes import REPO, onceflow_command
+from tests.harness import REPO, eventually, onceflow_command, wait_for
+from tests.tool_configuration import builtin
 from tests.workflows.scripted_tools import Script, register_scripted_tools
 
 
@@ -47,23 +49,30 @@ async def cli(
     """A worker with the reference and scripted tools, and the CLI pointed at it."""
     register_scripted_tools()
     script = Script()
-    async with (
-        build_pool(database) as pool,
-        Worker(
+    async with build_pool(database) as pool:
+        records = IdempotencyRecordActivities(pool)
+        reference = [
+            activity for tool in builtin() for activity in tool_activities(tool, pool, None)
+        ]
+        async with Worker(
             dev_server.client,
             task_queue=task_queue,
             workflows=[AgentTaskWorkflow],
-            activities=[*build_activities(pool), *script.activities()],
-        ),
-    ):
-        yield Cli(
-            {
-                "TEMPORAL_ADDRESS": dev_server.client.service_client.config.target_host,
-                "ONCEFLOW_TASK_QUEUE": task_queue,
-                "USER": "ops-alice",
-            },
-            script,
-        )
+            activities=[
+                *reference,
+                records.record_task_outcome,
+                records.prune_idempotency_records,
+                *script.activities(),
+            ],
+        ):
+            yield Cli(
+                {
+                    "TEMPORAL_ADDRESS": dev_server.client.service_client.config.target_host,
+                    "ONCEFLOW_TASK_QUEUE": task_queue,
+                    "USER": "ops-alice",
+                },
+                script,
+            )
 
 
 async def test_call_with_the_same_key_twice_issues_one_coupon(cli: Cli, database: str) -> None:
@@ -110,13 +119,13 @@ async def test_an_operator_finds_a_parked_task_and_reconciles_it(
         ),
         workflow_id=task_id,
     )
-    listed = ""
-    for _ in range(60):
-        code, listed, _ = await cli("tasks", "--state", "parked", "--tenant", "cli-tenant")
-        if task_id in listed:
-            break
-        await asyncio.sleep(0.5)
-    assert task_id in listed
+    await eventually(
+        lambda: cli("tasks", "--state", "parked", "--tenant", "cli-tenant"),
+        until=lambda answer: task_id in answer[1],
+        what=f"`onceflow tasks --state parked` lists {task_id}",
+        timeout=60,
+        interval=0.5,
+    )
 
     code, shown, _ = await cli("status", task_id)
     assert code == 0 and "parked" in shown and f"onceflow reconcile {task_id} --step pay" in shown
@@ -167,10 +176,7 @@ async def test_an_approver_denies_a_step_from_the_cli(
         ),
         workflow_id=task_id,
     )
-    for _ in range(60):
-        if (await client.status(task_id)).state is TaskState.AWAITING_APPROVAL:
-            break
-        await asyncio.sleep(0.2)
+    await wait_for(client, task_id, lambda status: status.state is TaskState.AWAITING_APPROVAL)
 
     code, out, err = await cli("approve", task_id, "--step", "r", "--deny", "--reason", "too large")
     assert code == 0, err

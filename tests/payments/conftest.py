@@ -6,7 +6,8 @@ own task queue; assertions read the provider's ledger, not only the task's resul
 """
 
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -19,21 +20,25 @@ from onceflow_devstack.stripe_provider import (
     running_provider,
 )
 from psycopg_pool import AsyncConnectionPool
-from temporalio import activity
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from onceflow.activities import PaymentActivities
-from onceflow.payments import StripePaymentProvider, StripeSettings, open_stripe_provider
+from onceflow.payments import (
+    PaymentToolSettings,
+    StripePaymentProvider,
+    StripeSettings,
+    charge_payment_contract,
+    open_stripe_provider,
+    payment_tools,
+)
 from onceflow.retry_policy import RetryBudget
 from onceflow.settings import OnceflowSettings
 from onceflow.storage import build_pool
 from onceflow.task_api import TaskClient
-from onceflow.tools import CATALOGUE, ToolAttemptResult, ToolCallInput, derive_task_workflow_id
-from onceflow.tools.payments import PaymentToolSettings, charge_payment_contract
+from onceflow.tools import Tool, derive_task_workflow_id
 from onceflow.worker import build_worker
 from onceflow.workflows.task_models import AgentTaskInput, StepInput
-from tests.tasks import wait_for  # noqa: F401 - re-exported for the tests
+from tests.harness import wait_for  # noqa: F401 - re-exported for the tests
 
 API_KEY = "sk_test_onceflow_payments"
 ACCOUNT = "acct_onceflow_test"
@@ -54,13 +59,18 @@ FAST_BUDGET = RetryBudget(
 )
 """Three attempts per step, milliseconds apart: budget decisions without waiting."""
 
-SHORT_RETENTION_CHARGE = charge_payment_contract(
-    PaymentToolSettings(
-        key_retention=timedelta(milliseconds=500),
-        retention_margin=timedelta(milliseconds=100),
-        attempt_timeout=timedelta(seconds=10),
+CHARGE_PAYMENT, REFUND_PAYMENT = payment_tools(PaymentToolSettings(), StripeSettings())
+"""The payment tools under the default settings, as every worker registers them."""
+SHORT_RETENTION_CHARGE = replace(
+    CHARGE_PAYMENT,
+    contract=charge_payment_contract(
+        PaymentToolSettings(
+            key_retention=timedelta(milliseconds=500),
+            retention_margin=timedelta(milliseconds=100),
+            attempt_timeout=timedelta(seconds=10),
+        ),
+        name="charge_payment_short_key_retention",
     ),
-    name="charge_payment_short_key_retention",
 )
 """``charge_payment`` at a provider that keeps keys for half a second, so a first attempt
 that took a one-second client timeout is already older than the key's retention."""
@@ -107,20 +117,8 @@ async def pool(database: str) -> AsyncIterator[AsyncConnectionPool]:
         yield opened
 
 
-def register_test_contracts() -> None:
-    """Put the test-only contract variants in the shared catalogue (once per process)."""
-    if SHORT_RETENTION_CHARGE.name not in CATALOGUE:
-        CATALOGUE.register(SHORT_RETENTION_CHARGE)
-
-
-def variant_activities(payments: PaymentActivities) -> tuple[Callable[..., Any], ...]:
-    """The test-only tool names, performed by the real payment activities."""
-
-    @activity.defn(name=SHORT_RETENTION_CHARGE.name)
-    async def charge_with_short_key_retention(call: ToolCallInput) -> ToolAttemptResult:
-        return await payments.charge_payment(call)
-
-    return (charge_with_short_key_retention,)
+PAYMENT_TOOLS: tuple[Tool, ...] = (CHARGE_PAYMENT, REFUND_PAYMENT, SHORT_RETENTION_CHARGE)
+"""What the test worker serves: the payment tools and the test-only variant."""
 
 
 @pytest.fixture
@@ -130,15 +128,15 @@ async def worker(
     payment_provider: StripePaymentProvider,
     task_queue: str,
 ) -> AsyncIterator[Worker]:
-    """A worker built by onceflow's one composition point, with the payment provider."""
-    register_test_contracts()
+    """A worker built by onceflow's one composition point, its payment tools talking to
+    the test's provider."""
     settings = OnceflowSettings(task_queue=task_queue, shutdown_grace_seconds=1)
     async with build_worker(
         dev_server.client,
         pool,
         settings,
-        payment_provider=payment_provider,
-        extra_activities=variant_activities(PaymentActivities(payment_provider, pool)),
+        tools=PAYMENT_TOOLS,
+        clients={tool.name: payment_provider for tool in PAYMENT_TOOLS},
     ) as running:
         yield running
 
@@ -169,10 +167,12 @@ async def start_task(
 
 
 def operation_row(database: str, child_key: str) -> tuple[Any, ...] | None:
-    """``(state, resource_id, provider_request_id, result)`` of one operations row."""
+    """``(state, resource_id, request id, result)`` of one operations row; the request id
+    is the one that made the effect (the original request's when Stripe replayed it), as
+    recorded among the operation's correlation ids."""
     with psycopg.connect(database) as conn:
         return conn.execute(
-            "SELECT state, resource_id, provider_request_id, result FROM operations "
-            "WHERE child_key = %s",
+            "SELECT state, resource_id, coalesce(correlation->>'original_request_id', "
+            "correlation->>'request_id'), result FROM operations WHERE child_key = %s",
             (child_key,),
         ).fetchone()

@@ -13,12 +13,13 @@ from temporalio.worker import Worker
 from onceflow.payments import ChargeRequest, PaymentProviderError, StripePaymentProvider
 from onceflow.retry_policy import OutcomeClass
 from onceflow.task_api import TaskClient
-from onceflow.tools import CHARGE_PAYMENT, derive_child_key, key_digest
+from onceflow.tools import derive_child_key, key_digest
 from onceflow.workflows.task_models import ReconcileDecision, ReconcileInput, StepState, TaskState
-from tests.processes import REPO, onceflow_command
+from tests.harness import REPO, onceflow_command, workflow_idle
 
 from .conftest import (
     ACCOUNT,
+    CHARGE_PAYMENT,
     FAST_BUDGET,
     SHORT_RETENTION_CHARGE,
     TENANT,
@@ -118,7 +119,9 @@ async def test_a_provider_that_always_times_out_past_key_retention_parks_without
     step = status.step("pay")
     [attempt] = step.attempts
     assert attempt.outcome is OutcomeClass.UNKNOWN
-    assert attempt.finished_at - attempt.started_at > SHORT_RETENTION_CHARGE.provider_key_retention
+    retention = SHORT_RETENTION_CHARGE.contract.provider_key_retention
+    assert retention is not None
+    assert attempt.finished_at - attempt.started_at > retention
     assert "not provably safe" in (step.park_reason or "")
     assert step.evidence["child_key_digest"] == key_digest(charge_key(workflow_id))
     assert "search failed" in step.evidence["lookup_search"]
@@ -164,7 +167,7 @@ async def test_a_provider_that_always_times_out_past_key_retention_parks_without
 
 
 async def test_a_miss_in_lagging_search_parks_and_never_charges_again(
-    worker: Worker, tasks: TaskClient, control: ProviderControl
+    dev_server: WorkflowEnvironment, worker: Worker, tasks: TaskClient, control: ProviderControl
 ) -> None:
     # Stripe charged, answered 500 and stores that 500 under the key; its search index
     # lags an hour behind.
@@ -187,7 +190,7 @@ async def test_a_miss_in_lagging_search_parks_and_never_charges_again(
 
     # Parked means parked: even once search would find it, nothing runs by itself.
     await control.configure(search_lag_seconds=0)
-    await asyncio.sleep(1)
+    await workflow_idle(dev_server.client, workflow_id)  # no timer, no attempt in flight
     assert (await tasks.status(workflow_id)).state is TaskState.PARKED
     assert len(posts(await control.requests())) == FAST_BUDGET.max_attempts_per_step
     assert len(await control.ledger()) == 1
@@ -289,9 +292,10 @@ async def test_a_rate_limited_charge_fails_once_the_budget_is_spent(
 
 
 def test_the_default_contract_repeats_only_inside_stripes_key_retention() -> None:
-    assert CHARGE_PAYMENT.provider_key_retention == timedelta(hours=24)
-    assert CHARGE_PAYMENT.safe_repeat_window(timedelta(hours=22)) == timedelta(hours=1)
-    assert CHARGE_PAYMENT.safe_repeat_window(timedelta(hours=23)) == timedelta(0)
-    assert CHARGE_PAYMENT.lookup_activity == "look_up_charge_payment"
-    assert CHARGE_PAYMENT.mcp_annotations()["idempotentHint"] is True
-    assert CHARGE_PAYMENT.mcp_annotations()["openWorldHint"] is True
+    contract = CHARGE_PAYMENT.registered_contract
+    assert contract.provider_key_retention == timedelta(hours=24)
+    assert contract.safe_repeat_window(timedelta(hours=22)) == timedelta(hours=1)
+    assert contract.safe_repeat_window(timedelta(hours=23)) == timedelta(0)
+    assert contract.lookup_activity == "look_up_charge_payment"
+    assert contract.mcp_annotations()["idempotentHint"] is True
+    assert contract.mcp_annotations()["openWorldHint"] is True

@@ -19,6 +19,7 @@ from onceflow_devstack.stripe_provider import Fault, ProviderControl, RunningPro
 
 from onceflow.payments import build_stripe_client, classify_stripe_error
 from onceflow.retry_policy import OutcomeClass
+from tests.harness import eventually
 
 from .conftest import stripe_settings
 
@@ -116,13 +117,14 @@ async def test_a_replayed_500_is_unknown_and_says_it_was_replayed(
 
 
 async def test_a_key_in_flight_is_transient(
-    client: stripe.StripeClient, control: ProviderControl
+    client: stripe.StripeClient, provider: RunningProvider, control: ProviderControl
 ) -> None:
     await control.add_fault(Fault.DELAY_BEFORE_COMMIT, delay_seconds=0.5)
     key = f"k-{uuid.uuid4()}"
     first = asyncio.create_task(charge(client, key))
-    while not await control.requests():
-        await asyncio.sleep(0.01)
+    await eventually(
+        provider.provider.keys.in_flight, until=lambda keys: key in keys, what="the key is held"
+    )
     error = await raised_by(charge(client, key))
     await first
     assert isinstance(error, stripe.APIError) and error.code is None  # code only in .error

@@ -4,28 +4,61 @@ A lookup may only say ``succeeded`` when a read proves the effect exists; a miss
 Stripe's eventually consistent search is inconclusive.
 """
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
 
 import pytest
 from onceflow_devstack.stripe_provider import ProviderControl
 from psycopg_pool import AsyncConnectionPool
 from temporalio.testing import ActivityEnvironment
 
-from onceflow.activities import PaymentActivities
-from onceflow.payments import ChargeRequest, PaymentIntentView, StripePaymentProvider
+from onceflow.payments import (
+    ChargeRequest,
+    PaymentIntentView,
+    PaymentProvider,
+    PaymentToolSettings,
+    StripePaymentProvider,
+    payment_tools,
+)
 from onceflow.retry_policy import OutcomeClass
-from onceflow.tools import ToolCallInput, derive_child_key, key_digest
+from onceflow.tools import ToolCallInput, derive_child_key, key_digest, tool_activities
 
-from .conftest import ACCOUNT, TENANT, VISA_CHARGE, operation_row
+from .conftest import (
+    ACCOUNT,
+    CHARGE_PAYMENT,
+    REFUND_PAYMENT,
+    TENANT,
+    VISA_CHARGE,
+    operation_row,
+    stripe_settings,
+)
 
 pytestmark = [pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")]
+
+
+@dataclass(frozen=True)
+class PaymentActivities:
+    """The payment tools' activities as a worker registers them, bound to one client."""
+
+    charge_payment: Callable[..., Any]
+    look_up_charge: Callable[..., Any]
+    refund_payment: Callable[..., Any]
+    look_up_refund: Callable[..., Any]
+
+    @classmethod
+    def of(cls, pool: AsyncConnectionPool, client: PaymentProvider | None) -> "PaymentActivities":
+        charge, look_up_charge = tool_activities(CHARGE_PAYMENT, pool, client)
+        refund, look_up_refund = tool_activities(REFUND_PAYMENT, pool, client)
+        return cls(charge, look_up_charge, refund, look_up_refund)
 
 
 @pytest.fixture
 async def activities(
     payment_provider: StripePaymentProvider, pool: AsyncConnectionPool
 ) -> AsyncIterator[PaymentActivities]:
-    yield PaymentActivities(payment_provider, pool)
+    yield PaymentActivities.of(pool, payment_provider)
 
 
 def call(tool: str, arguments: dict[str, object], **evidence: str) -> ToolCallInput:
@@ -130,7 +163,7 @@ async def test_a_refund_without_a_known_id_is_inconclusive_with_the_charges_refu
 async def test_without_a_stripe_key_payment_tools_reject_with_a_clear_reason(
     pool: AsyncConnectionPool,
 ) -> None:
-    unconfigured = PaymentActivities(None, pool)
+    unconfigured = PaymentActivities.of(pool, None)
     result = await ActivityEnvironment().run(
         unconfigured.charge_payment, call("charge_payment", VISA_CHARGE)
     )
@@ -138,12 +171,7 @@ async def test_without_a_stripe_key_payment_tools_reject_with_a_clear_reason(
     assert "STRIPE_API_KEY" in (result.reason or "")
 
 
-def test_an_attempt_timeout_shorter_than_two_provider_calls_is_refused(
-    payment_provider: StripePaymentProvider,
-) -> None:
-    class Slow:
-        account = ACCOUNT
-        request_timeout = payment_provider.request_timeout * 100
-
+def test_an_attempt_timeout_shorter_than_two_provider_calls_is_refused() -> None:
+    slow = stripe_settings("http://127.0.0.1:9", request_timeout=timedelta(seconds=100))
     with pytest.raises(ValueError, match="ONCEFLOW_PAYMENTS_ATTEMPT_TIMEOUT"):
-        PaymentActivities(Slow(), pool=None)  # type: ignore[arg-type]
+        payment_tools(PaymentToolSettings(), slow)

@@ -1,21 +1,29 @@
 """``refund_payment`` end to end, after a charge in the same task, with and without approval."""
 
-import asyncio
-
 import pytest
 from onceflow_devstack.stripe_provider import Fault, ProviderControl
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from onceflow.payments import RefundPaymentInput
 from onceflow.task_api import TaskClient
-from onceflow.tools import REFUND_PAYMENT, RefundPaymentInput, derive_child_key
+from onceflow.tools import derive_child_key
 from onceflow.workflows.task_models import ApproveInput, StepState, TaskState
+from tests.harness import workflow_idle
 
-from .conftest import ACCOUNT, TENANT, VISA_CHARGE, operation_row, start_task, wait_for
+from .conftest import (
+    ACCOUNT,
+    REFUND_PAYMENT,
+    TENANT,
+    VISA_CHARGE,
+    operation_row,
+    start_task,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")]
 
-THRESHOLD = int(REFUND_PAYMENT.approval_threshold.above)  # type: ignore[union-attr]
+THRESHOLD = int(REFUND_PAYMENT.contract.approval_threshold.above)  # type: ignore[union-attr]
 BIG_CHARGE = {**VISA_CHARGE, "amount": THRESHOLD * 3}
 
 
@@ -70,7 +78,11 @@ async def test_charge_then_refund_in_one_task_makes_one_of_each_with_its_own_key
 
 @pytest.mark.parametrize("approved", [True, False], ids=["approved", "denied"])
 async def test_a_refund_above_the_threshold_waits_for_approval(
-    worker: Worker, tasks: TaskClient, control: ProviderControl, approved: bool
+    dev_server: WorkflowEnvironment,
+    worker: Worker,
+    tasks: TaskClient,
+    control: ProviderControl,
+    approved: bool,
 ) -> None:
     big_refund = {"charge_step": "charge", "amount": THRESHOLD + 1}
     workflow_id = await start_task(
@@ -81,7 +93,7 @@ async def test_a_refund_above_the_threshold_waits_for_approval(
     waiting = await wait_for(
         tasks, workflow_id, lambda status: status.state is TaskState.AWAITING_APPROVAL
     )
-    await asyncio.sleep(0.5)
+    await workflow_idle(dev_server.client, workflow_id)  # no refund attempt in flight or due
 
     def refund_requests(log: list) -> list:  # type: ignore[type-arg]
         return [r for r in log if r.path.startswith("/v1/refunds")]
@@ -101,7 +113,7 @@ async def test_a_refund_above_the_threshold_waits_for_approval(
         ),
     )
     result = await tasks.result(workflow_id)
-    await asyncio.sleep(0.3)
+    await workflow_idle(dev_server.client, workflow_id)  # every attempt has reported back
 
     ledger = await control.ledger()
     if approved:
@@ -120,10 +132,10 @@ async def test_a_refund_above_the_threshold_waits_for_approval(
 async def test_a_refund_below_the_threshold_needs_no_approval_and_a_full_refund_always_does(
     dev_server: WorkflowEnvironment, worker: Worker, tasks: TaskClient, control: ProviderControl
 ) -> None:
-    assert not REFUND_PAYMENT.needs_approval(
+    assert not REFUND_PAYMENT.contract.needs_approval(
         RefundPaymentInput(payment_intent="pi_1", amount=THRESHOLD)
     )
-    assert REFUND_PAYMENT.needs_approval(RefundPaymentInput(payment_intent="pi_1"))
+    assert REFUND_PAYMENT.contract.needs_approval(RefundPaymentInput(payment_intent="pi_1"))
     workflow_id = await start_task(
         tasks,
         ("charge", "charge_payment", VISA_CHARGE),
@@ -152,4 +164,4 @@ def test_refund_arguments_name_exactly_one_charge() -> None:
         RefundPaymentInput(payment_intent="pi_1", charge_step="charge")
     with pytest.raises(ValueError, match="exactly one"):
         RefundPaymentInput(amount=5)
-    assert REFUND_PAYMENT.mcp_annotations()["destructiveHint"] is True
+    assert REFUND_PAYMENT.contract.mcp_annotations()["destructiveHint"] is True

@@ -17,7 +17,7 @@ from temporalio.testing import WorkflowEnvironment
 from onceflow.task_api import TaskClient
 from onceflow.tools import derive_child_key
 from onceflow.workflows.task_models import TaskState
-from tests.processes import REPO, onceflow_command
+from tests.harness import REPO, eventually, onceflow_command
 
 from .conftest import ACCOUNT, API_KEY, TENANT, VISA_CHARGE, operation_row, start_task
 
@@ -41,6 +41,7 @@ async def worker_process(
         "ONCEFLOW_SHUTDOWN_GRACE_SECONDS": "1",
         "STRIPE_API_BASE": provider.base_url,
         "STRIPE_API_KEY": API_KEY,
+        "ONCEFLOW_BUILTIN_TOOLS": "charge_payment,refund_payment",
         "ONCEFLOW_STRIPE_ACCOUNT": ACCOUNT,
         "ONCEFLOW_STRIPE_CONNECT_TIMEOUT": "PT0.5S",
         "ONCEFLOW_STRIPE_REQUEST_TIMEOUT": "PT1S",
@@ -100,8 +101,7 @@ async def test_a_worker_killed_after_the_provider_committed_leaves_one_charge(
         Fault.DELAY_AFTER_COMMIT, path_prefix="/v1/payment_intents", delay_seconds=30
     )
     workflow_id = await start_task(tasks, ("pay", "charge_payment", VISA_CHARGE))
-    while not await control.ledger():
-        await asyncio.sleep(0.02)
+    await eventually(control.ledger, what="the provider committed the charge", interval=0.02)
 
     os.kill(first.pid, signal.SIGKILL)
     await first.wait()

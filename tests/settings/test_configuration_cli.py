@@ -4,7 +4,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from tests.processes import REPO, onceflow_command
+from tests.harness import REPO, onceflow_command
 from tests.settings.conftest import without_onceflow_variables
 
 SECRET = "sk_live_do-not-print-me-42"

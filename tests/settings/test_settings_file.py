@@ -11,14 +11,13 @@ from pydantic_settings import SettingsConfigDict
 
 from onceflow.configuration import OnceflowConfiguration, load_configuration
 from onceflow.gateway import GatewaySettings, InvalidGatewaySettings, load_gateway_settings
-from onceflow.payments import StripeSettings
+from onceflow.payments import PaymentToolSettings, StripeSettings
 from onceflow.settings import (
     FileBackedSettings,
     InvalidSettings,
     OnceflowSettings,
     read_settings,
 )
-from onceflow.tools.payments import PaymentToolSettings
 
 WriteConfig = Callable[[str], Path]
 SECRET = "tok_live_do-not-print-me-42"

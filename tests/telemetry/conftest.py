@@ -35,8 +35,9 @@ from temporalio.testing import WorkflowEnvironment
 from onceflow.gateway import PrincipalStore
 from onceflow.storage import build_pool
 from onceflow.task_api import TaskClient
+from onceflow.tools import key_digest
 from onceflow.workflows.task_models import TaskStatus
-from tests.processes import REPO, onceflow_command
+from tests.harness import REPO, eventually, log_line, onceflow_command, passed_marker, wait_for
 
 PLANTED_STRIPE_KEY = "sk_test_PLANTEDstripeSECRET4f1c9e"
 """The workers' Stripe secret key: a secret that must never be exported or logged."""
@@ -140,19 +141,34 @@ class OtlpReceiver(
                             points.append((attributes, float(value)))
         return points
 
+    def metric_exports(self, service: str) -> int:
+        """How many metric exports ``service`` has sent so far."""
+        with self._lock:
+            requests = list(self.metric_requests)
+        return sum(
+            1
+            for request in requests
+            if any(
+                attribute.key == "service.name" and _value(attribute.value) == service
+                for resource_metrics in request.resource_metrics
+                for attribute in resource_metrics.resource.attributes
+            )
+        )
+
     async def wait_for_spans(
         self, done: Callable[[list[ReceivedSpan]], bool], *, timeout: float = 15.0
     ) -> list[ReceivedSpan]:
         """Poll until ``done`` holds for the spans (or metrics) received so far."""
-        deadline = asyncio.get_running_loop().time() + timeout
-        while True:
+
+        def received() -> str:
             spans = self.spans()
-            if done(spans):
-                return spans
-            if asyncio.get_running_loop().time() > deadline:
-                names = sorted({span.name for span in spans})
-                raise AssertionError(f"never arrived; {len(spans)} spans received: {names}")
-            await asyncio.sleep(0.1)
+            return f"the awaited spans arrive; {len(spans)} received: " + str(
+                sorted({span.name for span in spans})
+            )
+
+        return await eventually(
+            self.spans, until=done, what=received, timeout=timeout, interval=0.1
+        )
 
 
 @pytest.fixture(scope="package")
@@ -233,17 +249,12 @@ async def start_onceflow(
             stderr=asyncio.subprocess.STDOUT,
         )
     running = OnceflowProcess(name, process, log_path)
-    deadline = asyncio.get_running_loop().time() + 60
-    while asyncio.get_running_loop().time() < deadline:
-        for line in running.log().splitlines():
-            if ready in line:
-                running.ready_line = line
-                return running
-        if process.returncode is not None:
-            raise AssertionError(f"{name} exited ({process.returncode}):\n{running.log()}")
-        await asyncio.sleep(0.05)
-    await running.stop()
-    raise AssertionError(f"{name} not ready within 60 s:\n{running.log()}")
+    try:
+        running.ready_line = await log_line(process, log_path, ready)
+    except BaseException:
+        await running.stop()
+        raise
+    return running
 
 
 @dataclass
@@ -277,14 +288,58 @@ class TelemetryStack:
         self, workflow_id: str, done: Callable[[TaskStatus], bool], *, timeout: float = 30.0
     ) -> TaskStatus:
         """Poll the task's status query until ``done`` holds."""
-        deadline = asyncio.get_running_loop().time() + timeout
-        while True:
-            status = await self.tasks.status(workflow_id)
-            if done(status):
-                return status
-            if asyncio.get_running_loop().time() > deadline:
-                raise AssertionError(f"never reached; last status {status.model_dump_json()}")
-            await asyncio.sleep(0.1)
+        return await wait_for(self.tasks, workflow_id, done, timeout=timeout)
+
+    async def caught_up(self) -> None:
+        """Prove the worker's and the gateway's telemetry went quiet up to now.
+
+        A marker call (a coupon, in a tenant of its own) goes through both processes after
+        everything the test did. Each process exports its spans from one queue in the order
+        they ended and writes its log through one stream, so once the marker's spans have
+        reached the receiver and its lines are in both logs, everything before it is there
+        too. Then two more metric exports from each process: the second was collected
+        after the first arrived, so it holds every measurement made before the marker.
+        """
+        _, auth = await self.new_agent(tools=("issue_coupon",))
+        key = f"marker-{uuid.uuid4().hex}"
+
+        async def send() -> str:
+            async with httpx.AsyncClient(timeout=30) as http:
+                answer = await http.post(
+                    f"{self.gateway_url}/v1/tools/issue_coupon/calls",
+                    json={"user_id": key, "coupon_id": "MARKER"},
+                    headers={**auth, "Idempotency-Key": key},
+                )
+            assert answer.status_code in (200, 202), answer.text
+            task_id = str(answer.json()["task_id"])
+            await self.tasks.result(task_id)
+            return task_id
+
+        def spans_of(task_id: str) -> set[str]:
+            return {
+                span.service
+                for span in self.otlp.spans()
+                if span.attributes.get("temporalWorkflowID") == task_id
+                or span.attributes.get("onceflow.workflow_id") == task_id
+                or span.attributes.get("onceflow.key_digest") == key_digest(key)
+            }
+
+        await passed_marker(
+            send,
+            lambda task_id: {"onceflow-worker", "onceflow-gateway"} <= spans_of(task_id),
+            *(
+                lambda task_id, process=process: task_id in process.log()
+                for process in self.processes
+            ),
+            what="the worker's and the gateway's span exporters and logs",
+        )
+        for service in ("onceflow-worker", "onceflow-gateway"):
+            exported = self.otlp.metric_exports(service)
+            await eventually(
+                lambda service=service: self.otlp.metric_exports(service),
+                until=lambda count, exported=exported: count >= exported + 2,
+                what=f"two more metric exports from {service}",
+            )
 
 
 @pytest.fixture(scope="package")
@@ -308,6 +363,9 @@ async def stack(
             "ONCEFLOW_SHUTDOWN_GRACE_SECONDS": "2",
             "STRIPE_API_BASE": provider.base_url,
             "STRIPE_API_KEY": PLANTED_STRIPE_KEY,
+            # Every built-in tool but the deployment, whose target this stack lacks.
+            "ONCEFLOW_BUILTIN_TOOLS": "issue_coupon,create_order,charge_payment,refund_payment,"
+            "send_email",
             "ONCEFLOW_STRIPE_ACCOUNT": STRIPE_ACCOUNT,
             "ONCEFLOW_STRIPE_CONNECT_TIMEOUT": "PT0.5S",
             "ONCEFLOW_STRIPE_REQUEST_TIMEOUT": "PT1S",

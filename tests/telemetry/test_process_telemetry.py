@@ -14,7 +14,7 @@ import pytest
 
 from onceflow.telemetry import configure_tracing, log_fields
 from onceflow.telemetry._logging import JsonLogFormatter, TextLogFormatter
-from tests.processes import REPO
+from tests.harness import REPO
 
 from .conftest import OtlpReceiver
 

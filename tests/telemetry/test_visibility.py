@@ -21,6 +21,7 @@ from onceflow.telemetry import PARKED_QUERY, scan_parked_tasks
 from onceflow.workflows.agent_task import TRACE_ID_MEMO
 from onceflow.workflows.task_models import ReconcileDecision, ReconcileInput, TaskState
 from onceflow.workflows.visibility import TASK_PARKED_AT, TASK_STATE
+from tests.harness import eventually
 from tests.payments.conftest import FAST_BUDGET, VISA_CHARGE
 
 from .conftest import TelemetryStack
@@ -30,12 +31,13 @@ T = TypeVar("T")
 
 async def settled(read: Callable[[], Awaitable[T]], want: T, *, timeout: float = 10) -> T:
     """Read until the visibility store (eventually consistent) answers ``want``."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        got = await read()
-        if got == want or asyncio.get_running_loop().time() > deadline:
-            return got
-        await asyncio.sleep(0.1)
+    return await eventually(
+        read,
+        until=lambda got: got == want,
+        what=f"visibility answers {want!r}",
+        timeout=timeout,
+        interval=0.1,
+    )
 
 
 async def test_the_state_search_attribute_finds_exactly_the_parked_tasks(

@@ -18,6 +18,7 @@ from onceflow.tools import (
     ToolCallInput,
     tool_activities,
 )
+from tests.harness import eventually
 from tests.tools import sample_tools
 
 
@@ -99,7 +100,7 @@ async def test_a_lookup_finds_the_recorded_operation_and_keep_alive_heartbeats(
     async def slow_write(call: ToolCall[sample_tools.Note]) -> ToolAttemptResult:
         operation = await call.begin("write", provider_account="notes")
         async with call.keep_alive(every=timedelta(milliseconds=20)):
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.2)  # scenario: the far side works a while, heartbeats go on
         await operation.record(ticket="t-1")
         return await operation.failed(OutcomeClass.UNKNOWN, "no answer")
 
@@ -137,7 +138,7 @@ def leased_writer(writes: list[tuple[str, int]], hold: float) -> Tool:
         async with operation.fenced_lease(ttl=timedelta(seconds=0.6)) as lease:
             for _ in range(3):
                 writes.append((call.args.text, lease.token))
-                await asyncio.sleep(hold / 3)
+                await asyncio.sleep(hold / 3)  # scenario: each write takes a while
         return await operation.failed(OutcomeClass.UNKNOWN, "left for the next attempt")
 
     contract = replace(sample_tools.CONTRACT, heartbeat_timeout=timedelta(seconds=2))
@@ -149,7 +150,7 @@ async def test_a_fenced_lease_lets_one_attempt_work_at_a_time(database: str) -> 
     async with build_pool(database) as pool:
         [perform] = tool_activities(leased_writer(writes, hold=0.6), pool, None)
         first = asyncio.create_task(ActivityEnvironment().run(perform, attempt({"text": "a"})))
-        await asyncio.sleep(0.1)
+        await eventually(lambda: writes, what="the first attempt writes under its lease")
         second = await ActivityEnvironment().run(perform, attempt({"text": "b"}, number=2))
         await first
 
@@ -163,7 +164,7 @@ async def test_a_stalled_holder_is_fenced_out_and_stopped(database: str) -> None
     async with build_pool(database) as pool:
         [perform] = tool_activities(leased_writer(writes, hold=3.0), pool, None)
         stalled = asyncio.create_task(ActivityEnvironment().run(perform, attempt({"text": "a"})))
-        await asyncio.sleep(0.1)
+        await eventually(lambda: writes, what="the holder writes under its lease")
         async with pool.connection() as conn:  # the holder's lease lapses (a long GC pause)
             await conn.execute("UPDATE operations SET lease_expires_at = now()")
         taken_over = await ActivityEnvironment().run(perform, attempt({"text": "b"}, number=2))

@@ -43,7 +43,7 @@ async def _until(env: WorkflowEnvironment, handle: Handle, state: TaskState) -> 
         status = await handle.query(AgentTaskWorkflow.status)
         if status.state is state:
             return status
-        await env.sleep(timedelta(seconds=2))
+        await env.sleep(timedelta(seconds=2))  # skips Temporal's clock so timers fire
     raise RuntimeError(f"{handle.id} never reached {state}")
 
 

@@ -4,7 +4,6 @@ The scripted tools decide how each attempt ends; everything else is real: the
 workflow, its budget, its timers, updates and signals, and the Temporal server.
 """
 
-import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
@@ -29,6 +28,7 @@ from onceflow.workflows.task_models import (
     TaskState,
     TaskStatus,
 )
+from tests.harness import eventually
 
 from .scripted_tools import SAFE, Script, register_scripted_tools
 
@@ -96,7 +96,7 @@ async def wait_until(
         status = await handle.query(AgentTaskWorkflow.status)
         if done(status):
             return status
-        await env.sleep(step)
+        await env.sleep(step)  # skips Temporal's clock so the workflow's timers fire
     raise AssertionError(f"condition never held; last status: {status.model_dump_json()}")
 
 
@@ -184,7 +184,7 @@ async def test_unknown_on_an_unsafe_tool_parks_and_never_retries_on_its_own(
     label = script.plan("unsafe-unknown", U)
     handle = await start(time_skipping_env, task_queue, ("s", "scripted_unsafe", {"label": label}))
     status = await wait_until(time_skipping_env, handle, parked)
-    await time_skipping_env.sleep(timedelta(hours=30))
+    await time_skipping_env.sleep(timedelta(hours=30))  # scenario: every timer due fires
     status = await handle.query(AgentTaskWorkflow.status)
 
     assert script.attempts(label) == 1
@@ -354,7 +354,7 @@ async def test_approval_gates_the_first_attempt_and_binds_to_the_arguments(
     status = await wait_until(
         time_skipping_env, handle, lambda s: s.state is TaskState.AWAITING_APPROVAL
     )
-    await time_skipping_env.sleep(timedelta(hours=5))
+    await time_skipping_env.sleep(timedelta(hours=5))  # scenario: every timer due fires
     assert script.attempts("big-refund") == 0
     assert status.step("r").arguments_digest == arguments_digest("scripted_approval", arguments)
 
@@ -410,7 +410,7 @@ async def test_a_denied_step_never_runs(
         ),
     )
     result = await handle.result()
-    await time_skipping_env.sleep(timedelta(hours=2))
+    await time_skipping_env.sleep(timedelta(hours=2))  # scenario: every timer due fires
 
     assert script.attempts("denied-refund") == 0
     assert result.state is TaskState.FAILED
@@ -491,18 +491,16 @@ async def test_a_tool_this_worker_lacks_waits_for_one_that_has_it(
     # The boundary starts only catalogued tools: an unknown one means a worker without
     # the custom tool. The workflow task fails (and Temporal retries it) instead of the step.
     unknown = await start(time_skipping_env, task_queue, ("s", "no_such_tool", {}))
-    failures: list[str] = []
-    for _ in range(100):
-        history = await unknown.fetch_history()
-        failures = [
+
+    async def failures() -> list[str]:
+        return [
             event.workflow_task_failed_event_attributes.failure.message
-            for event in history.events
+            async for event in unknown.fetch_history_events()
             if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED
         ]
-        if failures:
-            break
-        await asyncio.sleep(0.1)
-    assert "tool 'no_such_tool' is not registered on this worker" in failures[0]
+
+    failed = await eventually(failures, what="a workflow task of the task failed", timeout=10)
+    assert "tool 'no_such_tool' is not registered on this worker" in failed[0]
     description = await unknown.describe()
     assert description.status == WorkflowExecutionStatus.RUNNING  # nothing failed for good
     await unknown.terminate("test over")

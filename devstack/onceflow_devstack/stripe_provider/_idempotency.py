@@ -113,6 +113,12 @@ class IdempotencyStore:
         if record is not None and record.response is None:
             del self._records[scope]
 
+    def in_flight(self) -> set[str]:
+        """The Idempotency-Keys (of any account) a request holds right now: claimed, not
+        yet completed or released. A test-facing read, so a test can send a concurrent
+        request once the first one provably holds its key, not after a pause."""
+        return {key for (_, key), record in self._records.items() if record.response is None}
+
     def prune(self, now: float) -> None:
         """Drop completed records older than the retention."""
         expired = [

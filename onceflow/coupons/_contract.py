@@ -1,10 +1,10 @@
-"""The ``issue_coupon`` tool: deduped by a natural key in the database."""
+"""What ``issue_coupon`` does to the world: one coupon per user, deduped by a natural key."""
 
 from datetime import timedelta
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from onceflow.tools._contract import DedupeStrategy, EffectFlags, ToolContract
+from onceflow.tools import DedupeStrategy, EffectFlags, ToolContract
 
 _IDENTIFIER = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 
@@ -18,7 +18,7 @@ class IssueCouponInput(BaseModel):
     coupon_id: str = Field(pattern=_IDENTIFIER)
 
 
-ISSUE_COUPON = ToolContract(
+ISSUE_COUPON_CONTRACT = ToolContract(
     name="issue_coupon",
     description="Issue a coupon to a user; a user holds each coupon at most once.",
     input_model=IssueCouponInput,
@@ -26,3 +26,4 @@ ISSUE_COUPON = ToolContract(
     dedupe=DedupeStrategy.NATURAL_KEY,
     start_to_close_timeout=timedelta(seconds=15),
 )
+"""The ``issue_coupon`` contract; it depends on no setting."""

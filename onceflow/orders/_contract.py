@@ -1,11 +1,11 @@
-"""The ``create_order`` tool: no natural key, so the operation record dedupes it."""
+"""What ``create_order`` does to the world: one order per step, in onceflow's database."""
 
 from datetime import timedelta
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from onceflow.tools._contract import DedupeStrategy, EffectFlags, ToolContract
+from onceflow.tools import DedupeStrategy, EffectFlags, ToolContract
 
 
 class OrderLine(BaseModel):
@@ -28,7 +28,7 @@ class CreateOrderInput(BaseModel):
     lines: Annotated[list[OrderLine], Field(min_length=1, max_length=100)]
 
 
-CREATE_ORDER = ToolContract(
+CREATE_ORDER_CONTRACT = ToolContract(
     name="create_order",
     description="Create an order; the same call in the same task creates it once.",
     input_model=CreateOrderInput,
@@ -36,3 +36,4 @@ CREATE_ORDER = ToolContract(
     dedupe=DedupeStrategy.LOCAL_TRANSACTION,
     start_to_close_timeout=timedelta(seconds=15),
 )
+"""The ``create_order`` contract; it depends on no setting."""

@@ -1,71 +1,26 @@
-"""The ``charge_payment`` and ``refund_payment`` tools: Stripe dedupes their derived keys.
+"""What ``charge_payment`` and ``refund_payment`` do to the world: Stripe dedupes their
+derived keys, but only for as long as it remembers them.
 
 Each step sends one POST whose ``Idempotency-Key`` is derived from the step's full
 identity, so repeating the step repeats the same key and Stripe replays the first answer.
 Stripe forgets a key after about 24 hours; after that a repeat would be a new charge, so
 the contracts carry the provider's key retention and a safety margin, and the workflow
 repeats only while the first attempt is younger than ``retention - margin``; past that
-it runs the lookup activity and parks if the lookup is inconclusive.
-
-Configuration (``PaymentToolSettings``) is read from the environment and the
-configuration file's ``[tools.payments]`` once, when this module is imported. The
-workflow reads these contracts on every worker that runs task workflows, and a replay
-must decide as the original run did, so **every worker must run with the same values**
-(deploy them together, like code).
+it runs the lookup and parks if the lookup is inconclusive.
 """
 
-from datetime import timedelta
 from decimal import Decimal
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from pydantic_settings import SettingsConfigDict
 
-from onceflow.settings import FileBackedSettings, read_settings
-from onceflow.tools._contract import ApprovalThreshold, DedupeStrategy, EffectFlags, ToolContract
-
-CHARGE_CHILD_OP = "charge"
-"""Child operation name of a charge in its derived key."""
-REFUND_CHILD_OP = "refund"
-"""Child operation name of a refund in its derived key."""
-LOOK_UP_CHARGE = "look_up_charge_payment"
-"""Activity that looks a charge up by its correlation ids before the step parks."""
-LOOK_UP_REFUND = "look_up_refund_payment"
-"""Activity that looks a refund up by its correlation ids before the step parks."""
+from onceflow.payments._settings import PaymentToolSettings
+from onceflow.tools import ApprovalThreshold, DedupeStrategy, EffectFlags, ToolContract
 
 _IDENTIFIER = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 _STRIPE_ID = r"^[a-z]{2,6}_[A-Za-z0-9_]{1,200}$"
 _LARGEST_AMOUNT = 99_999_999
 """Stripe accepts at most eight digits in the smallest currency unit."""
-
-
-class PaymentToolSettings(FileBackedSettings):
-    """What the workflow needs to know about the payment provider; same on every worker.
-
-    Read from ``ONCEFLOW_PAYMENTS_*`` and the file's ``[tools.payments]``; durations are
-    ISO 8601 (``PT24H``) or ``HH:MM:SS``.
-    """
-
-    config_table = "tools.payments"
-    model_config = SettingsConfigDict(env_prefix="ONCEFLOW_PAYMENTS_", extra="ignore", frozen=True)
-
-    key_retention: timedelta = Field(default=timedelta(hours=24), gt=timedelta(0))
-    """How long the provider honours an idempotency key (Stripe: about 24 h). Default 24 h."""
-    retention_margin: timedelta = Field(default=timedelta(hours=1), ge=timedelta(0))
-    """Subtracted from ``key_retention`` before a repeat is still called safe, for clock
-    skew and the time a request spends in flight. Default 1 h."""
-    refund_approval_above: int = Field(default=10_000, ge=0)
-    """Refunds of more than this many minor units (or of an unstated amount) wait for a
-    person's approval. Default 10 000 (100.00 in a two-decimal currency)."""
-    attempt_timeout: timedelta = Field(default=timedelta(seconds=60), gt=timedelta(0))
-    """Longest one attempt (or lookup) may run before its outcome counts as unknown; must
-    exceed two Stripe calls (``ONCEFLOW_STRIPE_*_TIMEOUT``). Default 60 s."""
-
-    @model_validator(mode="after")
-    def _margin_leaves_a_window(self) -> "PaymentToolSettings":
-        if self.retention_margin >= self.key_retention:
-            raise ValueError("retention_margin must be shorter than key_retention")
-        return self
 
 
 class ChargePaymentInput(BaseModel):
@@ -127,7 +82,6 @@ def charge_payment_contract(
         start_to_close_timeout=settings.attempt_timeout,
         provider_key_retention=settings.key_retention,
         retention_margin=settings.retention_margin,
-        lookup_activity=LOOK_UP_CHARGE,
     )
 
 
@@ -152,11 +106,4 @@ def refund_payment_contract(
         ),
         provider_key_retention=settings.key_retention,
         retention_margin=settings.retention_margin,
-        lookup_activity=LOOK_UP_REFUND,
     )
-
-
-PAYMENT_TOOL_SETTINGS = read_settings(PaymentToolSettings)
-"""The settings every worker read at import; the contracts below are built from them."""
-CHARGE_PAYMENT = charge_payment_contract(PAYMENT_TOOL_SETTINGS)
-REFUND_PAYMENT = refund_payment_contract(PAYMENT_TOOL_SETTINGS)

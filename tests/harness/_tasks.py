@@ -1,10 +1,11 @@
-"""Waiting on tasks from tests: poll the status query until a condition holds."""
+"""Waiting on onceflow tasks: poll the status query until a condition holds."""
 
-import asyncio
 from collections.abc import Callable
 
 from onceflow.task_api import TaskClient
 from onceflow.workflows.task_models import TaskState, TaskStatus
+
+from ._eventually import eventually
 
 
 async def wait_for(
@@ -15,14 +16,12 @@ async def wait_for(
     timeout: float = 20.0,
 ) -> TaskStatus:
     """Poll the task's status query until ``done`` holds; fail with the last status."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        status = await tasks.status(workflow_id)
-        if done(status):
-            return status
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"condition never held; last status: {status.model_dump_json()}")
-        await asyncio.sleep(0.05)
+    return await eventually(
+        lambda: tasks.status(workflow_id),
+        until=done,
+        what=f"task {workflow_id} reaches the awaited state ({getattr(done, '__name__', done)})",
+        timeout=timeout,
+    )
 
 
 def parked(status: TaskStatus) -> bool:

@@ -1,0 +1,385 @@
+"""Performs ``charge_payment`` and ``refund_payment`` at the payment provider, and looks
+them up by their correlation ids before a step parks.
+
+One attempt::
+
+    child key = the step's derived key for "charge" | "refund" at the provider account
+      │
+      ├─ recorded 'succeeded' already? ──▶ report that result; no call
+      ├─ record 'started' (fails ─▶ transient: nothing was sent)
+      ├─ POST, Idempotency-Key = child key, metadata onceflow_operation = key digest
+      │    ├─ answered ─▶ record resource and request ids ─▶ succeeded
+      │    │              (recording fails ─▶ unknown, ids in evidence: a repeat replays)
+      │    ├─ rejected ─▶ record 'failed' ─▶ rejected
+      │    ├─ 5xx replayed for the key ─▶ search once by operation id ─▶ found: succeeded
+      │    └─ otherwise its class (transient / unknown) with the evidence
+      ▼
+    the workflow decides (a perform never retries)
+
+Lookups prefer strongly consistent reads: the locally recorded resource, then a resource
+id an earlier attempt saw, then (charges only) Stripe's search by operation id, where a
+miss proves nothing because search is eventually consistent.
+
+Request ids and resource ids are recorded with the operation (``payment_intent``,
+``refund``, ``request_id``, and ``original_request_id`` when Stripe replayed an answer);
+what an attempt saw besides (timings, HTTP status, what a read answered) is evidence of
+that attempt only.
+"""
+
+from datetime import UTC, datetime
+from typing import Any
+
+from onceflow.payments._contract import ChargePaymentInput, RefundPaymentInput
+from onceflow.payments._errors import PaymentProviderError
+from onceflow.payments._provider import (
+    OPERATION_METADATA_KEY,
+    ChargeRequest,
+    PaymentIntentView,
+    PaymentProvider,
+    ProviderReply,
+    RefundRequest,
+    RefundView,
+)
+from onceflow.tools import ChildOperation, NothingSent, OutcomeClass, ToolAttemptResult, ToolCall
+
+CHARGE_CHILD_OP = "charge"
+"""Child operation name of a charge in its derived key."""
+REFUND_CHILD_OP = "refund"
+"""Child operation name of a refund in its derived key."""
+CHARGED = frozenset({"succeeded", "processing", "requires_capture"})
+"""PaymentIntent statuses where the charge exists (money moved or is moving)."""
+REFUNDED = frozenset({"succeeded", "pending", "requires_action"})
+"""Refund statuses where the refund exists."""
+
+
+# ── charge ──────────────────────────────────────────────────────────────────────────
+
+
+async def charge_payment(call: ToolCall[ChargePaymentInput]) -> ToolAttemptResult:
+    """Create and confirm one PaymentIntent for the step; a repeat gets the same one.
+
+    The documented result: ``payment_intent``, ``status``, ``amount``, ``currency``,
+    ``charge``, ``request_id`` (the request that charged), ``replayed`` (Stripe
+    replayed an earlier answer) and ``found_by`` (``response``, ``local_record`` or
+    ``lookup:…``).
+    """
+    provider: PaymentProvider | None = call.client
+    if provider is None:
+        return _not_configured()
+    arguments = call.args
+    operation = await call.begin(CHARGE_CHILD_OP, provider_account=provider.account)
+    if operation.earlier_success:
+        return _found_in_local_record(operation.earlier_success)
+    attempt = {"sent_at": _now()}
+    try:
+        intent = await provider.create_payment_intent(
+            ChargeRequest(
+                amount=arguments.amount,
+                currency=arguments.currency,
+                customer=arguments.customer,
+                payment_method=arguments.payment_method,
+                description=f"order {arguments.order_id}",
+                metadata={**_metadata(call, operation), "order_id": arguments.order_id},
+            ),
+            idempotency_key=operation.key,
+        )
+    except PaymentProviderError as failure:
+        attempt.update(_failure_evidence(failure))
+        if failure.replayed and failure.outcome is OutcomeClass.UNKNOWN:
+            # Stripe replays a stored 5xx for as long as it keeps the key, so a repeat
+            # can never turn it into an answer: ask the search index instead.
+            found = await _search_charge(provider, operation, attempt)
+            if found is not None:
+                return await _succeed_charge(operation, found, "lookup:search", attempt)
+        return await _fail(operation, failure, attempt)
+    return await _succeed_charge(operation, intent, "response", attempt)
+
+
+async def _succeed_charge(
+    operation: ChildOperation, intent: PaymentIntentView, found_by: str, attempt: dict[str, str]
+) -> ToolAttemptResult:
+    attempt.update(_answer_evidence(intent.reply))
+    ids = {"payment_intent": intent.id, **_reply_ids(intent.reply)}
+    if intent.status not in CHARGED:
+        reason = f"PaymentIntent {intent.id} is {intent.status}: no money moved"
+        return await operation.failed(OutcomeClass.REJECTED, reason, evidence=attempt, **ids)
+    result = {
+        "payment_intent": intent.id,
+        "status": intent.status,
+        "amount": intent.amount,
+        "currency": intent.currency,
+        "charge": intent.latest_charge,
+        "request_id": intent.reply.committing_request_id,
+        "replayed": intent.reply.replayed,
+        "found_by": found_by,
+    }
+    return await operation.succeeded(intent.id, result, evidence=attempt, **ids)
+
+
+# ── refund ──────────────────────────────────────────────────────────────────────────
+
+
+async def refund_payment(call: ToolCall[RefundPaymentInput]) -> ToolAttemptResult:
+    """Refund the named charge once for the step; a repeat gets the same refund.
+
+    The documented result: ``refund``, ``payment_intent``, ``status``, ``amount``,
+    ``currency``, ``request_id``, ``replayed`` and ``found_by``.
+    """
+    provider: PaymentProvider | None = call.client
+    if provider is None:
+        return _not_configured()
+    arguments = call.args
+    operation = await call.begin(REFUND_CHILD_OP, provider_account=provider.account)
+    if operation.earlier_success:
+        return _found_in_local_record(operation.earlier_success)
+    payment_intent = arguments.payment_intent or await _charged_intent(
+        call, arguments.charge_step or "", provider.account
+    )
+    if payment_intent is None:
+        reason = (
+            f"step {arguments.charge_step!r} has no recorded PaymentIntent: it must be an "
+            "earlier charge_payment step of this task that succeeded"
+        )
+        return await operation.failed(OutcomeClass.REJECTED, reason)
+    attempt = {"sent_at": _now()}
+    try:
+        refund = await provider.create_refund(
+            RefundRequest(
+                payment_intent=payment_intent,
+                amount=arguments.amount,
+                reason=arguments.reason,
+                metadata=_metadata(call, operation),
+            ),
+            idempotency_key=operation.key,
+        )
+    except PaymentProviderError as failure:
+        attempt.update(_failure_evidence(failure))
+        return await _fail(operation, failure, attempt)
+    return await _succeed_refund(operation, refund, "response", attempt)
+
+
+async def _succeed_refund(
+    operation: ChildOperation, refund: RefundView, found_by: str, attempt: dict[str, str]
+) -> ToolAttemptResult:
+    attempt.update(_answer_evidence(refund.reply))
+    ids = {"refund": refund.id, **_reply_ids(refund.reply)}
+    if refund.payment_intent:
+        ids["payment_intent"] = refund.payment_intent
+    if refund.status not in REFUNDED:
+        reason = f"refund {refund.id} is {refund.status}: no money was returned"
+        return await operation.failed(OutcomeClass.REJECTED, reason, evidence=attempt, **ids)
+    result = {
+        "refund": refund.id,
+        "payment_intent": refund.payment_intent,
+        "status": refund.status,
+        "amount": refund.amount,
+        "currency": refund.currency,
+        "request_id": refund.reply.committing_request_id,
+        "replayed": refund.reply.replayed,
+        "found_by": found_by,
+    }
+    return await operation.succeeded(refund.id, result, evidence=attempt, **ids)
+
+
+async def _charged_intent(
+    call: ToolCall[RefundPaymentInput], charge_step: str, account: str
+) -> str | None:
+    """The PaymentIntent recorded for an earlier charge step of the same task.
+
+    Raises:
+        NothingSent: The record could not be read (nothing was sent yet).
+    """
+    charge = await call.find(CHARGE_CHILD_OP, provider_account=account, step_id=charge_step)
+    if charge.state != "succeeded":
+        return None
+    return charge.resource_id or None
+
+
+# ── lookups ─────────────────────────────────────────────────────────────────────────
+
+
+async def look_up_charge(call: ToolCall[ChargePaymentInput]) -> ToolAttemptResult:
+    """Find the step's charge: by a known PaymentIntent id, else by searching.
+
+    Returns ``succeeded`` with the PaymentIntent when found, else ``unknown`` with
+    what each read answered (inconclusive: the step parks).
+    """
+    provider: PaymentProvider | None = call.client
+    if provider is None:
+        return _not_configured(OutcomeClass.UNKNOWN)
+    operation = await call.find(CHARGE_CHILD_OP, provider_account=provider.account)
+    looked = {"lookup_at": _now()}
+    known = _recorded_resource(operation) or call.evidence.get("payment_intent")
+    if known:
+        try:
+            intent = await provider.retrieve_payment_intent(known)
+        except PaymentProviderError as failure:
+            looked["lookup_retrieve"] = f"{known}: {failure.reason}"
+        else:
+            looked["lookup_retrieve"] = f"{intent.id} is {intent.status}"
+            if intent.status in CHARGED:
+                return await _succeed_charge(operation, intent, "lookup:retrieve", looked)
+            reason = (
+                f"PaymentIntent {intent.id} (this step's key) is {intent.status}: no money "
+                "moved on it"
+            )
+            return _inconclusive(operation, reason, looked)
+    found = await _search_charge(provider, operation, looked)
+    if found is not None:
+        return await _succeed_charge(operation, found, "lookup:search", looked)
+    return _inconclusive(operation, looked["lookup_search"], looked)
+
+
+async def _search_charge(
+    provider: PaymentProvider, operation: ChildOperation, evidence: dict[str, str]
+) -> PaymentIntentView | None:
+    """The one charged PaymentIntent carrying the operation id, if search shows it.
+
+    Records what it saw in ``evidence["lookup_search"]``.
+    """
+    try:
+        views = await provider.search_payment_intents(operation.key_digest)
+    except PaymentProviderError as failure:
+        evidence["lookup_search"] = f"search failed: {failure.reason}"
+        return None
+    charged = [view for view in views if view.status in CHARGED]
+    if len(charged) == 1:
+        evidence["lookup_search"] = f"found {charged[0].id} ({charged[0].status})"
+        return charged[0]
+    if len(charged) > 1:
+        ids = ", ".join(view.id for view in charged)
+        evidence["lookup_search"] = (
+            f"{len(charged)} charged PaymentIntents carry this operation id ({ids}): "
+            "a duplicate charge, reconcile by hand"
+        )
+    elif views:
+        states = ", ".join(f"{view.id} is {view.status}" for view in views)
+        evidence["lookup_search"] = f"no charged PaymentIntent found ({states})"
+    else:
+        evidence["lookup_search"] = (
+            "search found nothing; Stripe's search is eventually consistent, so a miss "
+            "does not prove the charge did not happen"
+        )
+    return None
+
+
+async def look_up_refund(call: ToolCall[RefundPaymentInput]) -> ToolAttemptResult:
+    """Find the step's refund by a known refund id; Stripe cannot search refunds.
+
+    Returns ``succeeded`` with the refund when found, else ``unknown`` with the
+    charge's refunded amount as a hint for the operator.
+    """
+    provider: PaymentProvider | None = call.client
+    if provider is None:
+        return _not_configured(OutcomeClass.UNKNOWN)
+    operation = await call.find(REFUND_CHILD_OP, provider_account=provider.account)
+    looked = {"lookup_at": _now()}
+    known = _recorded_resource(operation) or call.evidence.get("refund")
+    if known:
+        try:
+            refund = await provider.retrieve_refund(known)
+        except PaymentProviderError as failure:
+            looked["lookup_retrieve"] = f"{known}: {failure.reason}"
+        else:
+            looked["lookup_retrieve"] = f"{refund.id} is {refund.status}"
+            return await _succeed_refund(operation, refund, "lookup:retrieve", looked)
+    arguments = call.args
+    try:
+        payment_intent = arguments.payment_intent or await _charged_intent(
+            call, arguments.charge_step or "", provider.account
+        )
+    except NothingSent:
+        payment_intent = None
+    if payment_intent is not None:
+        try:
+            intent = await provider.retrieve_payment_intent(payment_intent, with_charge=True)
+        except PaymentProviderError as failure:
+            looked["lookup_charge"] = f"{payment_intent}: {failure.reason}"
+        else:
+            looked["lookup_charge"] = (
+                f"{intent.id}: {intent.amount_refunded} of {intent.amount} refunded"
+            )
+    reason = (
+        "no refund id is known and Stripe cannot search refunds by metadata; compare the "
+        "charge's refunded amount with this step's refund"
+    )
+    return _inconclusive(operation, reason, looked)
+
+
+# ── shared ──────────────────────────────────────────────────────────────────────────
+
+
+async def _fail(
+    operation: ChildOperation, failure: PaymentProviderError, attempt: dict[str, str]
+) -> ToolAttemptResult:
+    ids = {"request_id": failure.request_id, "payment_intent": failure.payment_intent}
+    return await operation.failed(
+        failure.outcome,
+        failure.reason,
+        evidence=attempt,
+        **{name: value for name, value in ids.items() if value},
+    )
+
+
+def _metadata(call: ToolCall[Any], operation: ChildOperation) -> dict[str, str]:
+    # The key's digest, never the key: a lookup searches for it, operators see it.
+    return {
+        OPERATION_METADATA_KEY: operation.key_digest,
+        "onceflow_tenant": call.tenant,
+        "onceflow_workflow_id": call.workflow_id,
+        "onceflow_step": call.step_id,
+    }
+
+
+def _recorded_resource(operation: ChildOperation) -> str | None:
+    if operation.state == "succeeded" and operation.resource_id:
+        return operation.resource_id
+    return None
+
+
+def _found_in_local_record(success: ToolAttemptResult) -> ToolAttemptResult:
+    return success.model_copy(update={"result": {**success.result, "found_by": "local_record"}})
+
+
+def _inconclusive(
+    operation: ChildOperation, reason: str, looked: dict[str, str]
+) -> ToolAttemptResult:
+    return ToolAttemptResult(
+        outcome=OutcomeClass.UNKNOWN, reason=reason, evidence={**operation.evidence, **looked}
+    )
+
+
+def _not_configured(outcome: OutcomeClass = OutcomeClass.REJECTED) -> ToolAttemptResult:
+    return ToolAttemptResult(
+        outcome=outcome,
+        reason="payments are not configured on this worker: set STRIPE_API_KEY",
+    )
+
+
+def _reply_ids(reply: ProviderReply) -> dict[str, str]:
+    ids = {"request_id": reply.request_id, "original_request_id": reply.original_request_id}
+    return {name: value for name, value in ids.items() if value}
+
+
+def _answer_evidence(reply: ProviderReply) -> dict[str, str]:
+    evidence = {"answered_at": _now()}
+    if reply.replayed:
+        evidence["replayed"] = "true"
+    return evidence
+
+
+def _failure_evidence(failure: PaymentProviderError) -> dict[str, str]:
+    evidence = {"answered_at": _now()}
+    if failure.http_status is not None:
+        evidence["http_status"] = str(failure.http_status)
+    if failure.code:
+        evidence["provider_code"] = failure.code
+    if failure.replayed:
+        evidence["replayed"] = "true"
+    if failure.http_status is None:
+        evidence["response"] = "none: " + failure.reason
+    return evidence
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")

@@ -1,0 +1,43 @@
+"""The one harness tests and benchmarks share: how they start things and how they wait.
+
+Nothing here sleeps to synchronise. What must happen is waited for with
+``eventually(read, what=...)``; what must not happen is checked only after a probe has
+shown the system went quiet (``workflow_idle``, ``settled_count``, ``passed_marker``, or
+a far side's own record, such as the Stripe-compatible provider's ledger). Processes are
+started and waited on until they print that they are ready (``spawn`` with
+``wait_for_line``, or ``log_line`` for a process writing to a log file).
+
+A ``sleep`` left in a test is part of its scenario (a slow far side, a tool that works
+for a while, an agent's retry cadence) and says so on its line; ``env.sleep(...)`` on
+Temporal's time-skipping server advances its clock and is a scenario step too.
+"""
+
+from ._eventually import eventually, eventually_blocking
+from ._processes import (
+    REPO,
+    log_line,
+    log_line_blocking,
+    onceflow_command,
+    spawn,
+    stop,
+    wait_for_line,
+)
+from ._quiescence import passed_marker, settled_count, workflow_idle
+from ._tasks import parked, wait_for
+
+__all__ = [
+    "REPO",
+    "eventually",
+    "eventually_blocking",
+    "log_line",
+    "log_line_blocking",
+    "onceflow_command",
+    "parked",
+    "passed_marker",
+    "settled_count",
+    "spawn",
+    "stop",
+    "wait_for",
+    "wait_for_line",
+    "workflow_idle",
+]
