@@ -21,6 +21,7 @@ def render() -> str:
     """The whole reference page as Markdown."""
     sys.path.insert(0, str(REPOSITORY))
     from onceflow import tools as onceflow_tools
+
     parts = [
         "# onceflow tool API reference",
         "",

