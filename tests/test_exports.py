@@ -31,6 +31,48 @@ ONCEFLOW = [
     "classify_http_status",
     "load_configuration",
 ]
+TOOLS = [
+    "ApprovalThreshold",
+    "CATALOGUE",
+    "Catalogue",
+    "ChildOperation",
+    "ClientOpener",
+    "DEFAULT_HEARTBEAT_EVERY",
+    "DEFAULT_LEASE_TTL",
+    "DedupeStrategy",
+    "ENTRY_POINT_GROUP",
+    "EffectFlags",
+    "IDEMPOTENCY_KEY_MAX_LENGTH",
+    "Implementation",
+    "Lease",
+    "LeaseLost",
+    "LocalWrite",
+    "MalformedIdempotencyKey",
+    "NothingSent",
+    "OutcomeClass",
+    "Tool",
+    "ToolAttemptResult",
+    "ToolCall",
+    "ToolCallInput",
+    "ToolContract",
+    "ToolRegistrationError",
+    "UnknownTool",
+    "arguments_digest",
+    "check_idempotency_key",
+    "classify_database_error",
+    "classify_http_error",
+    "classify_http_status",
+    "client_retry_problems",
+    "derive_child_key",
+    "derive_task_workflow_id",
+    "key_digest",
+    "load_configured_tools",
+    "load_tools",
+    "lookup_activity_name",
+    "open_tool_client",
+    "register_tools",
+    "tool_activities",
+]
 CLIENT = [
     "IdempotencyKeyReused",
     "OnceflowClient",
@@ -58,6 +100,13 @@ def test_onceflow_names_are_the_ones_their_subpackages_define() -> None:
         "OutcomeClass",
         "RetryBudget",
     }
+
+
+def test_the_tool_api_exports_its_curated_names() -> None:
+    tools = importlib.import_module("onceflow.tools")
+    assert sorted(tools.__all__) == TOOLS
+    for name in TOOLS:
+        assert getattr(tools, name) is not None, name
 
 
 def test_the_client_exports_its_curated_names() -> None:

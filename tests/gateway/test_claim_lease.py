@@ -7,6 +7,7 @@ owner can then no longer write.
 
 import asyncio
 import time
+from dataclasses import replace
 from datetime import timedelta
 
 import httpx
@@ -20,8 +21,11 @@ from onceflow.gateway import (
     RequestInProgress,
     request_fingerprint,
 )
+from onceflow.settings import OnceflowSettings
 from onceflow.storage import build_pool
+from onceflow.worker import build_worker
 from tests.harness import eventually
+from tests.tool_configuration import builtin
 
 from .conftest import (
     Caller,
@@ -167,17 +171,27 @@ async def test_after_a_takeover_the_former_owner_can_no_longer_write(
 async def test_the_task_writes_its_own_outcome_into_the_record(
     stack: Stack, agent: Caller, database: str
 ) -> None:
-    async with open_service(stack, replay_wait_seconds=0) as service:
+    # A task queue no worker polls yet: the task cannot finish before the gateway has
+    # answered, so the outcome can only reach the record from the workflow itself.
+    idle = replace(stack, task_queue=f"{stack.task_queue}-idle")
+    async with open_service(idle, replay_wait_seconds=0) as service:
         answer = await service.call_tool(agent.principal, "create_order", ORDER, "order-async-1")
         assert answer.status_code == 202
         assert answer.body["state"] == "running"
+        assert rows(database, "SELECT state FROM idempotency_records") == [("processing",)]
 
         # The gateway does nothing more; the workflow's record_task_outcome fills the record.
-        await eventually(
-            lambda: rows(database, "SELECT state FROM idempotency_records"),
-            until=lambda states: states == [("succeeded",)],
-            what="the task's record_task_outcome stored the outcome",
-        )
+        async with (
+            build_pool(stack.postgres_url, max_size=2) as pool,
+            build_worker(
+                stack.client, pool, OnceflowSettings(task_queue=idle.task_queue), tools=builtin()
+            ),
+        ):
+            await eventually(
+                lambda: rows(database, "SELECT state FROM idempotency_records"),
+                until=lambda states: states == [("succeeded",)],
+                what="the task's record_task_outcome stored the outcome",
+            )
         stored = rows(database, "SELECT status_code, response_body FROM idempotency_records")[0]
         assert stored[0] == 200
         assert stored[1]["state"] == "succeeded"
