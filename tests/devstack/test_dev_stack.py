@@ -115,6 +115,17 @@ def test_the_dev_stack_runs_recovers_from_a_crash_and_stops_cleanly(
     task = json.loads(call.stdout)
     assert task["state"] == "succeeded"
 
+    # Another shell joins the stack only by sourcing what it wrote: a production worker
+    # started that way has every service it needs (it refuses to start otherwise).
+    join = state_dir / "dev.env"
+    assert any(f"source {join}" in line for line in banner)
+    joined = spawn(
+        ["bash", "-c", f'source "{join}" && exec "$@"', "bash", *onceflow_command("worker")],
+        env={"ONCEFLOW_STATE_DIR": str(state_dir)},
+    )
+    wait_for_line(joined, "onceflow worker ready", timeout=120)
+    assert "onceflow worker stopped" in stop(joined)
+
     # A crash: the stack dies without cleaning up its servers or its files.
     temporal_pid = int((tmp_path / "state" / "temporal.pid").read_text())
     first.send_signal(signal.SIGKILL)
