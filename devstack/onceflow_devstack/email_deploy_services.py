@@ -30,7 +30,6 @@ LOCAL_STEP_SECONDS = 0.3
 
 T = TypeVar("T")
 
-_SMTP_URL_FILE = "smtp_url"
 _SINK_CONTROL_FILE = "smtp_sink_control_url"
 _TARGET_URL_FILE = "deploy_target_url"
 
@@ -65,11 +64,6 @@ class EmailAndDeployEndpoints:
         ]
 
 
-def running_stack_smtp_url(state_dir: Path) -> str | None:
-    """The SMTP URL a running (or last) embedded stack's relay delivers to, if any."""
-    return _recorded(state_dir / _SMTP_URL_FILE)
-
-
 def running_stack_smtp_sink_control_url(state_dir: Path) -> str | None:
     """The local sink's side door of a running (or last) embedded stack, if any."""
     return _recorded(state_dir / _SINK_CONTROL_FILE)
@@ -91,7 +85,7 @@ async def email_and_deploy_services(
 ) -> AsyncIterator[EmailAndDeployEndpoints]:
     """Run the sink and target (where ``email`` and ``deploy_target`` name none) and one
     relay; the endpoints name the settings the stack's worker then uses."""
-    for name in (_SMTP_URL_FILE, _SINK_CONTROL_FILE, _TARGET_URL_FILE):
+    for name in (_SINK_CONTROL_FILE, _TARGET_URL_FILE):
         (state_dir / name).unlink(missing_ok=True)
     deploy = deploy_target
     stop_relay = asyncio.Event()
@@ -120,7 +114,6 @@ async def email_and_deploy_services(
                 DEPLOY_TARGET_PORT,
             )
             deploy = deploy.model_copy(update={"url": target.url})
-        (state_dir / _SMTP_URL_FILE).write_text(email.smtp_url or "")
         (state_dir / _TARGET_URL_FILE).write_text(deploy.url or "")
         progress("starting an email outbox relay")
         relay = asyncio.create_task(serve_relay(email, database_url=database_url, stop=stop_relay))
