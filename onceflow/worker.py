@@ -27,6 +27,7 @@ from onceflow.task_api import connect_temporal
 from onceflow.telemetry import AttemptAnnotations, watch_parked_tasks
 from onceflow.tools import (
     ClientOpener,
+    PolicyPinning,
     Tool,
     client_retry_problems,
     open_tool_client,
@@ -52,12 +53,14 @@ async def build_worker(
     the boundary's record activities. Leaving the block shuts it down: no new work is
     taken and running activities get the shutdown grace, so their completions are kept.
 
-    The tools are registered with the catalogue first (the workflow reads their
-    contracts there). Each tool's client is opened once for the worker's lifetime; tools
-    sharing one ``open_client`` (one family's) share the client it opened. Tracing comes
-    with ``client`` (``connect_temporal`` puts Temporal's interceptor on it, and a worker
-    inherits its client's); ``AttemptAnnotations`` adds onceflow's fields to each
-    attempt's span and logs one line per attempt.
+    The tools are registered with the catalogue first: a task starting on this worker
+    pins its tools' policies from their contracts there (``pin_task_policy``), and keeps
+    them for its whole life whatever worker runs it later. Each tool's client is opened
+    once for the worker's lifetime; tools sharing one ``open_client`` (one family's)
+    share the client it opened. Tracing comes with ``client`` (``connect_temporal`` puts
+    Temporal's interceptor on it, and a worker inherits its client's);
+    ``AttemptAnnotations`` adds onceflow's fields to each attempt's span and logs one
+    line per attempt.
 
     Args:
         client: The Temporal client.
@@ -100,6 +103,8 @@ async def build_worker(
                 *activities,
                 records.record_task_outcome,
                 records.prune_idempotency_records,
+                # Pins each new task's policy from this worker's contracts (local activity).
+                PolicyPinning().pin_task_policy,
             ],
             graceful_shutdown_timeout=timedelta(seconds=settings.shutdown_grace_seconds),
             interceptors=[AttemptAnnotations()],

@@ -119,9 +119,11 @@ async def _email(
                 highlight=False,
             )
         console.print(
-            f"A relay that died mid-delivery would leave its claim to expire; another "
-            f"relay would send the same Message-ID and the sink would apply it once "
-            f"(it has applied this one {sum(1 for m in received if m['applied'])} time).",
+            f"A relay that died mid-delivery would leave its claim to expire; the relay "
+            f"taking it over would send nothing if the message may have passed DATA (the "
+            f"step parks for an operator), and deliver it if it had not begun sending "
+            f"(the sink has applied this one "
+            f"{sum(1 for m in received if m['applied'])} time).",
             soft_wrap=True,
         )
 

@@ -5,7 +5,7 @@ from temporalio.client import WorkflowQueryFailedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from onceflow.settings import InvalidSettings
-from onceflow.task_api import DecisionRefused
+from onceflow.task_api import DecisionConflict, DecisionRefused
 from onceflow.tools import ToolRegistrationError, UnknownTool
 
 
@@ -39,6 +39,8 @@ def explain(error: BaseException) -> CommandFailed:
         return CommandFailed(str(error), exit_code=2)
     if isinstance(error, DecisionRefused):
         return CommandFailed(f"refused by the task: {error}")
+    if isinstance(error, DecisionConflict):
+        return CommandFailed(f"conflict: {error}")
     if isinstance(error, RPCError) and error.status is RPCStatusCode.NOT_FOUND:
         if "already completed" in error.message:
             return CommandFailed("the task has already ended; there is nothing left to decide")

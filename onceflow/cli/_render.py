@@ -1,7 +1,9 @@
 """How tasks look in a terminal."""
 
+import json
+
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 from onceflow.task_api import TaskSummary
 from onceflow.workflows.task_models import TaskStatus
@@ -21,20 +23,30 @@ def render_status(console: Console, status: TaskStatus) -> None:
     console.print(
         f"[bold]{status.workflow_id}[/]  tenant {status.tenant}  "
         f"state [{style}]{status.state.value}[/]  "
-        f"budget {status.budget.attempts_used} used / {status.budget.attempts_left} left"
+        f"budget {status.budget.attempts_used} used / {status.budget.attempts_left} left",
+        soft_wrap=True,
     )
-    table = Table("step", "tool", "state", "attempts", "resource", "notes")
+    headers = ("step", "tool", "state", "attempts", "resource", "notes")
+    table = Table(
+        *(Column(header, no_wrap=header != "notes", overflow="fold") for header in headers)
+    )
+    cells: list[tuple[str, ...]] = [headers[:-1]]
     for step in status.steps:
         notes = step.failure_reason or step.park_reason or ""
+        attempts = ", ".join(attempt.outcome.value for attempt in step.attempts) or "-"
+        resource = step.resource_id or "-"
         table.add_row(
             step.step_id,
             step.tool,
             f"[{STATE_STYLES.get(step.state.value, '')}]{step.state.value}[/]",
-            ", ".join(attempt.outcome.value for attempt in step.attempts) or "-",
-            step.resource_id or "-",
+            attempts,
+            resource,
             notes,
         )
-    console.print(table)
+        cells.append((step.step_id, step.tool, step.state.value, attempts, resource))
+    # Ids whole; the notes column takes what is left (at least 30 columns) and wraps.
+    widths = [max(len(row[column]) for row in cells) for column in range(len(cells[0]))]
+    _print_at_least(console, table, sum(widths) + 3 * (len(widths) + 1) + 1 + 30)
     for step in status.steps:
         if step.reconcile_command:
             evidence = ", ".join(f"{name}={value}" for name, value in sorted(step.evidence.items()))
@@ -52,15 +64,48 @@ def render_status(console: Console, status: TaskStatus) -> None:
 
 
 def render_task_list(console: Console, tasks: list[TaskSummary]) -> None:
-    """A table of tasks from the visibility store."""
-    table = Table("task id", "state", "tenant", "started")
-    for task in tasks:
-        style = STATE_STYLES.get(task.state, "")
-        table.add_row(
-            task.workflow_id,
-            f"[{style}]{task.state}[/]",
-            task.tenant,
-            f"{task.started_at:%Y-%m-%d %H:%M:%S}",
-        )
-    console.print(table)
+    """A table of tasks from the visibility store, every id in full whatever the width."""
+    headers = ("task id", "state", "tenant", "started")
+    rows = [
+        (task.workflow_id, task.state, task.tenant, f"{task.started_at:%Y-%m-%d %H:%M:%S}")
+        for task in tasks
+    ]
+    table = Table(*(Column(header, no_wrap=True) for header in headers))
+    for workflow_id, state, tenant, started in rows:
+        style = STATE_STYLES.get(state, "")
+        table.add_row(workflow_id, f"[{style}]{state}[/]", tenant, started)
+    _print_uncut(console, table, [headers, *rows])
     console.print(f"{len(tasks)} task(s)")
+
+
+def task_list_json(tasks: list[TaskSummary]) -> str:
+    """The task list as JSON (``onceflow tasks --json``): one object per task."""
+    return json.dumps(
+        [
+            {
+                "task_id": task.workflow_id,
+                "state": task.state,
+                "tenant": task.tenant,
+                "started_at": task.started_at.isoformat(),
+            }
+            for task in tasks
+        ]
+    )
+
+
+def _print_uncut(console: Console, table: Table, cells: list[tuple[str, ...]]) -> None:
+    # Rich shrinks and ellipsizes columns to the terminal (80 columns when piped); an id
+    # an operator copies into the next command must come out whole, so the table is as
+    # wide as its widest row and the line runs past the terminal's edge instead.
+    widths = [max(len(row[column]) for row in cells) for column in range(len(cells[0]))]
+    _print_at_least(console, table, sum(widths) + 3 * len(widths) + 1)
+
+
+def _print_at_least(console: Console, table: Table, width: int) -> None:
+    # ``print(width=…)`` can only narrow the console, so widen the console itself.
+    before = console.width
+    console.width = max(before, width)
+    try:
+        console.print(table, crop=False)
+    finally:
+        console.width = before

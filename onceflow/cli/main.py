@@ -1,8 +1,9 @@
 """``onceflow``: run the embedded stack and workers, call tools, inspect and decide tasks.
 
 Every command fails with one line on standard error and a non-zero exit: 2 for bad
-input, 1 for anything else. Machine-readable output (``call``, ``status --json``) is JSON
-on standard output.
+input (a key already used for other arguments included), 1 for anything else.
+Machine-readable output (``call``, ``status --json``, ``tasks --json``) is JSON on
+standard output. ``call --wait`` leaves with the task's final state (``WAIT_EXIT_CODES``).
 """
 
 import asyncio
@@ -15,7 +16,7 @@ import typer
 from onceflow.cli._boundary import register as register_boundary_commands
 from onceflow.cli._configuration import register as register_configuration_commands
 from onceflow.cli._failures import CommandFailed, explain
-from onceflow.cli._render import render_status, render_task_list
+from onceflow.cli._render import render_status, render_task_list, task_list_json
 from onceflow.cli._services import register_configured_tools, settings_and_database
 from onceflow.cli._tools import register as register_tool_commands
 from onceflow.cli.plugin import (
@@ -27,7 +28,7 @@ from onceflow.cli.plugin import (
     stop_on_signals,
 )
 from onceflow.settings import InvalidSettings, load_settings
-from onceflow.task_api import TaskClient, connect_temporal
+from onceflow.task_api import DecisionAnswer, TaskClient, connect_temporal
 from onceflow.telemetry import process_telemetry
 from onceflow.tools import CATALOGUE, check_idempotency_key, derive_task_workflow_id
 from onceflow.workflows.task_models import (
@@ -38,6 +39,7 @@ from onceflow.workflows.task_models import (
     StepInput,
     StepState,
     TaskState,
+    TaskStatus,
 )
 
 app = typer.Typer(
@@ -53,6 +55,18 @@ TemporalAddress = Annotated[
     str | None,
     typer.Option(help="Temporal frontend host:port (default: TEMPORAL_ADDRESS or localhost:7233)."),
 ]
+
+
+WAIT_EXIT_CODES: dict[TaskState, int] = {
+    TaskState.SUCCEEDED: 0,
+    TaskState.FAILED: 3,
+    TaskState.PARKED: 4,
+    TaskState.AWAITING_APPROVAL: 5,
+}
+"""``call --wait`` exits with the state the task stopped in: 0 succeeded, 3 failed,
+4 parked (a person must reconcile), 5 awaiting approval. 1 and 2 stay the command's own
+failures (2: bad input, e.g. a key already used for other arguments)."""
+_WAIT_POLL_FIRST, _WAIT_POLL_MAX = 0.1, 1.0
 
 
 def _operator_name() -> str:
@@ -147,10 +161,21 @@ def call(
     key: Annotated[str, typer.Option(help="Idempotency key of this logical call.")],
     args: Annotated[str, typer.Option("--args", help="Tool arguments as a JSON object.")] = "{}",
     principal: Annotated[str, typer.Option(help="Who is calling.")] = "cli",
-    wait: Annotated[bool, typer.Option(help="Wait for the task to end.")] = False,
+    wait: Annotated[
+        bool,
+        typer.Option(
+            help="Wait until the task succeeds, fails, parks or awaits approval; exit 0, 3, "
+            "4 or 5 accordingly."
+        ),
+    ] = False,
     temporal_address: TemporalAddress = None,
 ) -> None:
-    """Call one tool as a one-step task; the same key returns the same task."""
+    """Call one tool as a one-step task; the same key and arguments return the same task.
+
+    The same key with other arguments is refused (exit 2), as the gateway refuses it
+    (422). With --wait the exit code is the task's state: 0 succeeded, 3 failed,
+    4 parked, 5 awaiting approval.
+    """
 
     from onceflow.cli._configuration import loaded_configuration
 
@@ -160,14 +185,60 @@ def call(
         task = _one_step_task(tool, tenant, principal, key, args)
         workflow_id = derive_task_workflow_id(tenant=tenant, scope=tool, idempotency_key=key)
         client = await _task_client(temporal_address)
-        await client.start(task, workflow_id=workflow_id)
+        await _start_or_join(client, task, workflow_id)
         if wait:
-            status = await client.result(workflow_id)
+            status = await _until_settled(client, workflow_id)
         else:
             status = await client.status(workflow_id)
         console.print_json(status.model_dump_json())
+        if wait and WAIT_EXIT_CODES[status.state]:
+            raise typer.Exit(WAIT_EXIT_CODES[status.state])
 
     operate(body)
+
+
+async def _start_or_join(client: TaskClient, task: AgentTaskInput, workflow_id: str) -> None:
+    """Start the call's task, or join the one its key started for the same request.
+
+    The fingerprint goes into the task's memo exactly as the gateway keeps it, so the
+    same key with other arguments (or another principal) is refused instead of
+    silently answered with the earlier task.
+    """
+    from onceflow.gateway._errors import KEY_REUSED_DETAIL
+    from onceflow.gateway._fingerprint import request_fingerprint
+    from onceflow.gateway._service import REQUEST_HASH_MEMO
+
+    [step] = task.steps
+    fingerprint = request_fingerprint(
+        operation="tools.call",
+        scope=f"{task.tenant}:{task.principal}:{step.tool}:cli",
+        route=f"onceflow call {step.tool}",
+        body=step.arguments,
+    )
+    handle = await client.start(
+        task, workflow_id=workflow_id, memo={REQUEST_HASH_MEMO: fingerprint}
+    )
+    started_by = (await (await handle.describe()).memo()).get(REQUEST_HASH_MEMO)
+    if started_by is None:
+        # Started before the CLI kept fingerprints: compare what the task was given.
+        existing = await client.status(workflow_id)
+        [first] = existing.steps
+        same = existing.principal == task.principal and first.arguments == step.arguments
+    else:
+        same = started_by == fingerprint
+    if not same:
+        raise CommandFailed(KEY_REUSED_DETAIL, exit_code=2)
+
+
+async def _until_settled(client: TaskClient, workflow_id: str) -> TaskStatus:
+    """The task's status once it ended, parked or awaits a person (it may wait for days)."""
+    pause = _WAIT_POLL_FIRST
+    while True:
+        status = await client.status(workflow_id)
+        if status.state in WAIT_EXIT_CODES:
+            return status
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, _WAIT_POLL_MAX)
 
 
 def _one_step_task(tool: str, tenant: str, principal: str, key: str, raw: str) -> AgentTaskInput:
@@ -182,11 +253,13 @@ def _one_step_task(tool: str, tenant: str, principal: str, key: str, raw: str) -
     if not isinstance(arguments, dict):
         raise CommandFailed("--args must be a JSON object", exit_code=2)
     contract = CATALOGUE.get(tool)
-    contract.input_model.model_validate(arguments)  # reject before anything starts
+    # Validated before anything starts, and normalized as the gateway does (defaults
+    # filled in), so both fingerprint the same arguments the same way.
+    normalized = contract.input_model.model_validate(arguments).model_dump(mode="json")
     return AgentTaskInput(
         tenant=tenant,
         principal=principal,
-        steps=[StepInput(step_id="1", tool=tool, arguments=arguments)],
+        steps=[StepInput(step_id="1", tool=tool, arguments=normalized)],
     )
 
 
@@ -214,6 +287,9 @@ def tasks(
     state: Annotated[TaskState | None, typer.Option(help="Only tasks in this state.")] = None,
     tenant: Annotated[str | None, typer.Option(help="Only this tenant's tasks.")] = None,
     limit: Annotated[int, typer.Option(min=1, max=1000)] = 50,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the tasks as a JSON list.")
+    ] = False,
     temporal_address: TemporalAddress = None,
 ) -> None:
     """List tasks, newest first, e.g. ``--state parked`` for those awaiting a decision."""
@@ -221,7 +297,10 @@ def tasks(
     async def body() -> None:
         client = await _task_client(temporal_address)
         found = [task async for task in client.list(state=state, tenant=tenant, limit=limit)]
-        render_task_list(console, found)
+        if as_json:
+            console.print_json(task_list_json(found))
+        else:
+            render_task_list(console, found)
 
     operate(body)
 
@@ -249,8 +328,7 @@ def reconcile(
             operator=operator or _operator_name(),
         )
         client = await _task_client(temporal_address)
-        result = await client.reconcile(task_id, finding)
-        console.print(f"accepted: {result.message}")
+        _print_decision(await client.reconcile(task_id, finding))
 
     operate(body)
 
@@ -275,13 +353,12 @@ def approve(
             waiting = current.step(step)
         except KeyError:
             raise CommandFailed(f"task {task_id} has no step {step!r}") from None
-        if waiting.state is not StepState.AWAITING_APPROVAL:
-            raise CommandFailed(
-                f"step {step!r} is not awaiting approval (it is {waiting.state.value})"
-            )
-        verdict = "approving" if approved else "denying"
-        errors.print(f"{verdict} {waiting.tool} with {waiting.arguments}", highlight=False)
-        result = await client.approve(
+        if waiting.state is StepState.AWAITING_APPROVAL:
+            verdict = "approving" if approved else "denying"
+            errors.print(f"{verdict} {waiting.tool} with {waiting.arguments}", highlight=False)
+        # Sent even when the step is not waiting: the task tells a repeat of the decision
+        # it already took (answered with that one) from a conflict or a refusal.
+        answer = await client.approve(
             task_id,
             ApproveInput(
                 step_id=step,
@@ -291,9 +368,16 @@ def approve(
                 arguments_digest=waiting.arguments_digest,
             ),
         )
-        console.print(f"accepted: {result.message}")
+        _print_decision(answer)
 
     operate(body)
+
+
+def _print_decision(answer: DecisionAnswer) -> None:
+    if answer.replayed:
+        console.print(f"already decided: {answer.message}", highlight=False, soft_wrap=True)
+    else:
+        console.print(f"accepted: {answer.message}", highlight=False, soft_wrap=True)
 
 
 @app.command()

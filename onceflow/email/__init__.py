@@ -10,6 +10,10 @@ that arming; relays (``OutboxRelay``, ``onceflow relay``) claim rows with
         ▲                              │
         └──── wait for the outcome ────┘   delivered | rejected | transient | unknown
 
+A relay that dies holding a claim leaves it to expire; the relay taking it over sends
+nothing if the dead one had begun sending the message (``unknown``: the step parks),
+and delivers it otherwise.
+
 Nothing here imports the dev stack; point ``SMTP_URL`` at any SMTP server.
 """
 

@@ -2,12 +2,13 @@
 deliver it.
 
 SMTP has no idempotency key, so the strategy is the outbox: the email and its outbox
-row (with an event id derived from the step's child key) commit in one transaction, a
-relay delivers it with the event id as ``Message-ID`` and the consumer dedupes on it.
-Repeating the *step* re-arms the same row, never a second one. But an attempt whose
-message was sent and whose reply was lost is ``unknown``: nothing proves a resend is
-harmless at an arbitrary SMTP server, so the step parks for a person
-(``safe_repeat_window`` of an outbox is zero).
+row (with an event id derived from the step's child key) commit in one transaction and a
+relay delivers it with the event id as ``Message-ID``. Repeating the *step* re-arms the
+same row, never a second one. But an attempt whose message was sent and whose reply was
+lost is ``unknown``, and so is one whose relay died after it began sending the message
+(the relay taking the claim over sends nothing): nothing proves a resend is harmless at
+an arbitrary SMTP server, which need not dedupe by ``Message-ID``, so the step parks for
+a person (``safe_repeat_window`` of an outbox is zero).
 """
 
 from typing import Annotated
@@ -46,10 +47,10 @@ def send_email_contract(settings: EmailToolSettings, *, name: str = "send_email"
             "task sends at most one message unless an operator authorises another."
         ),
         input_model=SendEmailInput,
-        # Not idempotent: a new call (another task) sends another email, and a relay
-        # that takes over a dead relay's delivery resends the same Message-ID, which
-        # only a consumer that dedupes on it ignores. Not destructive: it adds a
-        # message, it replaces nothing. Open world: it reaches any SMTP server.
+        # Not idempotent: a new call (another task) sends another email, and an
+        # operator's "did not happen" resends the same Message-ID, which only a
+        # consumer that dedupes on it ignores. Not destructive: it adds a message, it
+        # replaces nothing. Open world: it reaches any SMTP server.
         effects=EffectFlags(read_only=False, destructive=False, idempotent=False, open_world=True),
         dedupe=DedupeStrategy.OUTBOX,
         start_to_close_timeout=settings.attempt_timeout,

@@ -11,7 +11,9 @@ One attempt::
       │  left alone, so a delivered email is reported, never sent again
       ├─ wait, heartbeating, for the current arming's outcome, recorded by a relay
       │    delivered ─▶ succeeded (recorded)    rejected ─▶ rejected (recorded)
-      │    transient ─▶ transient    unknown (sent, reply lost) ─▶ unknown: the step parks
+      │    transient ─▶ transient    unknown ─▶ unknown: the step parks
+      │      (the reply after DATA was lost, or the relay died after it began sending and
+      │      the relay that took its claim over sent nothing)
       └─ out of time: withdraw an arming no relay claimed (transient), else unknown
 
 A perform never talks SMTP and never retries; relays deliver, the workflow decides.

@@ -3,9 +3,17 @@
 Any number of relays may run (``onceflow relay`` processes, or a task beside a worker):
 ``FOR UPDATE SKIP LOCKED`` hands each armed row to one of them. A relay renews its
 claim while it delivers, so only a dead or stalled relay's claim expires; another relay
-then takes the row over and delivers it again with the same ``Message-ID``, which the
-consumer dedupes. A relay never retries on its own: it records the classified outcome
-and the workflow decides whether the email is armed again.
+then takes the row over and decides from what the dead claim recorded:
+
+* a delivery of it began sending the message (``message_sent_at``, set after the
+  server's 354 under the live claim) and has no outcome: it may have passed ``DATA``,
+  so the relay records ``unknown`` and sends nothing; the step parks exactly as for a
+  reply lost after ``DATA``, and only an operator's ``did_not_happen`` re-arms it;
+* otherwise nothing was sent (the relay died before connecting, before ``DATA``, or
+  before starting at all), and the relay delivers the email itself.
+
+A relay never retries on its own: it records the classified outcome and the workflow
+decides whether the email is armed again.
 """
 
 import asyncio
@@ -66,8 +74,26 @@ class OutboxRelay:
                 await self.deliver_claim(claim)
 
     async def deliver_claim(self, claim: Claim) -> DeliveryReport | None:
-        """Make one delivery for a claim and record it; None when the claim was lost."""
+        """Make one delivery for a claim and record it; None when the claim was lost.
+
+        A claim taken over from a relay that may have sent the message is concluded
+        ``unknown`` without a delivery (the report returned is that outcome).
+        """
         lease = self._settings.claim_lease
+        if claim.took_over:
+            try:
+                concluded = await self._outbox.conclude_takeover(claim, relay_id=self.relay_id)
+            except Exception as error:  # the claim expires and the next relay concludes it
+                _log.warning("relay %s could not conclude a takeover: %s", self.relay_id, error)
+                return None
+            if concluded is not None:
+                _log.warning(
+                    "relay %s did not resend %s: %s",
+                    self.relay_id,
+                    claim.event_id,
+                    concluded.reason,
+                )
+                return concluded
         try:
             delivery_id = await self._outbox.start_delivery(
                 claim, relay_id=self.relay_id, lease=lease
@@ -78,6 +104,21 @@ class OutboxRelay:
         if delivery_id is None:
             return None  # the claim expired before we began; another relay has it
         keeper = asyncio.create_task(self._keep_claim(claim))
+        loop = asyncio.get_running_loop()
+        timeout = self._settings.smtp_timeout.total_seconds()
+
+        def before_message() -> bool:
+            # Runs in the delivery's thread: the mark commits before any byte of the message.
+            marking = asyncio.run_coroutine_threadsafe(
+                self._outbox.mark_message_sent(claim, delivery_id, lease=lease), loop
+            )
+            try:
+                return marking.result(timeout=timeout)
+            except Exception as error:
+                marking.cancel()
+                _log.warning("relay %s could not mark a message sent: %s", self.relay_id, error)
+                return False
+
         with outbound_call(
             "smtp",
             "deliver",
@@ -93,7 +134,8 @@ class OutboxRelay:
                     deliver,
                     self._server,
                     claim.message,
-                    timeout=self._settings.smtp_timeout.total_seconds(),
+                    timeout=timeout,
+                    before_message=before_message,
                 )
             except Exception as error:  # a bug must not end the relay; how far it got is unknown
                 _log.exception("relay %s failed delivering %s", self.relay_id, claim.event_id)
@@ -108,7 +150,8 @@ class OutboxRelay:
         try:
             current = await self._outbox.record(claim, delivery_id, report)
         except Exception as error:
-            # The claim expires and another relay delivers again; the consumer dedupes.
+            # The claim expires; the relay taking it over records unknown if the message
+            # may have been sent (the step parks), else delivers it.
             _log.warning("relay %s could not record an outcome: %s", self.relay_id, error)
             return report
         if not current:

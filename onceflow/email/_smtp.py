@@ -2,7 +2,9 @@
 
 SMTP has no idempotency key: once the message has been sent after ``DATA``, a lost
 reply leaves the outcome unknown and only the consumer's ``Message-ID`` dedupe (if it
-has one) makes a resend harmless. So nothing here ever retries::
+has one) would make a resend harmless. So nothing here ever retries, and a relay's
+``before_message`` hook runs after the 354, before any byte of the message, so that the
+relay can record that it may be sent (or send nothing)::
 
     where it ended                                   reply or failure         outcome
     ──────────────────────────────────────────────   ──────────────────────   ─────────
@@ -21,6 +23,7 @@ addresses or the message, only the SMTP phase and the server's reply.
 import re
 import smtplib
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from email import policy
@@ -78,13 +81,22 @@ class OutgoingMessage:
         return message.as_bytes()
 
 
-def deliver(server: SmtpServer, message: OutgoingMessage, *, timeout: float) -> DeliveryReport:
+def deliver(
+    server: SmtpServer,
+    message: OutgoingMessage,
+    *,
+    timeout: float,
+    before_message: Callable[[], bool] | None = None,
+) -> DeliveryReport:
     """Make one delivery attempt and classify it; blocking, never raises for SMTP trouble.
 
     Args:
         server: Where to deliver.
         message: What to deliver.
         timeout: Longest wait, in seconds, for the connection and for each reply.
+        before_message: Called after the server's 354, just before the message goes out
+            (a relay records there that it may be sent); False (or an error) sends
+            nothing: the connection is closed and the attempt is ``transient``.
     """
     client_type = smtplib.SMTP_SSL if server.implicit_tls else smtplib.SMTP
     client = client_type(local_hostname=socket.gethostname(), timeout=timeout)
@@ -112,6 +124,9 @@ def deliver(server: SmtpServer, message: OutgoingMessage, *, timeout: float) -> 
             code, reply = client.docmd("DATA")
             if code != 354:
                 return _refused("DATA", code, reply)
+            if before_message is not None and not _allowed(before_message):
+                client.close()  # no end-of-data line: the server discards the transaction
+                return _not_sent("the relay could not record that it sends the message")
         except smtplib.SMTPResponseException as error:
             return _refused("the session set-up", error.smtp_code, error.smtp_error)
         except (OSError, smtplib.SMTPException) as error:
@@ -138,6 +153,13 @@ def deliver(server: SmtpServer, message: OutgoingMessage, *, timeout: float) -> 
         )
     finally:
         _close(client)
+
+
+def _allowed(before_message: Callable[[], bool]) -> bool:
+    try:
+        return before_message()
+    except Exception:
+        return False
 
 
 def _terminated(data: bytes) -> bytes:

@@ -6,11 +6,23 @@ Row states (one row per email, ``arming`` counts the workflow's requests to deli
                  ▲  │                │                  transient | unknown
                  │  └ withdraw ─▶ transient              │
                  │                   └ claim expired: another relay claims it again
+                 │                       (a takeover), then concludes the dead claim:
+                 │                         a delivery began sending ─▶ unknown (no send)
+                 │                         nothing was sent ─▶ delivers it itself
                  └──── re-arm (next workflow attempt, from transient or unknown only)
 
 Only ``enqueue`` arms a row, so the workflow (whose attempts call it) stays the one
 retry owner; a relay makes one delivery per claim and records its outcome under its
 ``claim_token``, so a relay whose claim was taken over cannot overwrite the newer one.
+
+Each delivery is a row of ``email_deliveries``, inserted before the relay connects; just
+before the message goes out (after the server's 354) the relay sets its
+``message_sent_at`` in a transaction that renews its claim. So a relay taking over an
+expired claim knows from the table alone whether the dead relay may have passed
+``DATA``: if so it records ``unknown`` and sends nothing (SMTP has no idempotency and
+consumers need not dedupe by ``Message-ID``), and the step parks until an operator
+decides; if not, nothing was sent and it delivers the email itself. A stalled relay
+whose claim was taken over cannot set the mark any more, so it never sends either.
 """
 
 from dataclasses import dataclass
@@ -20,7 +32,7 @@ from typing import Any
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from onceflow.email._smtp import DeliveryReport, OutgoingMessage
+from onceflow.email._smtp import DeliveryOutcome, DeliveryReport, OutgoingMessage
 
 FINISHED_STATES = frozenset({"delivered", "rejected", "transient", "unknown"})
 """States in which an arming has its outcome."""
@@ -131,9 +143,25 @@ WHERE event_id = %(event_id)s AND claim_token = %(claim_token)s AND state = 'sen
 RETURNING event_id
 """
 _START_DELIVERY = """
-INSERT INTO email_deliveries (event_id, arming, claim_token, relay_id, took_over)
-VALUES (%(event_id)s, %(arming)s, %(claim_token)s, %(relay_id)s, %(took_over)s)
+INSERT INTO email_deliveries
+    (event_id, arming, claim_token, relay_id, took_over, message_sent_at)
+VALUES (%(event_id)s, %(arming)s, %(claim_token)s, %(relay_id)s, %(took_over)s, NULL)
 RETURNING delivery_id
+"""
+_MARK_SENT = """
+UPDATE email_deliveries SET message_sent_at = now()
+WHERE delivery_id = %(delivery_id)s AND outcome IS NULL
+RETURNING delivery_id
+"""
+_LOCK_CLAIM = """
+SELECT event_id FROM email_outbox
+WHERE event_id = %(event_id)s AND claim_token = %(claim_token)s AND state = 'sending'
+FOR UPDATE
+"""
+_UNFINISHED = """
+SELECT delivery_id, relay_id, started_at, message_sent_at FROM email_deliveries
+WHERE event_id = %(event_id)s AND arming = %(arming)s AND outcome IS NULL
+ORDER BY delivery_id
 """
 _RECORD = """
 UPDATE email_outbox
@@ -258,6 +286,76 @@ class EmailOutbox:
             started = await (await conn.execute(_START_DELIVERY, params)).fetchone()
         return int(started[0]) if started else None
 
+    async def mark_message_sent(self, claim: Claim, delivery_id: int, *, lease: timedelta) -> bool:
+        """Record, under a live claim it renews, that the delivery sends its message now.
+
+        Called after the server's 354 and before the message goes out: False (the claim
+        expired or was taken over) means the message must not be sent. The claim's row
+        stays locked until this commits, so a relay taking the claim over either sees the
+        mark or has already taken the claim, and then this returns False.
+        """
+        params = {
+            "event_id": claim.event_id,
+            "claim_token": claim.claim_token,
+            "delivery_id": delivery_id,
+            "lease": lease,
+        }
+        async with self._pool.connection() as conn, conn.transaction():
+            if await (await conn.execute(_RENEW, params)).fetchone() is None:
+                return False
+            return await (await conn.execute(_MARK_SENT, params)).fetchone() is not None
+
+    async def conclude_takeover(self, claim: Claim, *, relay_id: str) -> DeliveryReport | None:
+        """Decide a taken-over claim from what the earlier relays recorded.
+
+        Deliveries of this arming left without an outcome are closed: one that never
+        began sending its message (no ``message_sent_at``) ends ``transient``, nothing
+        was sent; one that did may have passed ``DATA``, so the email's outcome is
+        recorded ``unknown`` under this claim and it is not sent again (the step parks).
+
+        Returns:
+            The ``unknown`` report when the email must not be sent; None when it may be
+            delivered (nothing was sent yet, or this claim is no longer current).
+        """
+        params: dict[str, Any] = {
+            "event_id": claim.event_id,
+            "arming": claim.arming,
+            "claim_token": claim.claim_token,
+        }
+        async with self._pool.connection() as conn, conn.transaction():
+            if await (await conn.execute(_LOCK_CLAIM, params)).fetchone() is None:
+                return None
+            cursor = conn.cursor(row_factory=dict_row)
+            await cursor.execute(_UNFINISHED, params)
+            unfinished = await cursor.fetchall()
+            sent = [row for row in unfinished if row["message_sent_at"] is not None]
+            report = None
+            if sent:
+                last = sent[-1]
+                report = DeliveryReport(
+                    DeliveryOutcome.UNKNOWN,
+                    f"relay {last['relay_id']} held the claim and began sending the message "
+                    f"at {last['message_sent_at'].isoformat(timespec='milliseconds')}, then "
+                    "its claim expired with no outcome recorded: the message may have passed "
+                    f"DATA. Relay {relay_id} took the email over and did not send it again "
+                    "(SMTP has no idempotency)",
+                )
+            for row in unfinished:
+                ended = DeliveryReport(
+                    DeliveryOutcome.TRANSIENT,
+                    f"relay {row['relay_id']}'s claim expired before it sent the message; "
+                    f"nothing was sent (relay {relay_id} took the email over)",
+                )
+                if row["message_sent_at"] is not None and report is not None:
+                    ended = report
+                await conn.execute(
+                    _FINISH_DELIVERY,
+                    {**params, **_outcome(ended), "delivery_id": row["delivery_id"]},
+                )
+            if report is not None:
+                await conn.execute(_RECORD, {**params, **_outcome(report)})
+        return report
+
     async def renew(self, claim: Claim, *, lease: timedelta) -> bool:
         """Extend a live claim; False when it expired or was taken over."""
         params = {"event_id": claim.event_id, "claim_token": claim.claim_token, "lease": lease}
@@ -270,9 +368,7 @@ class EmailOutbox:
             "event_id": claim.event_id,
             "claim_token": claim.claim_token,
             "delivery_id": delivery_id,
-            "outcome": report.outcome.value,
-            "reason": report.reason,
-            "smtp_reply": report.smtp_reply,
+            **_outcome(report),
         }
         async with self._pool.connection() as conn, conn.transaction():
             await conn.execute(_FINISH_DELIVERY, params)
@@ -291,3 +387,11 @@ class EmailOutbox:
         await cursor.execute(_READ, {"event_id": event_id})
         row = await cursor.fetchone()
         return OutboxRow(**row) if row else None
+
+
+def _outcome(report: DeliveryReport) -> dict[str, Any]:
+    return {
+        "outcome": report.outcome.value,
+        "reason": report.reason,
+        "smtp_reply": report.smtp_reply,
+    }

@@ -6,8 +6,10 @@ Temporal, whose ``USE_EXISTING`` dedupes starts but never compares inputs.
 """
 
 from onceflow.gateway._errors import (
+    KEY_REUSED_DETAIL,
     BackendUnavailable,
     BoundaryError,
+    DecisionConflict,
     DecisionRefused,
     DecisionsNotAllowed,
     InvalidRequest,
@@ -59,6 +61,7 @@ from onceflow.gateway._settings import (
 )
 
 __all__ = [
+    "KEY_REUSED_DETAIL",
     "ALL_TOOLS",
     "API_VERSION",
     "AlreadyClaimed",
@@ -69,6 +72,7 @@ __all__ = [
     "BoundaryService",
     "Claimed",
     "CreateTaskRequest",
+    "DecisionConflict",
     "DecisionRefused",
     "DecisionsNotAllowed",
     "GatewaySettings",

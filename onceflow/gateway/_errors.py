@@ -17,6 +17,7 @@ into MCP tool errors). No message ever repeats a raw idempotency key or a reques
     ├── KeyReusedWithDifferentRequest    422  same key, different fingerprint
     ├── RequestInProgress                409  another request holds the key's claim
     ├── DecisionRefused                  409  the task refused an approve/reconcile
+    ├── DecisionConflict                 409  the step was decided otherwise, or the task ended
     ├── QuotaExceeded                    429  too many new keys in this window
     └── BackendUnavailable               503  Temporal or PostgreSQL could not be reached
 """
@@ -24,6 +25,10 @@ into MCP tool errors). No message ever repeats a raw idempotency key or a reques
 from typing import Any, ClassVar
 
 PROBLEM_BASE = "urn:onceflow:problem:"
+KEY_REUSED_DETAIL = (
+    "this Idempotency-Key was already used for a different request; use a new key for a new request"
+)
+"""The one wording of a key reused for another request (HTTP 422, MCP, CLI exit 2)."""
 
 
 class BoundaryError(Exception):
@@ -154,6 +159,17 @@ class DecisionRefused(BoundaryError):
     title = "Decision refused by the task"
 
 
+class DecisionConflict(BoundaryError):
+    """The step was decided otherwise, or the task has ended; nothing was recorded."""
+
+    # The problem document carries task_state, step_state and, when there is one, the
+    # step's earlier accepted decision.
+
+    status = 409
+    slug = "decision-conflict"
+    title = "The task is past this decision"
+
+
 class QuotaExceeded(BoundaryError):
     """The principal created more new idempotency keys than its quota allows."""
 
@@ -172,3 +188,7 @@ class BackendUnavailable(BoundaryError):
     status = 503
     slug = "backend-unavailable"
     title = "Service temporarily unavailable"
+
+    def __init__(self, detail: str, *, retry_after_seconds: int = 2, **extensions: Any) -> None:
+        super().__init__(detail, **extensions)
+        self.retry_after_seconds = retry_after_seconds

@@ -36,7 +36,9 @@ from temporalio.client import (
 from temporalio.service import RPCError, RPCStatusCode
 
 from onceflow.gateway._errors import (
+    KEY_REUSED_DETAIL,
     BackendUnavailable,
+    DecisionConflict,
     DecisionRefused,
     DecisionsNotAllowed,
     InvalidRequest,
@@ -67,8 +69,9 @@ from onceflow.gateway._responses import (
 )
 from onceflow.gateway._settings import GatewaySettings
 from onceflow.retry_policy import RetryBudget
+from onceflow.task_api import DecisionAnswer, TaskClient
+from onceflow.task_api import DecisionConflict as TaskDecisionConflict
 from onceflow.task_api import DecisionRefused as TaskRefusedDecision
-from onceflow.task_api import TaskClient
 from onceflow.telemetry import boundary_span, sensitive_locations
 from onceflow.tools import (
     CATALOGUE,
@@ -84,7 +87,6 @@ from onceflow.workflows.task_models import (
     NAME_PATTERN,
     AgentTaskInput,
     ApproveInput,
-    DecisionResult,
     ReconcileDecision,
     ReconcileInput,
     StepInput,
@@ -348,37 +350,51 @@ class BoundaryService:
             raise TaskNotFound("no such task")
         return status
 
-    async def approve(self, principal: Principal, task_id: str, body: Any) -> DecisionResult:
-        """Approve or deny a step awaiting approval, as the calling principal."""
-        with boundary_span("tasks.approve", _decision_attributes(principal, task_id)):
-            return await self._approve(principal, task_id, body)
+    async def approve(
+        self, principal: Principal, task_id: str, body: Any, idempotency_key: str | None = None
+    ) -> DecisionAnswer:
+        """Approve or deny a step awaiting approval, as the calling principal.
 
-    async def _approve(self, principal: Principal, task_id: str, body: Any) -> DecisionResult:
+        A repeat of the decision the step already got answers with that decision
+        (``replayed``); another decision on a decided step, or any on an ended task,
+        raises ``DecisionConflict``. ``idempotency_key`` is optional and only checked:
+        the task keeps one decision per step, which is what makes a repeat safe.
+        """
+        attributes = _decision_attributes(principal, task_id, idempotency_key)
+        with boundary_span("tasks.approve", attributes):
+            return await self._approve(principal, task_id, body, idempotency_key)
+
+    async def _approve(
+        self, principal: Principal, task_id: str, body: Any, idempotency_key: str | None
+    ) -> DecisionAnswer:
         self._check_decider(principal)
+        _checked_optional_key(idempotency_key)
         decision = _parsed(ApproveRequest, body)
         await self.task_status(principal, task_id)
-        async with _backend_errors():
-            try:
-                return await self._tasks.approve(
-                    task_id,
-                    ApproveInput(
-                        step_id=decision.step_id,
-                        approved=decision.approved,
-                        approver=principal.name,
-                        reason=decision.reason,
-                        arguments_digest=decision.arguments_digest,
-                    ),
-                )
-            except TaskRefusedDecision as refused:
-                raise DecisionRefused(str(refused)) from None
+        return await self._decide(
+            task_id,
+            ApproveInput(
+                step_id=decision.step_id,
+                approved=decision.approved,
+                approver=principal.name,
+                reason=decision.reason,
+                arguments_digest=decision.arguments_digest,
+            ),
+        )
 
-    async def reconcile(self, principal: Principal, task_id: str, body: Any) -> DecisionResult:
-        """Decide a parked step, as the calling principal."""
-        with boundary_span("tasks.reconcile", _decision_attributes(principal, task_id)):
-            return await self._reconcile(principal, task_id, body)
+    async def reconcile(
+        self, principal: Principal, task_id: str, body: Any, idempotency_key: str | None = None
+    ) -> DecisionAnswer:
+        """Decide a parked step, as the calling principal (repeats as for ``approve``)."""
+        attributes = _decision_attributes(principal, task_id, idempotency_key)
+        with boundary_span("tasks.reconcile", attributes):
+            return await self._reconcile(principal, task_id, body, idempotency_key)
 
-    async def _reconcile(self, principal: Principal, task_id: str, body: Any) -> DecisionResult:
+    async def _reconcile(
+        self, principal: Principal, task_id: str, body: Any, idempotency_key: str | None
+    ) -> DecisionAnswer:
         self._check_decider(principal)
+        _checked_optional_key(idempotency_key)
         decision = _parsed(ReconcileRequest, body)
         try:
             finding = ReconcileInput(
@@ -391,11 +407,30 @@ class BoundaryService:
         except ValidationError as invalid:
             raise _invalid(invalid, location=()) from None
         await self.task_status(principal, task_id)
+        return await self._decide(task_id, finding)
+
+    async def _decide(
+        self, task_id: str, decision: ApproveInput | ReconcileInput
+    ) -> DecisionAnswer:
         async with _backend_errors():
             try:
-                return await self._tasks.reconcile(task_id, finding)
+                if isinstance(decision, ApproveInput):
+                    answer = await self._tasks.approve(task_id, decision)
+                else:
+                    answer = await self._tasks.reconcile(task_id, decision)
             except TaskRefusedDecision as refused:
                 raise DecisionRefused(str(refused)) from None
+            except TaskDecisionConflict as conflict:
+                raise DecisionConflict(
+                    str(conflict),
+                    task_state=conflict.task_state.value,
+                    step_state=conflict.step_state.value,
+                    decision=(
+                        conflict.earlier.model_dump(mode="json") if conflict.earlier else None
+                    ),
+                ) from None
+        trace.get_current_span().set_attribute("onceflow.replayed", answer.replayed)
+        return answer
 
     # ── the claim and what follows it ────────────────────────────────────────────────
 
@@ -433,11 +468,7 @@ class BoundaryService:
                     log.info(
                         "refused key %s in %s: reused for another request", digest, claim.scope
                     )
-                    raise KeyReusedWithDifferentRequest(
-                        "this Idempotency-Key was already used for a different request; "
-                        "use a new key for a new request",
-                        key_digest=digest,
-                    )
+                    raise KeyReusedWithDifferentRequest(KEY_REUSED_DETAIL, key_digest=digest)
                 if record.is_terminal:
                     log.info("replaying key %s in %s (task %s)", digest, claim.scope, workflow_id)
                     return _replay(record)
@@ -489,9 +520,7 @@ class BoundaryService:
             # was started for another request. Nothing was started now, so the claim goes.
             await self._records.release(record)
             raise KeyReusedWithDifferentRequest(
-                "this Idempotency-Key was already used for a different request; "
-                "use a new key for a new request",
-                key_digest=key_digest(record.idempotency_key),
+                KEY_REUSED_DETAIL, key_digest=key_digest(record.idempotency_key)
             )
         if not await self._records.mark_started(record, run_id=described.run_id):
             log.warning("claim on task %s was taken over while starting it", record.workflow_id)
@@ -603,6 +632,12 @@ def _checked_key(raw: str | None) -> str:
         raise MalformedIdempotencyKey(str(malformed)) from None
 
 
+def _checked_optional_key(raw: str | None) -> None:
+    """A decision may carry a key; one that is sent must be well formed."""
+    if raw:
+        _checked_key(raw)
+
+
 def _validated_arguments(
     model: type[BaseModel], arguments: Any, *, location: tuple[str | int, ...]
 ) -> dict[str, Any]:
@@ -640,12 +675,17 @@ def _request_attributes(
     return attributes
 
 
-def _decision_attributes(principal: Principal, task_id: str) -> dict[str, AttributeValue]:
-    return {
+def _decision_attributes(
+    principal: Principal, task_id: str, idempotency_key: str | None
+) -> dict[str, AttributeValue]:
+    attributes: dict[str, AttributeValue] = {
         "onceflow.tenant": principal.tenant,
         "onceflow.principal": principal.name,
         "onceflow.workflow_id": task_id[:1000],
     }
+    if idempotency_key:
+        attributes["onceflow.key_digest"] = key_digest(idempotency_key)
+    return attributes
 
 
 def _annotated(answer: BoundaryAnswer) -> BoundaryAnswer:

@@ -20,6 +20,7 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from onceflow.gateway._errors import (
+    BackendUnavailable,
     BoundaryError,
     InvalidRequest,
     QuotaExceeded,
@@ -35,8 +36,9 @@ from onceflow.gateway._service import (
     CreateTaskRequest,
     ReconcileRequest,
 )
+from onceflow.task_api import DecisionAnswer
 from onceflow.tools import CATALOGUE, IDEMPOTENCY_KEY_MAX_LENGTH, Catalogue
-from onceflow.workflows.task_models import NAME_PATTERN, DecisionResult, TaskStatus
+from onceflow.workflows.task_models import NAME_PATTERN, TaskStatus
 
 log = logging.getLogger("onceflow.gateway")
 
@@ -90,13 +92,18 @@ class SortedJSONResponse(JSONResponse):
 
 def _problem_response(error: BoundaryError) -> Response:
     headers: dict[str, str] = {}
-    if isinstance(error, RequestInProgress | QuotaExceeded):
+    if isinstance(error, RequestInProgress | QuotaExceeded | BackendUnavailable):
         headers["Retry-After"] = str(error.retry_after_seconds)
     if error.status == 401:
         headers["WWW-Authenticate"] = 'Bearer realm="onceflow"'
     return SortedJSONResponse(
         error.problem(), status_code=error.status, media_type=PROBLEM_JSON, headers=headers
     )
+
+
+def _decision_response(answer: DecisionAnswer) -> Response:
+    headers = {REPLAYED_HEADER: "true"} if answer.replayed else {}
+    return SortedJSONResponse(answer.model_dump(mode="json"), headers=headers)
 
 
 def _answer_response(answer: BoundaryAnswer) -> Response:
@@ -116,12 +123,14 @@ _PROBLEMS: dict[int | str, dict[str, Any]] = {
         401: "No API key, or an unknown one.",
         403: "The principal may not call this tool (or decide tasks).",
         404: "Unknown tool or task.",
-        409: "Another request with this key is starting the task (see Retry-After), "
-        "or the task refused the decision.",
+        409: "Another request with this key is starting the task (see Retry-After); "
+        "or the task refused the decision (`decision-refused`); or the step was already "
+        "decided otherwise or the task has ended (`decision-conflict`, with `task_state`, "
+        "`step_state` and the earlier `decision`).",
         413: "The body is larger than 256 KiB.",
         422: "The Idempotency-Key was used before for a different request.",
         429: "Too many new idempotency keys for this principal (see Retry-After).",
-        503: "Temporal or PostgreSQL unreachable; retry with the same key.",
+        503: "Temporal or PostgreSQL unreachable; retry with the same key after Retry-After.",
     }.items()
 }
 _TASK_ANSWERS: dict[int | str, dict[str, Any]] = {
@@ -137,6 +146,15 @@ _TASK_ANSWERS: dict[int | str, dict[str, Any]] = {
     },
     **_PROBLEMS,
 }
+_DECISION_ANSWERS: dict[int | str, dict[str, Any]] = {
+    200: {
+        "model": DecisionAnswer,
+        "description": "The decision was accepted; or, with `Idempotent-Replayed: true` and "
+        "`replayed`, the step had already been decided exactly this way (a repeat whose "
+        "answer was lost) and `decision` is that earlier decision: nothing new was recorded.",
+    },
+    **{key: _PROBLEMS[key] for key in (400, 401, 403, 404, 409, 413, 503)},
+}
 _KEY_HEADER_DOC = (
     "Identifies one logical attempt; send the same key with every retry of it. "
     f"At most {IDEMPOTENCY_KEY_MAX_LENGTH} characters of A-Z a-z 0-9 . _ : - "
@@ -149,6 +167,20 @@ IdempotencyKeyHeader = Annotated[
     Header(
         alias="Idempotency-Key",
         description=_KEY_HEADER_DOC,
+        json_schema_extra={
+            "pattern": _KEY_PATTERN,
+            "maxLength": IDEMPOTENCY_KEY_MAX_LENGTH,
+            "minLength": 1,
+        },
+    ),
+]
+DecisionKeyHeader = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        description="Optional on decisions, checked like every other key when sent: the "
+        "task keeps one decision per step, so a repeat of the same decision (with or "
+        "without a key) answers with it, flagged `Idempotent-Replayed: true`.",
         json_schema_extra={
             "pattern": _KEY_PATTERN,
             "maxLength": IDEMPOTENCY_KEY_MAX_LENGTH,
@@ -300,34 +332,44 @@ def build_app(open_service: ServiceOpener, *, catalogue: Catalogue = CATALOGUE) 
     @app.post(
         "/v1/tasks/{task_id}/approve",
         tags=["decisions"],
-        response_model=DecisionResult,
-        responses={key: _PROBLEMS[key] for key in (400, 401, 403, 404, 409, 413, 503)},
+        response_model=DecisionAnswer,
+        responses=_DECISION_ANSWERS,
+        response_class=SortedJSONResponse,
         openapi_extra={"requestBody": _model_body(ApproveRequest)},
     )
     async def approve(
-        request: Request, task_id: TaskId, credentials: Credentials = None
-    ) -> DecisionResult:
+        request: Request,
+        task_id: TaskId,
+        idempotency_key: DecisionKeyHeader = None,
+        credentials: Credentials = None,
+    ) -> Response:
         """Approve or deny a step's exact arguments (bound by their digest)."""
         service = _service(request)
         principal = await service.authenticate(_api_key(credentials))
         body = await _read_json(request)
-        return await service.approve(principal, task_id, body)
+        return _decision_response(await service.approve(principal, task_id, body, idempotency_key))
 
     @app.post(
         "/v1/tasks/{task_id}/reconcile",
         tags=["decisions"],
-        response_model=DecisionResult,
-        responses={key: _PROBLEMS[key] for key in (400, 401, 403, 404, 409, 413, 503)},
+        response_model=DecisionAnswer,
+        responses=_DECISION_ANSWERS,
+        response_class=SortedJSONResponse,
         openapi_extra={"requestBody": _model_body(ReconcileRequest)},
     )
     async def reconcile(
-        request: Request, task_id: TaskId, credentials: Credentials = None
-    ) -> DecisionResult:
+        request: Request,
+        task_id: TaskId,
+        idempotency_key: DecisionKeyHeader = None,
+        credentials: Credentials = None,
+    ) -> Response:
         """Decide a parked step: happened (with resource_id), did_not_happen, or abandon."""
         service = _service(request)
         principal = await service.authenticate(_api_key(credentials))
         body = await _read_json(request)
-        return await service.reconcile(principal, task_id, body)
+        return _decision_response(
+            await service.reconcile(principal, task_id, body, idempotency_key)
+        )
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -391,7 +433,8 @@ def _install_error_handlers(app: FastAPI) -> None:
             "type": "about:blank",
             "title": "Internal error",
             "status": 500,
-            "detail": "unexpected failure; retrying with the same Idempotency-Key is safe",
+            "detail": "unexpected failure; a retry of the same request (with the same "
+            "Idempotency-Key where it takes one) is safe",
         }
         return SortedJSONResponse(problem, status_code=500, media_type=PROBLEM_JSON)
 
@@ -504,9 +547,12 @@ def _task_step_schema(catalogue: Catalogue) -> dict[str, Any]:
 
 def _require_idempotency_keys(document: dict[str, Any]) -> None:
     # Optional in the handler signature so that its absence is answered by the boundary
-    # (problem idempotency-key-missing), but required by the contract.
+    # (problem idempotency-key-missing), but required by the contract. Decisions are the
+    # exception: the task keeps one decision per step, so a key is optional there.
     for operations in document.get("paths", {}).values():
         for operation in operations.values():
+            if "decisions" in operation.get("tags", []):
+                continue
             for parameter in operation.get("parameters", []):
                 if parameter.get("name") == "Idempotency-Key":
                     parameter["required"] = True

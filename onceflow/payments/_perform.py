@@ -6,12 +6,16 @@ One attempt::
     child key = the step's derived key for "charge" | "refund" at the provider account
       │
       ├─ recorded 'succeeded' already? ──▶ report that result; no call
-      ├─ record 'started' (fails ─▶ transient: nothing was sent)
+      ├─ record 'started' and the key's first send (fails ─▶ transient: nothing was sent;
+      │    past the key's send-by deadline ─▶ nothing sent, the workflow looks up, parks)
       ├─ POST, Idempotency-Key = child key, metadata onceflow_operation = key digest
       │    ├─ answered ─▶ record resource and request ids ─▶ succeeded
       │    │              (recording fails ─▶ unknown, ids in evidence: a repeat replays)
       │    ├─ rejected ─▶ record 'failed' ─▶ rejected
-      │    ├─ 5xx replayed for the key ─▶ search once by operation id ─▶ found: succeeded
+      │    ├─ 500 (Stripe stores it under the key and replays it for every repeat)
+      │    │     ─▶ (charges) search once by operation id ─▶ found: succeeded
+      │    │     ─▶ else unknown, the key holds a stored failure: the workflow looks up
+      │    │        and parks, never POSTs it again
       │    └─ otherwise its class (transient / unknown) with the evidence
       ▼
     the workflow decides (a perform never retries)
@@ -85,12 +89,13 @@ async def charge_payment(call: ToolCall[ChargePaymentInput]) -> ToolAttemptResul
         )
     except PaymentProviderError as failure:
         attempt.update(_failure_evidence(failure))
-        if failure.replayed and failure.outcome is OutcomeClass.UNKNOWN:
-            # Stripe replays a stored 5xx for as long as it keeps the key, so a repeat
+        if _stored_by_provider(failure):
+            # Stripe replays a stored 500 for as long as it keeps the key, so a repeat
             # can never turn it into an answer: ask the search index instead.
             found = await _search_charge(provider, operation, attempt)
             if found is not None:
                 return await _succeed_charge(operation, found, "lookup:search", attempt)
+            return await _stored_failure(operation, failure, attempt)
         return await _fail(operation, failure, attempt)
     return await _succeed_charge(operation, intent, "response", attempt)
 
@@ -154,6 +159,8 @@ async def refund_payment(call: ToolCall[RefundPaymentInput]) -> ToolAttemptResul
         )
     except PaymentProviderError as failure:
         attempt.update(_failure_evidence(failure))
+        if _stored_by_provider(failure):
+            return await _stored_failure(operation, failure, attempt)
         return await _fail(operation, failure, attempt)
     return await _succeed_refund(operation, refund, "response", attempt)
 
@@ -316,6 +323,23 @@ async def _fail(
     return await operation.failed(
         failure.outcome,
         failure.reason,
+        evidence=attempt,
+        **{name: value for name, value in ids.items() if value},
+    )
+
+
+def _stored_by_provider(failure: PaymentProviderError) -> bool:
+    # Stripe saves the first answer to a key, a 500 included, and replays it for every
+    # repeat while it keeps the key: a repeat can never turn it into an answer.
+    return failure.http_status == 500 and failure.outcome is OutcomeClass.UNKNOWN
+
+
+async def _stored_failure(
+    operation: ChildOperation, failure: PaymentProviderError, attempt: dict[str, str]
+) -> ToolAttemptResult:
+    ids = {"request_id": failure.request_id, "payment_intent": failure.payment_intent}
+    return await operation.stored_failure(
+        f"Stripe answered HTTP 500 ({failure.reason})",
         evidence=attempt,
         **{name: value for name, value in ids.items() if value},
     )

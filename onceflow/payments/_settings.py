@@ -64,10 +64,9 @@ class PaymentToolSettings(FileBackedSettings):
     """What the workflow needs to know about the payment provider; same on every worker.
 
     Read from ``ONCEFLOW_PAYMENTS_*`` and the file's ``[tools.payments]``; durations are
-    ISO 8601 (``PT24H``) or ``HH:MM:SS``. The workflow reads the contracts built from
-    these values on every worker that runs task workflows, and a replay must decide as
-    the original run did, so **every worker must run with the same values** (deploy them
-    together, like code).
+    ISO 8601 (``PT24H``) or ``HH:MM:SS``. A task pins the values of the worker that runs
+    its first workflow task (``ToolPolicy``, recorded in its history) and decides by them
+    to its end, so a worker restarted with other values changes new tasks only.
     """
 
     config_table = "tools.payments"

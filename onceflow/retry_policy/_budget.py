@@ -11,6 +11,11 @@ class RetryBudget(BaseModel):
     Backoff is capped exponential with full jitter: before the n-th repeat of a step the
     workflow sleeps a uniformly drawn fraction of
     ``min(max_backoff, initial_backoff * backoff_multiplier ** (n - 1))``.
+
+    The deadline counts machine time only: time the task spends running attempts and
+    backing off. Time a step spends awaiting a person's approval or parked for a
+    reconciliation does not count, so a refund approved a day later still gets its
+    retries (a task started before this rule counts wall time, as it did then).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -20,7 +25,8 @@ class RetryBudget(BaseModel):
     max_attempts_per_step: int = Field(default=5, ge=1, le=100)
     """Attempts of any one step, operator-authorised ones excluded. Default 5."""
     deadline: timedelta = Field(default=timedelta(hours=1), gt=timedelta(0))
-    """No automatic retry starts later than this after the task started. Default 1 hour."""
+    """No automatic retry starts once the task has spent this much machine time (running
+    and backing off, not awaiting approval or parked). Default 1 hour."""
     initial_backoff: timedelta = Field(default=timedelta(seconds=1), gt=timedelta(0))
     """Backoff cap before the first repeat of a step. Default 1 second."""
     max_backoff: timedelta = Field(default=timedelta(minutes=1), gt=timedelta(0))
@@ -46,7 +52,8 @@ class RetryBudget(BaseModel):
 
     @property
     def longest_retry_window(self) -> timedelta:
-        """How long after a task starts an automatic retry may still happen."""
+        """How much machine time after a task starts an automatic retry may still happen
+        (time awaiting approval or parked comes on top)."""
         return self.deadline + self.max_backoff
 
 
@@ -60,6 +67,7 @@ class StepUsage(BaseModel):
     step_attempts: int = Field(ge=0)
     """Budgeted attempts made by this step, including the one just finished."""
     elapsed: timedelta
-    """Time since the task started."""
+    """Machine time since the task started: running and backing off, not awaiting
+    approval or parked."""
     step_saw_unknown: bool = False
     """Whether any attempt of this step ended ``unknown`` (this one included)."""

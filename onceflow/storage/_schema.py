@@ -260,4 +260,19 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         ON CONFLICT (child_key) DO NOTHING;
         """,
     ),
+    (
+        8,
+        "email: a delivery records when its message is about to be sent",
+        """
+        -- When the relay began sending the message: committed under its live claim after
+        -- the server's 354, before the message goes out; NULL while nothing can have been
+        -- sent. A relay taking over an expired claim parks the email (unknown) when a
+        -- delivery of its arming has this set and no outcome: it may have passed DATA.
+        -- Relays insert NULL explicitly; deliveries unfinished now, and the default for
+        -- relays older than this migration, count as possibly sent.
+        ALTER TABLE email_deliveries ADD COLUMN message_sent_at timestamptz;
+        UPDATE email_deliveries SET message_sent_at = started_at WHERE outcome IS NULL;
+        ALTER TABLE email_deliveries ALTER COLUMN message_sent_at SET DEFAULT now();
+        """,
+    ),
 )

@@ -1,6 +1,21 @@
 """Client-side access to tasks: the Temporal connection and ``TaskClient``."""
 
 from onceflow.task_api._connection import connect_temporal
-from onceflow.task_api._tasks import DecisionRefused, TaskClient, TaskSummary
+from onceflow.task_api._tasks import (
+    DecisionAnswer,
+    DecisionConflict,
+    DecisionRefused,
+    TaskClient,
+    TaskSummary,
+    settle_decision,
+)
 
-__all__ = ["DecisionRefused", "TaskClient", "TaskSummary", "connect_temporal"]
+__all__ = [
+    "DecisionAnswer",
+    "DecisionConflict",
+    "DecisionRefused",
+    "TaskClient",
+    "TaskSummary",
+    "connect_temporal",
+    "settle_decision",
+]

@@ -13,6 +13,7 @@ from opentelemetry import trace
 from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError, RPCStatusCode
 
 from onceflow.telemetry import current_trace_id
 from onceflow.workflows import AgentTaskWorkflow
@@ -20,8 +21,11 @@ from onceflow.workflows.agent_task import TRACE_ID_MEMO
 from onceflow.workflows.task_models import (
     AgentTaskInput,
     ApproveInput,
+    DecisionRecord,
     DecisionResult,
+    ReconcileDecision,
     ReconcileInput,
+    StepState,
     TaskState,
     TaskStatus,
 )
@@ -30,6 +34,42 @@ from onceflow.workflows.visibility import TASK_STATE, TASK_TENANT
 
 class DecisionRefused(Exception):
     """The task refused an approve or reconcile decision; nothing was recorded."""
+
+
+class DecisionConflict(Exception):
+    """The step was already decided otherwise, or the task ended; nothing was recorded.
+
+    Attributes:
+        task_state: The task's state when the decision arrived.
+        step_state: The step's state then.
+        earlier: The step's last accepted decision of the same kind, if any.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        task_state: TaskState,
+        step_state: StepState,
+        earlier: DecisionRecord | None,
+    ) -> None:
+        super().__init__(message)
+        self.task_state = task_state
+        self.step_state = step_state
+        self.earlier = earlier
+
+
+class DecisionAnswer(DecisionResult):
+    """The answer to a decision: what it changed, or the same decision taken earlier."""
+
+    replayed: bool = False
+    """True when the step had already been decided exactly this way (a repeat whose
+    first answer was lost): nothing new was recorded, ``decision`` is the earlier one."""
+    decision: DecisionRecord | None = None
+    """With ``replayed``: the earlier decision as the task recorded it."""
+
+
+_TERMINAL = (TaskState.SUCCEEDED, TaskState.FAILED)
 
 
 @dataclass(frozen=True)
@@ -106,21 +146,45 @@ class TaskClient:
         handle = self._client.get_workflow_handle_for(AgentTaskWorkflow.run, workflow_id)
         return await handle.result()
 
-    async def approve(self, workflow_id: str, decision: ApproveInput) -> DecisionResult:
-        """Send an approval; raises ``DecisionRefused`` with the task's reason."""
-        handle = self._client.get_workflow_handle_for(AgentTaskWorkflow.run, workflow_id)
-        try:
-            return await handle.execute_update(AgentTaskWorkflow.approve, decision)
-        except WorkflowUpdateFailedError as failed:
-            raise DecisionRefused(_refusal(failed)) from None
+    async def approve(self, workflow_id: str, decision: ApproveInput) -> DecisionAnswer:
+        """Send an approval (see ``_decide`` for what a late or repeated one gets)."""
+        return await self._decide(workflow_id, decision)
 
-    async def reconcile(self, workflow_id: str, decision: ReconcileInput) -> DecisionResult:
-        """Send a reconciliation decision; raises ``DecisionRefused`` with the reason."""
+    async def reconcile(self, workflow_id: str, decision: ReconcileInput) -> DecisionAnswer:
+        """Send a reconciliation decision (see ``_decide``)."""
+        return await self._decide(workflow_id, decision)
+
+    async def _decide(
+        self, workflow_id: str, decision: ApproveInput | ReconcileInput
+    ) -> DecisionAnswer:
+        """Send a decision as an Update; the task is the only judge of whether it fits.
+
+        Only when the task refuses it (its validator, or Temporal because the task has
+        ended) is its status read, to tell a repeat from a conflict: the same decision
+        already taken on the step (its first answer was lost) answers with that earlier
+        decision, flagged ``replayed``; another one raises ``DecisionConflict``.
+
+        Raises:
+            DecisionRefused: The task refused it for another reason (wrong digest, no
+                such step, the step is not there yet); nothing was recorded.
+            DecisionConflict: The step was decided otherwise, or the task has ended.
+        """
         handle = self._client.get_workflow_handle_for(AgentTaskWorkflow.run, workflow_id)
         try:
-            return await handle.execute_update(AgentTaskWorkflow.reconcile, decision)
+            if isinstance(decision, ApproveInput):
+                result = await handle.execute_update(AgentTaskWorkflow.approve, decision)
+            else:
+                result = await handle.execute_update(AgentTaskWorkflow.reconcile, decision)
+            return DecisionAnswer(**result.model_dump())
         except WorkflowUpdateFailedError as failed:
-            raise DecisionRefused(_refusal(failed)) from None
+            refusal = _refusal(failed)
+        except RPCError as error:
+            # Temporal refuses an Update to a closed workflow: "already completed".
+            if error.status is not RPCStatusCode.NOT_FOUND:
+                raise
+            refusal = "the task has already ended; there is nothing left to decide"
+        status = await self.status(workflow_id)
+        return settle_decision(status, decision, refusal=refusal)
 
     async def list(
         self, *, state: TaskState | None = None, tenant: str | None = None, limit: int = 100
@@ -139,6 +203,81 @@ class TaskClient:
                 tenant=attributes.get(TASK_TENANT) or "",
                 started_at=execution.start_time,
             )
+
+
+def settle_decision(
+    status: TaskStatus, decision: ApproveInput | ReconcileInput, *, refusal: str
+) -> DecisionAnswer:
+    """What a decision the task refused gets, judged from the task's status.
+
+    Raises:
+        DecisionConflict: The step was decided otherwise, or the task has ended.
+        DecisionRefused: Otherwise, with the task's own ``refusal``.
+    """
+    try:
+        step = status.step(decision.step_id)
+    except KeyError:
+        raise DecisionRefused(refusal) from None
+    kind, verdict = _kind_and_verdict(decision)
+    earlier = [
+        record
+        for record in status.decisions
+        if record.accepted and record.kind == kind and record.step_id == decision.step_id
+    ]
+    last = earlier[-1] if earlier else None
+    if last is not None and _same_decision(last, step.resource_id, decision, verdict):
+        return DecisionAnswer(
+            step_id=step.step_id,
+            step_state=step.state,
+            message=(
+                f"step {step.step_id} was already decided this way ({last.decision}) by "
+                f"{last.operator} at {last.at:%Y-%m-%d %H:%M:%S %Z}; nothing new was recorded"
+            ),
+            replayed=True,
+            decision=last,
+        )
+    if last is None and status.state not in _TERMINAL:
+        raise DecisionRefused(refusal)
+    decided = (
+        f"step {step.step_id} was decided {last.decision} by {last.operator}"
+        if last is not None
+        else f"step {step.step_id} is {step.state.value}"
+    )
+    ended = (
+        f"the task has already ended ({status.state.value}); "
+        if status.state in _TERMINAL
+        else f"the task is {status.state.value}; "
+    )
+    raise DecisionConflict(
+        f"{ended}{decided}; there is nothing left to decide"
+        if status.state in _TERMINAL
+        else f"{ended}{decided} already",
+        task_state=status.state,
+        step_state=step.state,
+        earlier=last,
+    )
+
+
+def _kind_and_verdict(decision: ApproveInput | ReconcileInput) -> tuple[str, str]:
+    if isinstance(decision, ApproveInput):
+        return "approve", "approve" if decision.approved else "deny"
+    return "reconcile", decision.decision.value
+
+
+def _same_decision(
+    earlier: DecisionRecord,
+    resource_id: str | None,
+    decision: ApproveInput | ReconcileInput,
+    verdict: str,
+) -> bool:
+    """The same verdict on the same arguments (who sent it does not matter: it is taken)."""
+    if earlier.decision != verdict:
+        return False
+    if isinstance(decision, ApproveInput):
+        return earlier.arguments_digest == decision.arguments_digest
+    if decision.decision is ReconcileDecision.HAPPENED:
+        return resource_id == decision.resource_id
+    return True
 
 
 def _refusal(failed: WorkflowUpdateFailedError) -> str:

@@ -68,17 +68,23 @@ docs/tool-api.md, generated from these docstrings.
 from onceflow.retry_policy import OutcomeClass
 from onceflow.storage import classify_database_error
 from onceflow.tools._activities import tool_activities
-from onceflow.tools._attempts import ToolAttemptResult, ToolCallInput
+from onceflow.tools._attempts import KeyUnusable, ToolAttemptResult, ToolCallInput
 from onceflow.tools._call import (
     DEFAULT_HEARTBEAT_EVERY,
     DEFAULT_LEASE_TTL,
+    FIRST_SENT_AT,
     ChildOperation,
     LocalWrite,
     ToolCall,
 )
 from onceflow.tools._catalogue import CATALOGUE, Catalogue, UnknownTool
 from onceflow.tools._checks import ToolRegistrationError
-from onceflow.tools._classify import NothingSent, classify_http_error, classify_http_status
+from onceflow.tools._classify import (
+    KeyWindowClosed,
+    NothingSent,
+    classify_http_error,
+    classify_http_status,
+)
 from onceflow.tools._client_retries import client_retry_problems, open_tool_client
 from onceflow.tools._contract import ApprovalThreshold, DedupeStrategy, EffectFlags, ToolContract
 from onceflow.tools._identity import (
@@ -97,6 +103,8 @@ from onceflow.tools._loading import (
     load_tools,
     register_tools,
 )
+from onceflow.tools._pinning import PolicyPinning
+from onceflow.tools._policy import PIN_TASK_POLICY, PinPolicyInput, TaskPolicy, ToolPolicy
 from onceflow.tools._tool import ClientOpener, Implementation, Tool, lookup_activity_name
 
 __all__ = [
@@ -104,6 +112,7 @@ __all__ = [
     "DEFAULT_HEARTBEAT_EVERY",
     "DEFAULT_LEASE_TTL",
     "ENTRY_POINT_GROUP",
+    "FIRST_SENT_AT",
     "IDEMPOTENCY_KEY_MAX_LENGTH",
     "ApprovalThreshold",
     "arguments_digest",
@@ -120,6 +129,8 @@ __all__ = [
     "derive_task_workflow_id",
     "EffectFlags",
     "Implementation",
+    "KeyUnusable",
+    "KeyWindowClosed",
     "key_digest",
     "Lease",
     "LeaseLost",
@@ -131,13 +142,18 @@ __all__ = [
     "NothingSent",
     "open_tool_client",
     "OutcomeClass",
+    "PIN_TASK_POLICY",
+    "PinPolicyInput",
+    "PolicyPinning",
     "register_tools",
+    "TaskPolicy",
     "Tool",
     "tool_activities",
     "ToolAttemptResult",
     "ToolCall",
     "ToolCallInput",
     "ToolContract",
+    "ToolPolicy",
     "ToolRegistrationError",
     "UnknownTool",
 ]

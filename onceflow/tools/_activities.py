@@ -2,7 +2,9 @@
 
 The wrapper validates the arguments, hands the implementation a ``ToolCall``, and makes
 sure every attempt ends as one classified ``ToolAttemptResult``: an exception becomes
-``unknown`` (the effect may have happened), ``NothingSent`` becomes ``transient``.
+``unknown`` (the effect may have happened), ``NothingSent`` becomes ``transient``, and
+``KeyWindowClosed`` (nothing sent past the key's send-by deadline) becomes ``transient``
+with ``KeyUnusable.SEND_BY_PASSED``, which the workflow answers with a look-up and a park.
 """
 
 import asyncio
@@ -15,9 +17,9 @@ from pydantic import ValidationError
 from temporalio import activity
 
 from onceflow.retry_policy import OutcomeClass
-from onceflow.tools._attempts import ToolAttemptResult, ToolCallInput
+from onceflow.tools._attempts import KeyUnusable, ToolAttemptResult, ToolCallInput
 from onceflow.tools._call import ToolCall
-from onceflow.tools._classify import NothingSent
+from onceflow.tools._classify import KeyWindowClosed, NothingSent
 from onceflow.tools._tool import Implementation, Tool, lookup_activity_name
 
 _log = logging.getLogger(__name__)
@@ -64,6 +66,13 @@ async def _run(
     call = ToolCall(args=args, identity=identity, client=client, contract=contract, pool=pool)
     try:
         result = await implementation(call)
+    except KeyWindowClosed as closed:
+        return ToolAttemptResult(
+            outcome=OutcomeClass.TRANSIENT,
+            reason=str(closed),
+            evidence=closed.evidence,
+            key_unusable=KeyUnusable.SEND_BY_PASSED,
+        )
     except NothingSent as not_sent:
         return ToolAttemptResult(outcome=OutcomeClass.TRANSIENT, reason=str(not_sent))
     except asyncio.CancelledError:

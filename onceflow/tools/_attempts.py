@@ -1,10 +1,24 @@
 """What the workflow hands an activity for one attempt, and what it gets back."""
 
+from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from onceflow.retry_policy import OutcomeClass
+from onceflow.tools._policy import ToolPolicy
+
+
+class KeyUnusable(StrEnum):
+    """Why no further attempt may send under a step's child key: the workflow then looks
+    the effect up and parks, whatever the budget allows."""
+
+    SEND_BY_PASSED = "send_by_passed"
+    """The key's send-by deadline passed: the provider may have forgotten it, so a send
+    could make a second effect. Nothing was sent."""
+    STORED_FAILURE = "stored_failure"
+    """The provider stored a failure under the key and replays it for every repeat until
+    it forgets the key: repeating cannot help."""
 
 
 class ToolCallInput(BaseModel):
@@ -22,6 +36,9 @@ class ToolCallInput(BaseModel):
     """1-based attempt number of this step: for logs only, never part of a key."""
     evidence: dict[str, str] = Field(default_factory=dict)
     """What earlier attempts of this step learnt (resource and request ids), for lookups."""
+    policy: ToolPolicy | None = None
+    """The tool's policy as the task pinned it (its send-by window above all); None from
+    a task started before policies were pinned: the tool's registered contract applies."""
 
 
 class ToolAttemptResult(BaseModel):
@@ -36,3 +53,6 @@ class ToolAttemptResult(BaseModel):
     """Why the attempt was not a success, in words an operator can act on."""
     evidence: dict[str, str] = Field(default_factory=dict)
     """Correlation ids for reconciliation: child key digest, request ids, timestamps."""
+    key_unusable: KeyUnusable | None = None
+    """Set when no attempt may send under the step's key any more (send-by deadline
+    passed, or a failure stored under it): the workflow looks up, then parks."""

@@ -9,6 +9,12 @@ learnt::
                          |                       (a later attempt replays it)
                          |----failed(rejected)--> failed
 
+For a provider that forgets keys (``DedupeStrategy.PROVIDER_IDEMPOTENCY_KEY`` with a key
+retention) ``begin`` is also where the key leaves: it records the key's first send
+(``key_first_sent_at``, the database's clock, once) and refuses with ``KeyWindowClosed``,
+sending nothing, once the send-by deadline (first send + retention - margin, from the
+task's pinned policy) has passed.
+
 This module and ``_lease`` are the only places that read or write that table.
 """
 
@@ -17,7 +23,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
 
 import psycopg
@@ -29,11 +35,12 @@ from temporalio import activity
 
 from onceflow.retry_policy import OutcomeClass
 from onceflow.storage import classify_database_error
-from onceflow.tools._attempts import ToolAttemptResult, ToolCallInput
-from onceflow.tools._classify import NothingSent
+from onceflow.tools._attempts import KeyUnusable, ToolAttemptResult, ToolCallInput
+from onceflow.tools._classify import KeyWindowClosed, NothingSent
 from onceflow.tools._contract import ToolContract
 from onceflow.tools._identity import derive_child_key, key_digest
 from onceflow.tools._lease import Lease, check_fence, hold_lease, lease_owner
+from onceflow.tools._policy import ToolPolicy
 
 ArgsT = TypeVar("ArgsT", bound=BaseModel)
 
@@ -42,6 +49,17 @@ _log = logging.getLogger(__name__)
 _READ = """
 SELECT state, resource_id, result, correlation FROM operations WHERE child_key = %(child_key)s
 """
+_MARK_FIRST_SEND = """
+UPDATE operations
+SET correlation = jsonb_build_object('key_first_sent_at',
+        to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"'))
+    || correlation
+WHERE child_key = %(child_key)s AND state = 'started'
+    AND NOT (correlation ? 'key_first_sent_at')
+"""
+_CLOCK = "SELECT clock_timestamp()"
+FIRST_SENT_AT = "key_first_sent_at"
+"""Correlation id (and evidence key) of the time a child key was first sent."""
 _START = """
 INSERT INTO operations (child_key, tenant, workflow_id, step_id, tool, child_op, state)
 VALUES (%(child_key)s, %(tenant)s, %(workflow_id)s, %(step_id)s, %(tool)s, %(child_op)s,
@@ -145,6 +163,55 @@ class ChildOperation:
             f"{self.child_op}_key_digest": self.key_digest,
             **self.correlation,
         }
+
+    @property
+    def first_sent_at(self) -> datetime | None:
+        """When the key was first sent (recorded by ``begin``), if known."""
+        recorded = self.correlation.get(FIRST_SENT_AT)
+        return datetime.fromisoformat(recorded) if recorded else None
+
+    @property
+    def key_expires_at(self) -> datetime | None:
+        """When the provider forgets the key (first send + retention), if it does."""
+        call = self._call
+        first = self.first_sent_at
+        if call is None or first is None or call.policy.key_retention is None:
+            return None
+        return first + call.policy.key_retention
+
+    async def stored_failure(
+        self,
+        reason: str,
+        *,
+        evidence: Mapping[str, str] | None = None,
+        **ids: str,
+    ) -> ToolAttemptResult:
+        """End the attempt after a failure the provider stores under the key and replays
+        for every repeat (Stripe stores a 500): repeating cannot help, so the workflow
+        looks the effect up and parks instead of spending its budget on replays.
+
+        Args:
+            reason: What the provider answered, in words an operator can act on.
+            evidence: More evidence for this attempt only, not recorded. Default: none.
+            **ids: Provider correlation ids, recorded with the operation.
+        """
+        expires = self.key_expires_at
+        until = (
+            f"until it forgets the key at about {expires.isoformat(timespec='seconds')}"
+            if expires
+            else "for as long as it keeps the key"
+        )
+        result = await self.failed(
+            OutcomeClass.UNKNOWN,
+            f"{reason}; the provider stored this failure under the step's key and replays "
+            f"it for every repeat {until}, so repeating cannot help",
+            evidence={
+                **(evidence or {}),
+                **({"key_expires_at": expires.isoformat()} if expires else {}),
+            },
+            **ids,
+        )
+        return result.model_copy(update={"key_unusable": KeyUnusable.STORED_FAILURE})
 
     async def record(self, **ids: str) -> None:
         """Persist provider correlation ids now (e.g. a request id as soon as it is known).
@@ -389,6 +456,12 @@ class ToolCall(Generic[ArgsT]):
     """onceflow's database pool; the tool's own tables may use it too."""
 
     @property
+    def policy(self) -> ToolPolicy:
+        """The tool's policy as the task pinned it (the send-by window comes from here);
+        for a task started before policies were pinned, the registered contract's."""
+        return self.identity.policy or ToolPolicy.from_contract(self.contract)
+
+    @property
     def tenant(self) -> str:
         """The tenant owning the task."""
         return self.identity.tenant
@@ -438,12 +511,17 @@ class ToolCall(Generic[ArgsT]):
         )
 
     async def begin(self, child_op: str, *, provider_account: str) -> ChildOperation:
-        """Start (or resume) a child operation: record it before anything is sent.
+        """Start (or resume) a child operation: record it before anything is sent. Call it
+        right before sending: for a provider that forgets keys this is the key's send.
 
         Returns the operation with what earlier attempts recorded; if one succeeded,
         return ``operation.earlier_success`` instead of sending again.
 
         Raises:
+            KeyWindowClosed: The provider forgets keys and this key's send-by deadline
+                (its first send + retention - margin, the task's pinned policy) has
+                passed; nothing was sent, and the workflow looks the effect up, then
+                parks. A tool need not catch it.
             NothingSent: The record could not be read or written; as nothing was sent,
                 the attempt ends as ``transient``.
         """
@@ -520,11 +598,18 @@ class ToolCall(Generic[ArgsT]):
             _call=self if step_id is None else None,
         )
         params = self.operation_params(operation)
+        sends = start and self.policy.forgets_keys
+        now: datetime | None = None
         try:
             async with self.pool.connection() as conn:
                 if start:
                     await conn.execute(_START, params)
+                if sends:
+                    await conn.execute(_MARK_FIRST_SEND, params)
                 row = await (await conn.execute(_READ, params)).fetchone()
+                if sends:
+                    clock = await (await conn.execute(_CLOCK)).fetchone()
+                    now = clock[0] if clock else None
         except Exception as error:
             what = "record" if start else "read"
             raise NothingSent(
@@ -532,7 +617,23 @@ class ToolCall(Generic[ArgsT]):
             ) from error
         if row is not None:
             operation._load_row(row)
+        if now is not None and operation.state != "succeeded":
+            self._refuse_past_send_by(operation, now)
         return operation
+
+    def _refuse_past_send_by(self, operation: ChildOperation, now: datetime) -> None:
+        first = operation.first_sent_at
+        send_by = self.policy.send_by(first) if first else None
+        if first is None or send_by is None or now < send_by:
+            return
+        raise KeyWindowClosed(
+            f"not sent: the send-by deadline of the step's {operation.child_op!r} key "
+            f"({send_by.isoformat(timespec='seconds')}: first sent "
+            f"{first.isoformat(timespec='seconds')} + retention {self.policy.key_retention} "
+            f"- margin {self.policy.retention_margin}) has passed, so the provider may have "
+            "forgotten the key and a repeat could make a second effect",
+            {**operation.evidence, "key_send_by": send_by.isoformat()},
+        )
 
 
 def _strings(ids: dict[str, Any]) -> dict[str, str]:

@@ -6,6 +6,7 @@ proves the request never left (refused connection, no DNS, no pool slot) is
 after sending without a definite answer is ``unknown``.
 
     NothingSent            raise it from a tool when you know nothing was sent: transient
+      KeyWindowClosed      raised by ``begin`` past the key's send-by deadline: look up, park
     classify_http_status   an HTTP answer's status code
     classify_http_error    an exception from httpx, aiohttp, requests or the socket layer
     classify_database_error  an exception from psycopg (re-exported from onceflow storage)
@@ -22,6 +23,18 @@ from onceflow.retry_policy import OutcomeClass
 
 class NothingSent(Exception):
     """The attempt failed before anything reached the far side: safe to try again."""
+
+
+class KeyWindowClosed(NothingSent):
+    """The child key's send-by deadline has passed, so nothing was sent: the provider may
+    have forgotten the key, and a send could make a second effect. Raised by
+    ``ToolCall.begin``; the attempt ends with ``KeyUnusable.SEND_BY_PASSED`` and the
+    workflow looks the effect up, then parks."""
+
+    def __init__(self, reason: str, evidence: dict[str, str]) -> None:
+        super().__init__(reason)
+        self.evidence = evidence
+        """The key's digest, its first send and its send-by deadline."""
 
 
 _TRY_LATER = frozenset({408, 425, 429})

@@ -3,27 +3,14 @@
 from dataclasses import dataclass, field
 from datetime import timedelta
 from decimal import Decimal
-from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel
 
+from onceflow.tools._dedupe import DedupeStrategy
+from onceflow.tools._policy import ToolPolicy
 
-class DedupeStrategy(StrEnum):
-    """The mechanism that makes running the same operation twice harmless, if any."""
-
-    NATURAL_KEY = "natural_key"
-    """A unique constraint on the business key (e.g. one coupon per user and coupon)."""
-    LOCAL_TRANSACTION = "local_transaction"
-    """The effect and its succeeded record commit together, keyed by the child key."""
-    PROVIDER_IDEMPOTENCY_KEY = "provider_idempotency_key"
-    """The provider dedupes the child key, but only within its key retention."""
-    OUTBOX = "outbox"
-    """An outbox row with a unique event id; delivery itself cannot be deduped remotely."""
-    FENCED_LEASE = "fenced_lease"
-    """A lease whose fencing token the protected resource checks on every write."""
-    NONE = "none"
-    """Nothing dedupes a repeat: an unknown outcome always parks."""
+__all__ = ["ApprovalThreshold", "DedupeStrategy", "EffectFlags", "ToolContract"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,6 +77,9 @@ class ToolContract:
     """Longest silence between an attempt's heartbeats before Temporal ends the attempt
     (its outcome then counts as unknown), so a dead or paused worker is noticed long
     before ``start_to_close_timeout``. None: no heartbeats expected. Default None."""
+    version: str = "1"
+    """The contract's version, pinned with the rest of its policy by every task that
+    starts with it; bump it when the tool's behaviour changes. Default ``"1"``."""
 
     @property
     def attempt_timeout(self) -> timedelta:
@@ -98,39 +88,18 @@ class ToolContract:
             raise ValueError(f"tool {self.name!r} has no start_to_close_timeout")
         return self.start_to_close_timeout
 
+    def policy(self) -> ToolPolicy:
+        """The values a task pins from this contract when it starts (``ToolPolicy``)."""
+        return ToolPolicy.from_contract(self)
+
     def needs_approval(self, args: BaseModel) -> bool:
         """Whether these validated arguments must be approved before the first attempt."""
-        if not self.requires_approval:
-            return False
-        if self.approval_threshold is None:
-            return True
-        value = getattr(args, self.approval_threshold.argument)
-        if value is None:
-            # An omitted amount (a full refund) is not known to be below the limit.
-            return True
-        return Decimal(str(value)) > self.approval_threshold.above
+        return self.policy().needs_approval(args)
 
     def safe_repeat_window(self, first_attempt_age: timedelta) -> timedelta | None:
-        """For how much longer repeating the operation is provably harmless.
-
-        Args:
-            first_attempt_age: Time since the step's first attempt started; a provider
-                forgets keys older than its retention, after which a repeat is new.
-
-        Returns:
-            ``None`` when a repeat is always safe, ``timedelta(0)`` when it never is,
-            else the time left before the provider may forget the key (minus a margin).
-        """
-        if self.dedupe in (
-            DedupeStrategy.NATURAL_KEY,
-            DedupeStrategy.LOCAL_TRANSACTION,
-            DedupeStrategy.FENCED_LEASE,
-        ):
-            return None
-        if self.dedupe is DedupeStrategy.PROVIDER_IDEMPOTENCY_KEY and self.provider_key_retention:
-            left = self.provider_key_retention - self.retention_margin - first_attempt_age
-            return max(left, timedelta(0))
-        return timedelta(0)
+        """For how much longer repeating the operation is provably harmless (see
+        ``ToolPolicy.safe_repeat_window``)."""
+        return self.policy().safe_repeat_window(first_attempt_age)
 
     def mcp_annotations(self) -> dict[str, Any]:
         """MCP tool annotations derived from the effect flags (never written twice)."""

@@ -3,6 +3,12 @@
 The workflow is the only retry owner: every activity runs with ``maximum_attempts=1``
 and after each attempt the workflow asks ``retry_policy`` what to do. An unknown outcome
 whose repeat is not provably safe parks the step until an operator decides.
+
+It decides only from its pinned policy: the first workflow task resolves every tool's
+``ToolPolicy`` (local activity ``pin_task_policy``, recorded in history), so a worker
+with other settings changes new tasks, never this one. A repeat under a key the
+provider forgets is checked against the key's send-by deadline after every backoff,
+bounded by it while it waits for a worker, and checked again by the attempt itself.
 """
 
 from datetime import datetime, timedelta
@@ -10,7 +16,7 @@ from typing import Any, Literal
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeUpdate
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError, TimeoutType
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import BaseModel, ValidationError
@@ -26,9 +32,14 @@ with workflow.unsafe.imports_passed_through():
     )
     from onceflow.tools import (
         CATALOGUE,
+        PIN_TASK_POLICY,
+        KeyUnusable,
+        PinPolicyInput,
+        TaskPolicy,
         ToolAttemptResult,
         ToolCallInput,
         ToolContract,
+        ToolPolicy,
         UnknownTool,
     )
     from onceflow.tools import arguments_digest as digest_arguments
@@ -60,6 +71,19 @@ UNREGISTERED_TOOL_WAITS = "unregistered-tool-waits-for-a-worker"
 """Patch id: an unknown tool fails the workflow task instead of the step (see _validated)."""
 UNREGISTERED_ACTIVITY_IS_TRANSIENT = "unregistered-activity-is-transient"
 """Patch id: an attempt no worker could run (activity not registered) ran nothing."""
+
+
+PINNED_POLICY = "pinned-policy"
+"""Patch id: the first workflow task pins every tool's policy (local activity
+``pin_task_policy``); before it, the workflow read the replaying worker's contracts."""
+SEND_BY_ENFORCED = "send-by-enforced-before-guarded-attempts"
+"""Patch id: a repeat under a key the provider forgets is re-checked against its send-by
+deadline after the backoff timer and waits for a worker no longer than that deadline."""
+MACHINE_TIME_DEADLINE = "deadline-counts-machine-time"
+"""Patch id: the budget's deadline counts time running and backing off, not time spent
+awaiting approval or parked."""
+PIN_TIMEOUT = timedelta(seconds=10)
+"""Longest the local activity pinning the task's policy may run (it reads memory only)."""
 
 
 class ToolNotOnThisWorker(RuntimeError):
@@ -95,6 +119,11 @@ class AgentTaskWorkflow:
         self._reconciliations: dict[str, ReconcileInput] = {}
         self._budgeted_attempts = 0
         self._operator_authorised_attempts = 0
+        self._policies: dict[str, ToolPolicy] = {}
+        self._send_by_enforced = False
+        self._machine_time_deadline = False
+        self._waited_for_people = timedelta(0)
+        """Time spent awaiting approval or parked: not machine budget."""
 
     @workflow.run
     async def run(self, task: AgentTaskInput) -> TaskStatus:
@@ -105,6 +134,10 @@ class AgentTaskWorkflow:
                 TASK_STATE.value_set(self._state.value),
             ]
         )
+        self._machine_time_deadline = workflow.patched(MACHINE_TIME_DEADLINE)
+        self._send_by_enforced = workflow.patched(SEND_BY_ENFORCED)
+        if workflow.patched(PINNED_POLICY):
+            self._policies = await self._pin_policies(task)
         try:
             for step in task.steps:
                 await self._run_step(step)
@@ -171,25 +204,34 @@ class AgentTaskWorkflow:
 
     async def _run_step(self, step: StepInput) -> None:
         status = self._steps[step.step_id]
-        contract, arguments = self._validated(step, status)
-        if contract.needs_approval(arguments):
+        _, arguments = self._validated(step, status)
+        policy = self._policy(step.tool)
+        if policy.needs_approval(arguments):
             await self._await_approval(status)
         operator_authorised = False
         saw_unknown = False
         while True:
-            result = await self._attempt(step, contract, status, operator_authorised)
+            result = await self._attempt(step, policy, status, operator_authorised)
             if result.outcome is OutcomeClass.SUCCEEDED:
                 self._finish_step(status, result.resource_id, result.result)
                 return
             saw_unknown = saw_unknown or result.outcome is OutcomeClass.UNKNOWN
+            operator_authorised = False
+            if result.key_unusable is not None:
+                # No attempt may send under this key any more, whatever the budget says.
+                _count("onceflow_key_unusable", tool=step.tool, why=result.key_unusable.value)
+                reason = result.reason or f"the step's key is unusable ({result.key_unusable})"
+                if await self._look_up_or_park(step, policy, status, reason):
+                    return
+                operator_authorised, saw_unknown = True, False
+                continue
             decision = decide_after_attempt(
                 self._budget,
                 result.outcome,
                 self._usage(status, saw_unknown),
-                safe_repeat_window=contract.safe_repeat_window(self._first_attempt_age(status)),
+                safe_repeat_window=policy.safe_repeat_window(self._first_attempt_age(status)),
                 random_fraction=workflow.random().random,
             )
-            operator_authorised = False
             if not isinstance(decision, RetryStep) and decision.budget_exhausted:
                 _count("onceflow_budget_exhausted", tool=step.tool, then=decision.kind)
             if isinstance(decision, RetryStep):
@@ -197,28 +239,100 @@ class AgentTaskWorkflow:
                 await workflow.sleep(
                     decision.delay, summary=f"backoff before retrying step {step.step_id}"
                 )
+                closed = self._send_by_passed(policy, status)
+                if closed is not None:
+                    # The timer fired, but the worker that runs this may have come back
+                    # (or got to it through a backlog) after the key's window.
+                    if await self._look_up_or_park(step, policy, status, closed):
+                        return
+                    operator_authorised, saw_unknown = True, False
             elif isinstance(decision, FailStep):
                 last = f" (last attempt: {result.reason})" if result.reason else ""
                 self._stop_step(
                     status, StepState.FAILED, f"step {step.step_id}: {decision.reason}{last}"
                 )
             elif isinstance(decision, ParkStep):
-                found = await self._look_up(step, contract, status)
-                if found is not None:
-                    self._finish_step(status, found.resource_id, found.result)
+                if await self._look_up_or_park(step, policy, status, decision.reason):
                     return
-                finding = await self._park(status, decision.reason)
-                if finding.decision is ReconcileDecision.HAPPENED:
-                    self._finish_step(status, finding.resource_id, {"reconciled": True})
-                    return
-                if finding.decision is ReconcileDecision.ABANDON:
-                    self._stop_step(
-                        status,
-                        StepState.ABANDONED,
-                        f"step {step.step_id} abandoned by {finding.operator}: {finding.reason}",
-                    )
-                operator_authorised = True
-                saw_unknown = False
+                operator_authorised, saw_unknown = True, False
+
+    async def _look_up_or_park(
+        self, step: StepInput, policy: ToolPolicy, status: StepStatus, reason: str
+    ) -> bool:
+        """Look the effect up, else park: True when the step finished (found, or an
+        operator found it happened); False when an operator authorised another attempt."""
+        found = await self._look_up(step, policy, status)
+        if found is not None:
+            self._finish_step(status, found.resource_id, found.result)
+            return True
+        finding = await self._park(status, reason)
+        if finding.decision is ReconcileDecision.HAPPENED:
+            self._finish_step(status, finding.resource_id, {"reconciled": True})
+            return True
+        if finding.decision is ReconcileDecision.ABANDON:
+            self._stop_step(
+                status,
+                StepState.ABANDONED,
+                f"step {step.step_id} abandoned by {finding.operator}: {finding.reason}",
+            )
+        return False
+
+    async def _pin_policies(self, task: AgentTaskInput) -> dict[str, ToolPolicy]:
+        """Resolve every tool's policy once, in the first workflow task: Temporal records
+        the local activity's answer, and every replay reads it from history."""
+        tools = sorted({step.tool for step in task.steps})
+        try:
+            pinned: TaskPolicy = await workflow.execute_local_activity(
+                PIN_TASK_POLICY,
+                PinPolicyInput(tools=tools),
+                result_type=TaskPolicy,
+                start_to_close_timeout=PIN_TIMEOUT,
+                retry_policy=ONE_ATTEMPT,
+                summary="pin the task's policy",
+            )
+        except (ActivityError, ApplicationError) as failure:
+            # A local activity's failure may arrive unwrapped.
+            cause = failure.cause if isinstance(failure, ActivityError) else failure
+            if isinstance(cause, ApplicationError) and cause.type == "ToolNotOnThisWorker":
+                # Fail the workflow task (Temporal retries it) until a worker with the
+                # tool pins the policy; nothing is recorded, nothing fails for good.
+                raise ToolNotOnThisWorker(cause.message) from None
+            raise ToolNotOnThisWorker(
+                f"this worker could not pin the task's policy ({type(cause).__name__}: "
+                f"{cause}); build workers with onceflow.worker.build_worker, which "
+                "registers pin_task_policy"
+            ) from None
+        return dict(pinned.tools)
+
+    def _policy(self, tool: str) -> ToolPolicy:
+        pinned = self._policies.get(tool)
+        if pinned is not None:
+            return pinned
+        # A task started before policies were pinned decides as it always did: from the
+        # replaying worker's contract (the tool is registered: _validated checked).
+        return CATALOGUE.get(tool).policy()
+
+    def _send_by(self, policy: ToolPolicy, status: StepStatus) -> datetime | None:
+        """The step key's send-by deadline in workflow time, if the provider forgets keys.
+
+        Counted from the first attempt's start, which is no later than the key's first
+        send: earlier than the attempt's own check (the recorded first send), never later.
+        """
+        if not self._send_by_enforced or not status.attempts:
+            return None
+        return policy.send_by(status.attempts[0].started_at)
+
+    def _send_by_passed(self, policy: ToolPolicy, status: StepStatus) -> str | None:
+        send_by = self._send_by(policy, status)
+        if send_by is None or workflow.now() < send_by:
+            return None
+        return (
+            f"the send-by deadline of the step's key ({send_by.isoformat(timespec='seconds')}: "
+            f"first attempt + retention {policy.key_retention} - margin "
+            f"{policy.retention_margin}) passed while the retry waited (its backoff, or a "
+            "stopped or backlogged worker): the provider may have forgotten the key, so "
+            "nothing was sent again"
+        )
 
     def _validated(self, step: StepInput, status: StepStatus) -> tuple[ToolContract, BaseModel]:
         try:
@@ -247,7 +361,7 @@ class AgentTaskWorkflow:
     async def _attempt(
         self,
         step: StepInput,
-        contract: ToolContract,
+        policy: ToolPolicy,
         status: StepStatus,
         operator_authorised: bool,
     ) -> ToolAttemptResult:
@@ -258,6 +372,12 @@ class AgentTaskWorkflow:
             self._budgeted_attempts += 1
         status.state = StepState.RUNNING
         started_at = workflow.now()
+        # A repeat under a key the provider forgets must start before the key's send-by
+        # deadline: a stopped or backlogged worker must not pick it up later.
+        send_by = None if operator_authorised else self._send_by(policy, status)
+        wait_for_worker = (
+            max(send_by - started_at, timedelta(seconds=1)) if send_by is not None else None
+        )
         call = ToolCallInput(
             tenant=self._task.tenant,
             principal=self._task.principal,
@@ -267,26 +387,38 @@ class AgentTaskWorkflow:
             arguments=step.arguments,
             attempt=attempt,
             evidence=status.evidence,
+            policy=self._policies.get(step.tool),
         )
         try:
             result: ToolAttemptResult = await workflow.execute_activity(
-                contract.name,
+                step.tool,
                 call,
                 result_type=ToolAttemptResult,
-                start_to_close_timeout=contract.attempt_timeout,
-                heartbeat_timeout=contract.heartbeat_timeout,
+                start_to_close_timeout=policy.attempt_timeout,
+                schedule_to_start_timeout=wait_for_worker,
+                heartbeat_timeout=policy.heartbeat_timeout,
                 retry_policy=ONE_ATTEMPT,
-                summary=f"{contract.name} · step {step.step_id} · attempt {attempt}",
+                summary=f"{step.tool} · step {step.step_id} · attempt {attempt}",
             )
         except ActivityError as failure:
             result = ToolAttemptResult(
                 outcome=OutcomeClass.UNKNOWN, reason=_describe_activity_failure(failure)
             )
-            if _not_registered(failure) and workflow.patched(UNREGISTERED_ACTIVITY_IS_TRANSIENT):
+            if send_by is not None and _not_started_in_time(failure):
                 result = ToolAttemptResult(
                     outcome=OutcomeClass.TRANSIENT,
                     reason=(
-                        f"the worker that took the attempt has no tool {contract.name!r}, so "
+                        "no worker started the attempt before the send-by deadline of the "
+                        f"step's key ({send_by.isoformat(timespec='seconds')}), so nothing "
+                        "was sent: the provider may have forgotten the key"
+                    ),
+                    key_unusable=KeyUnusable.SEND_BY_PASSED,
+                )
+            elif _not_registered(failure) and workflow.patched(UNREGISTERED_ACTIVITY_IS_TRANSIENT):
+                result = ToolAttemptResult(
+                    outcome=OutcomeClass.TRANSIENT,
+                    reason=(
+                        f"the worker that took the attempt has no tool {step.tool!r}, so "
                         "nothing ran; load it on every worker of the task queue (ONCEFLOW_TOOLS)"
                     ),
                 )
@@ -306,10 +438,10 @@ class AgentTaskWorkflow:
         return result
 
     async def _look_up(
-        self, step: StepInput, contract: ToolContract, status: StepStatus
+        self, step: StepInput, policy: ToolPolicy, status: StepStatus
     ) -> ToolAttemptResult | None:
         """Before parking, ask the provider (strongly consistent reads first) if it happened."""
-        if contract.lookup_activity is None:
+        if policy.lookup_activity is None:
             return None
         call = ToolCallInput(
             tenant=self._task.tenant,
@@ -320,13 +452,14 @@ class AgentTaskWorkflow:
             arguments=step.arguments,
             attempt=len(status.attempts),
             evidence=status.evidence,
+            policy=self._policies.get(step.tool),
         )
         try:
             found: ToolAttemptResult = await workflow.execute_activity(
-                contract.lookup_activity,
+                policy.lookup_activity,
                 call,
                 result_type=ToolAttemptResult,
-                start_to_close_timeout=contract.attempt_timeout,
+                start_to_close_timeout=policy.attempt_timeout,
                 retry_policy=ONE_ATTEMPT,
                 summary=f"look up step {step.step_id}'s effect before parking",
             )
@@ -373,7 +506,9 @@ class AgentTaskWorkflow:
             f"`onceflow approve {workflow.info().workflow_id} --step {status.step_id} "
             f"--approve|--deny --reason TEXT`"
         )
+        since = workflow.now()
         await workflow.wait_condition(lambda: status.step_id in self._approvals)
+        self._waited_for_people += workflow.now() - since
         approval = self._approvals[status.step_id]
         workflow.set_current_details("")
         if not approval.approved:
@@ -404,7 +539,9 @@ class AgentTaskWorkflow:
             f"Evidence:\n{evidence or '- none'}\n\nDecide with:\n`{status.reconcile_command}`"
             f"{trace}"
         )
+        since = workflow.now()
         await workflow.wait_condition(lambda: status.step_id in self._reconciliations)
+        self._waited_for_people += workflow.now() - since
         finding = self._reconciliations.pop(status.step_id)
         status.park_reason = None
         status.reconcile_command = None
@@ -529,9 +666,13 @@ class AgentTaskWorkflow:
         return StepUsage(
             task_attempts=self._budgeted_attempts,
             step_attempts=sum(1 for attempt in status.attempts if not attempt.operator_authorised),
-            elapsed=workflow.now() - self._started_at,
+            elapsed=workflow.now() - self._started_at - self._people_time(),
             step_saw_unknown=saw_unknown,
         )
+
+    def _people_time(self) -> timedelta:
+        """Time the deadline does not count: awaiting approval or parked."""
+        return self._waited_for_people if self._machine_time_deadline else timedelta(0)
 
     def _first_attempt_age(self, status: StepStatus) -> timedelta:
         first: datetime = status.attempts[0].started_at
@@ -560,9 +701,11 @@ class AgentTaskWorkflow:
                 attempts_used=self._budgeted_attempts,
                 attempts_left=max(self._budget.max_attempts_per_task - self._budgeted_attempts, 0),
                 operator_authorised_attempts=self._operator_authorised_attempts,
-                deadline_at=self._started_at + self._budget.deadline,
+                deadline_at=self._started_at + self._budget.deadline + self._people_time(),
+                waited_for_people=self._people_time(),
             ),
             decisions=self._decisions,
+            policies=self._policies,
             failure_reason=self._failure_reason,
         )
 
@@ -580,6 +723,12 @@ def _not_registered(failure: ActivityError) -> bool:
         and cause.type == "NotFoundError"
         and "is not registered on this worker" in cause.message
     )
+
+
+def _not_started_in_time(failure: ActivityError) -> bool:
+    # Temporal's own timeout: no worker picked the attempt up, so nothing ran.
+    cause = failure.cause
+    return isinstance(cause, TimeoutError) and cause.type is TimeoutType.SCHEDULE_TO_START
 
 
 def _describe_activity_failure(failure: ActivityError) -> str:

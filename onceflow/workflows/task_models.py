@@ -14,13 +14,14 @@ The task's state follows its active step: running, awaiting_approval or parked, 
 ends succeeded (every step succeeded) or failed (a step failed, was denied or abandoned).
 """
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from onceflow.retry_policy import OutcomeClass, RetryBudget
+from onceflow.tools._policy import ToolPolicy
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$"
 
@@ -199,6 +200,10 @@ class BudgetStatus(BaseModel):
     attempts_left: int
     operator_authorised_attempts: int
     deadline_at: datetime
+    """When the deadline passes if nobody waits any more: the start + ``deadline`` +
+    ``waited_for_people``."""
+    waited_for_people: timedelta = timedelta(0)
+    """Time spent awaiting approval or parked so far, which the deadline does not count."""
 
 
 class TaskStatus(BaseModel):
@@ -212,6 +217,10 @@ class TaskStatus(BaseModel):
     budget: BudgetStatus
     decisions: list[DecisionRecord] = Field(default_factory=list)
     failure_reason: str | None = None
+    policies: dict[str, ToolPolicy] = Field(default_factory=dict)
+    """Each tool's policy as pinned when the task started (empty for a task started
+    before policies were pinned): what the task decides from, whatever the workers'
+    settings are now."""
 
     def step(self, step_id: str) -> StepStatus:
         """The status of one step; raises ``KeyError`` when the task has no such step."""

@@ -40,6 +40,8 @@ class Listener:
             connection.close()
 
     def close(self) -> None:
+        # shutdown wakes the blocked accept(); close alone would leave it waiting.
+        self._socket.shutdown(socket.SHUT_RDWR)
         self._socket.close()
         self._thread.join(timeout=5)
 

@@ -1,6 +1,8 @@
 """Three ``onceflow relay`` processes share the outbox; one is SIGKILLed mid-batch, in
-the middle of a delivery the server has already applied. Every email is delivered and
-the consumer (the sink) applied each event exactly once."""
+the middle of a delivery the server has already applied. The relay that takes that claim
+over does not send it again (it may have passed DATA, and SMTP has no idempotency): the
+step parks and the sink received it once. The rest of the dead relay's batch, never
+sent, is delivered by the survivors; every other email is delivered exactly once."""
 
 import asyncio
 import os
@@ -14,11 +16,24 @@ from onceflow_devstack.smtp_sink import RunningSink, SinkFault
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from onceflow.retry_policy import OutcomeClass
 from onceflow.task_api import TaskClient
-from onceflow.workflows.task_models import TaskState
-from tests.harness import eventually, onceflow_command, spawn, stop, wait_for_line
+from onceflow.workflows.task_models import (
+    ReconcileDecision,
+    ReconcileInput,
+    TaskState,
+    TaskStatus,
+)
+from tests.harness import eventually, onceflow_command, spawn, stop, wait_for_line, workflow_idle
 
-from .conftest import deliveries, start_email, welcome_email
+from .conftest import (
+    deliveries,
+    outbox_row,
+    relay_caught_up,
+    start_email,
+    wait_for,
+    welcome_email,
+)
 
 EMAILS = 9
 HOLD_SECONDS = 0.4
@@ -51,7 +66,7 @@ def sending_rows(database: str) -> list[tuple[str, str]]:
         ).fetchall()
 
 
-async def test_a_relay_killed_mid_batch_loses_no_email_and_duplicates_none(
+async def test_a_relay_killed_mid_batch_loses_no_email_and_resends_none(
     sink: RunningSink,
     relays: list[subprocess.Popen[str]],
     worker: Worker,
@@ -91,26 +106,61 @@ async def test_a_relay_killed_mid_batch_loses_no_email_and_duplicates_none(
     os.kill(victim.pid, signal.SIGKILL)
     victim.wait()
 
-    results = await asyncio.wait_for(
-        asyncio.gather(*(tasks.result(workflow_id) for workflow_id in workflow_ids)), timeout=60
+    def settled(status: TaskStatus) -> bool:
+        return status.state in (TaskState.SUCCEEDED, TaskState.PARKED)
+
+    statuses = await asyncio.gather(
+        *(wait_for(tasks, workflow_id, settled, timeout=60) for workflow_id in workflow_ids)
     )
 
-    assert all(result.state is TaskState.SUCCEEDED for result in results)
-    message_ids = [result.step("mail").resource_id or "" for result in results]
+    message_ids = [status.step("mail").evidence["message_id"] for status in statuses]
     assert len(set(message_ids)) == EMAILS
-    # The consumer's record: each event applied exactly once, none missing.
+    by_message = dict(zip(message_ids, zip(workflow_ids, statuses, strict=True), strict=True))
+    parked_id, parked = by_message[in_flight]
+    # The message in flight when the relay died parks: the relay that took the expired
+    # claim over found it had begun sending and did not send it again.
+    assert parked.state is TaskState.PARKED
+    step = parked.step("mail")
+    assert [attempt.outcome for attempt in step.attempts] == [OutcomeClass.UNKNOWN]
+    assert f"relay {victim_id} held the claim" in (step.attempts[0].reason or "")
+    assert "may have passed DATA" in (step.attempts[0].reason or "")
+    assert step.evidence["outbox_state"] == "unknown"
+    [killed] = deliveries(database, in_flight)
+    assert killed[:2] == (victim_id, False) and killed[2] == "unknown"
+    assert sink.sink.deliveries(in_flight) == 1  # the victim's, which the server applied
+    # Every other email was delivered exactly once; the rest of the victim's batch,
+    # never sent, by a surviving relay that took its claim over.
+    others = [message_id for message_id in message_ids if message_id != in_flight]
+    assert all(by_message[m][1].state is TaskState.SUCCEEDED for m in others)
+    assert all(by_message[m][1].step("mail").resource_id == m for m in others)
     assert sorted(sink.sink.applied_ids()) == sorted(message_ids)
-    assert all(sink.sink.applications(message_id) == 1 for message_id in message_ids)
-    # The message in flight when the relay died was delivered again by another relay,
-    # which took the expired claim over; the sink ignored the duplicate.
-    assert sink.sink.deliveries(in_flight) == 2
-    [killed, taken_over] = deliveries(database, in_flight)
-    assert killed == (victim_id, False, None)  # started, never finished
-    assert taken_over[1:] == (True, "delivered") and taken_over[0] != victim_id
-    # The rest of the victim's batch went to the surviving relays.
+    assert all(sink.sink.deliveries(m) == 1 for m in message_ids)
+    assert all(sink.sink.applications(m) == 1 for m in message_ids)
     for message_id in victim_claims:
-        assert deliveries(database, message_id)[-1][0] != victim_id
+        if message_id != in_flight:
+            [survivor] = deliveries(database, message_id)
+            assert survivor[0] != victim_id and survivor[1:] == (True, "delivered")
     with psycopg.connect(database) as conn:
         assert conn.execute(
-            "SELECT state, count(*) FROM email_outbox GROUP BY state"
-        ).fetchall() == [("delivered", EMAILS)]
+            "SELECT state, count(*) FROM email_outbox GROUP BY state ORDER BY state"
+        ).fetchall() == [("delivered", EMAILS - 1), ("unknown", 1)]
+
+    # The operator finds it in the sink's record and says it happened: settled, unsent.
+    await tasks.reconcile(
+        parked_id,
+        ReconcileInput(
+            step_id="mail",
+            decision=ReconcileDecision.HAPPENED,
+            operator="ops-oncall",
+            reason="the mail server applied it",
+            resource_id=in_flight,
+        ),
+    )
+    result = await asyncio.wait_for(tasks.result(parked_id), timeout=20)
+    assert result.state is TaskState.SUCCEEDED
+    assert result.step("mail").result == {"reconciled": True}
+    await workflow_idle(dev_server.client, parked_id)
+    await relay_caught_up(tasks, sink)
+    assert sink.sink.deliveries(in_flight) == 1
+    assert len(deliveries(database, in_flight)) == 1
+    assert outbox_row(database, in_flight) == ("unknown", 1)  # never armed again

@@ -13,6 +13,8 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from onceflow.activities import IdempotencyRecordActivities
+from onceflow.cli.main import WAIT_EXIT_CODES
+from onceflow.gateway import KEY_REUSED_DETAIL
 from onceflow.retry_policy import OutcomeClass
 from onceflow.storage import build_pool
 from onceflow.task_api import TaskClient
@@ -186,3 +188,70 @@ async def test_an_approver_denies_a_step_from_the_cli(
     assert result.state is TaskState.FAILED
     assert result.step("r").state is StepState.DENIED
     assert result.step("r").attempts == []
+
+
+async def test_call_refuses_a_key_already_used_for_other_arguments(cli: Cli, database: str) -> None:
+    user = f"u-{uuid.uuid4().hex[:6]}"
+    base = ("call", "issue_coupon", "--tenant", "acme", "--key", f"parity-{user}", "--wait")
+
+    code, out, err = await cli(*base, "--args", json.dumps({"user_id": user, "coupon_id": "A"}))
+    assert code == 0, err
+    code, out, err = await cli(*base, "--args", json.dumps({"user_id": user, "coupon_id": "B"}))
+
+    # The gateway's 422 wording, exit 2 (bad input), and nothing printed as a result.
+    assert code == 2 and out == ""
+    assert KEY_REUSED_DETAIL in " ".join(err.split())
+    with psycopg.connect(database) as conn:
+        coupons = conn.execute(
+            "SELECT coupon_id FROM coupon_issuances WHERE user_id = %s", (user,)
+        ).fetchall()
+    assert coupons == [("A",)]
+
+
+async def test_call_wait_returns_when_the_task_awaits_a_person_and_decisions_repeat_safely(
+    cli: Cli, dev_server: WorkflowEnvironment
+) -> None:
+    tenant = f"tenant-with-a-rather-long-name-{uuid.uuid4().hex[:8]}"
+    call = (
+        "call",
+        "refund_payment",
+        "--tenant",
+        tenant,
+        "--key",
+        "refund-1",
+        "--args",
+        json.dumps({"payment_intent": "pi_cli_wait"}),  # no amount: always needs approval
+        "--wait",
+    )
+
+    code, out, err = await cli(*call)
+    waiting = json.loads(out)
+    assert code == WAIT_EXIT_CODES[TaskState.AWAITING_APPROVAL] == 5, err
+    assert waiting["state"] == "awaiting_approval"
+    task_id = waiting["workflow_id"]
+
+    deny = ("approve", task_id, "--step", "1", "--deny", "--reason", "not this one")
+    code, out, err = await cli(*deny)
+    assert code == 0 and "accepted:" in out, err
+    # The same decision again (its answer lost): answered with the earlier one, exit 0.
+    code, out, err = await cli(*deny)
+    assert code == 0 and "already decided:" in out and "ops-alice" in out, err
+    # Another decision on the decided step: a conflict naming the task's state, exit 1.
+    code, out, err = await cli("approve", task_id, "--step", "1", "--approve", "--reason", "x")
+    assert code == 1 and "conflict:" in err and "deny" in err, err
+
+    code, out, err = await cli(*call)
+    assert code == WAIT_EXIT_CODES[TaskState.FAILED] == 3, err
+    assert json.loads(out)["state"] == "failed"
+    final = await TaskClient(dev_server.client, task_queue="unused").status(task_id)
+    assert [(d.decision, d.accepted) for d in final.decisions] == [("deny", True)]
+    assert final.step("1").attempts == []  # nothing reached the provider
+
+    # Listings never cut the id, as a table (80 columns when piped) or as JSON.
+    code, out, err = await cli("tasks", "--tenant", tenant)
+    assert code == 0 and task_id in out, err
+    code, out, err = await cli("tasks", "--tenant", tenant, "--json")
+    assert code == 0, err
+    assert [(task["task_id"], task["tenant"]) for task in json.loads(out)] == [(task_id, tenant)]
+    code, out, err = await cli("status", task_id, "--json")
+    assert code == 0 and json.loads(out)["workflow_id"] == task_id, err

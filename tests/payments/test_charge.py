@@ -93,7 +93,9 @@ async def test_a_replayed_500_triggers_a_search_that_finds_the_charge(
     assert result.state is TaskState.SUCCEEDED
     assert result.step("pay").resource_id == entry.object_id
     assert result.step("pay").result["found_by"] == "lookup:search"
-    assert [r.outcome for r in posts(await control.requests())] == ["executed", "replayed"]
+    # The 500 is stored under the key, so the first attempt searches at once: repeating
+    # it would only replay the 500.
+    assert [r.outcome for r in posts(await control.requests())] == ["executed"]
 
 
 async def test_a_provider_that_always_times_out_past_key_retention_parks_without_a_second_post(
@@ -166,7 +168,7 @@ async def test_a_provider_that_always_times_out_past_key_retention_parks_without
     assert len(posts(await control.requests())) == 1
 
 
-async def test_a_miss_in_lagging_search_parks_and_never_charges_again(
+async def test_a_stored_500_is_posted_once_then_looked_up_and_parked_with_its_reason(
     dev_server: WorkflowEnvironment, worker: Worker, tasks: TaskClient, control: ProviderControl
 ) -> None:
     # Stripe charged, answered 500 and stores that 500 under the key; its search index
@@ -178,21 +180,28 @@ async def test_a_miss_in_lagging_search_parks_and_never_charges_again(
 
     step = status.step("pay")
     key = charge_key(workflow_id)
-    assert len(step.attempts) == FAST_BUDGET.max_attempts_per_step
-    assert "exhausted after an unknown" in (step.park_reason or "")
-    assert step.evidence["lookup_search"].startswith("search found nothing")
+    # One POST under the key: a repeat would only replay the stored 500, so no budget
+    # is spent on it (before, it took every attempt and parked as "3 of 3 used").
+    [attempt] = step.attempts
+    assert attempt.outcome is OutcomeClass.UNKNOWN
     assert [(r.idempotency_key, r.outcome) for r in posts(await control.requests())] == [
-        (key, "executed"),
-        (key, "replayed"),
-        (key, "replayed"),
+        (key, "executed")
     ]
+    reason = step.park_reason or ""
+    assert "stored this failure under the step's key" in reason
+    assert "until it forgets the key at about" in reason
+    assert "attempts" not in reason
+    assert step.evidence["key_expires_at"]
+    # Looked up twice (the attempt's own search, then the workflow's look-up): nothing.
+    assert step.evidence["lookup_search"].startswith("search found nothing")
+    assert "lookup_at" in step.evidence
     [entry] = await control.ledger()
 
     # Parked means parked: even once search would find it, nothing runs by itself.
     await control.configure(search_lag_seconds=0)
     await workflow_idle(dev_server.client, workflow_id)  # no timer, no attempt in flight
     assert (await tasks.status(workflow_id)).state is TaskState.PARKED
-    assert len(posts(await control.requests())) == FAST_BUDGET.max_attempts_per_step
+    assert len(posts(await control.requests())) == 1
     assert len(await control.ledger()) == 1
 
     await tasks.reconcile(

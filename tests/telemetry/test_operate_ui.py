@@ -92,7 +92,7 @@ async def test_an_operator_finds_a_parked_task_and_its_evidence_in_the_web_ui(
             await expect(summary.get_by_text(f"{tenant}: charge_payment")).to_be_visible()
             await expect(static_details.get_by_text("Trace:")).to_be_visible()
             await expect(
-                current.get_by_text("Parked at step pay (charge_payment): retry budget exhausted")
+                current.get_by_text("Parked at step pay (charge_payment): Stripe answered HTTP 500")
             ).to_be_visible(timeout=20_000)
             await expect(current.get_by_text("- child_key_digest: sha256:")).to_be_visible()
             await expect(current.get_by_text("- request_id: req_")).to_be_visible()

@@ -110,7 +110,8 @@ async def test_the_state_search_attribute_finds_exactly_the_parked_tasks(
     )
     details = metadata.current_details
     described = await stack.client.get_workflow_handle(first).describe()
-    assert details.startswith("Parked at step 1 (charge_payment): retry budget exhausted")
+    # A stored 500: one POST, then the look-up, then the park (#13), not the whole budget.
+    assert details.startswith("Parked at step 1 (charge_payment): Stripe answered HTTP 500")
     assert "- child_key_digest: sha256:" in details
     assert "- lookup_search: search found nothing" in details
     assert f"`onceflow reconcile {first} --step 1 --decision happened|" in details

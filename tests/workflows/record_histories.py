@@ -3,9 +3,16 @@
 Run after an intended change to the workflow's commands, and commit the result:
 ``.venv/bin/python -m tests.workflows.record_histories``. Never run it to make a failing
 replay test pass without knowing why it failed: that failure means running tasks break.
+
+It writes the ``pinned_*`` histories (tasks that pinned their policy, with every patch
+of issue #13 applied) and the negative control ``nondeterministic/*.json``, which must
+fail replay. ``retries_then_success``, ``parked_then_did_not_happen`` and ``approved``
+were recorded before those patches and are kept as they are: they are the other side
+of every patch, and the workflow can no longer produce them.
 """
 
 import asyncio
+import json
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -17,6 +24,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from onceflow.retry_policy import OutcomeClass, RetryBudget
+from onceflow.tools import KeyUnusable
 from onceflow.workflows import AgentTaskWorkflow
 from onceflow.workflows.task_models import (
     AgentTaskInput,
@@ -31,6 +39,7 @@ from onceflow.workflows.task_models import (
 from .scripted_tools import Script, register_scripted_tools
 
 HISTORIES = Path(__file__).parent / "histories"
+NONDETERMINISTIC = HISTORIES / "nondeterministic"
 BUDGET = RetryBudget(
     max_attempts_per_task=6, max_attempts_per_step=3, max_backoff=timedelta(seconds=8)
 )
@@ -67,7 +76,63 @@ async def _record(env: WorkflowEnvironment, queue: str, script: Script) -> None:
         ),
         StepInput(step_id="b", tool="scripted_safe", arguments={"label": "ok"}),
     )
-    await save("retries_then_success", retried)
+    await save("pinned_retries_then_success", retried)
+    _renamed_activity("pinned_retries_then_success", "scripted_safe", "scripted_unsafe")
+
+    # A retry after its backoff, inside the key's send window.
+    keyed = await start(
+        StepInput(
+            step_id="k", tool="scripted_provider", arguments={"label": script.plan("k", U, S)}
+        )
+    )
+    await save("pinned_provider_key_retry_within_window", keyed)
+
+    async def parks_then(name: str, label: str, decision: ReconcileDecision) -> None:
+        handle = await start(
+            StepInput(step_id="k", tool="scripted_provider", arguments={"label": label})
+        )
+        await _until(env, handle, TaskState.PARKED)
+        await handle.execute_update(
+            AgentTaskWorkflow.reconcile,
+            ReconcileInput(step_id="k", decision=decision, operator="ops", reason="checked"),
+        )
+        await save(name, handle)
+
+    # The attempt refused to send past the send-by deadline: look-up, park.
+    await parks_then(
+        "pinned_send_by_refused_then_lookup_and_park",
+        script.plan("sb", U, KeyUnusable.SEND_BY_PASSED),
+        ReconcileDecision.ABANDON,
+    )
+    # A failure the provider stores under the key: look-up, park, then an operator's
+    # did_not_happen and a successful attempt.
+    await parks_then(
+        "pinned_stored_failure_then_lookup_and_park",
+        script.plan("sf", KeyUnusable.STORED_FAILURE, S),
+        ReconcileDecision.DID_NOT_HAPPEN,
+    )
+
+    # Approved after the task's deadline, then a retry.
+    late = await start(
+        StepInput(
+            step_id="g",
+            tool="scripted_approval",
+            arguments={"label": script.plan("late", T, S), "amount": 900},
+        )
+    )
+    status = await _until(env, late, TaskState.AWAITING_APPROVAL)
+    await env.sleep(BUDGET.deadline * 2)
+    await late.execute_update(
+        AgentTaskWorkflow.approve,
+        ApproveInput(
+            step_id="g",
+            approved=True,
+            approver="cfo",
+            reason="late but fine",
+            arguments_digest=status.step("g").arguments_digest,
+        ),
+    )
+    await save("pinned_approved_after_the_deadline_then_retried", late)
 
     parked = await start(
         StepInput(step_id="p", tool="scripted_unsafe", arguments={"label": script.plan("p", U, S)})
@@ -85,7 +150,7 @@ async def _record(env: WorkflowEnvironment, queue: str, script: Script) -> None:
             step_id="p", decision=ReconcileDecision.DID_NOT_HAPPEN, operator="ops", reason="checked"
         ),
     )
-    await save("parked_then_did_not_happen", parked)
+    await save("pinned_parked_then_did_not_happen", parked)
 
     gated = await start(
         StepInput(step_id="g", tool="scripted_approval", arguments={"label": "g", "amount": 900})
@@ -101,7 +166,22 @@ async def _record(env: WorkflowEnvironment, queue: str, script: Script) -> None:
             arguments_digest=status.step("g").arguments_digest,
         ),
     )
-    await save("approved", gated)
+    await save("pinned_approved", gated)
+
+
+def _renamed_activity(name: str, old: str, new: str) -> None:
+    """The negative control: ``name`` with its first attempt's activity renamed, as if
+    the workflow had scheduled another tool; a replay must fail on it."""
+    history = json.loads((HISTORIES / f"{name}.json").read_text())
+    for event in history["events"]:
+        scheduled = event.get("activityTaskScheduledEventAttributes")
+        if scheduled and scheduled["activityType"]["name"] == old:
+            scheduled["activityType"]["name"] = new
+            break
+    else:
+        raise RuntimeError(f"{name} schedules no {old!r}")
+    NONDETERMINISTIC.mkdir(exist_ok=True)
+    (NONDETERMINISTIC / f"{name}_activity_renamed.json").write_text(json.dumps(history))
 
 
 async def main() -> None:

@@ -19,9 +19,12 @@ from onceflow.tools import (
     ApprovalThreshold,
     DedupeStrategy,
     EffectFlags,
+    KeyUnusable,
+    PolicyPinning,
     ToolAttemptResult,
     ToolCallInput,
     ToolContract,
+    lookup_activity_name,
 )
 
 
@@ -58,6 +61,7 @@ PROVIDER_KEYED = _contract(
     DedupeStrategy.PROVIDER_IDEMPOTENCY_KEY,
     provider_key_retention=timedelta(hours=24),
     retention_margin=timedelta(hours=1),
+    lookup_activity=lookup_activity_name("scripted_provider"),
 )
 SCRIPTED_CONTRACTS = (SAFE, UNSAFE, NEEDS_APPROVAL, PROVIDER_KEYED)
 
@@ -69,14 +73,22 @@ def register_scripted_tools() -> None:
             CATALOGUE.register(contract)
 
 
+Planned = OutcomeClass | KeyUnusable
+"""An attempt's scripted end: an outcome, or a key no attempt may send under any more
+(``SEND_BY_PASSED`` as the tool API reports it, ``STORED_FAILURE`` as a payment tool does)."""
+
+
 class Script:
-    """Outcomes per label, consumed in order; the last one repeats forever."""
+    """Outcomes per label, consumed in order; the last one repeats forever. Lookups
+    (``scripted_provider`` only) are inconclusive unless ``found`` names the label."""
 
     def __init__(self) -> None:
-        self._outcomes: dict[str, list[OutcomeClass]] = {}
+        self._outcomes: dict[str, list[Planned]] = {}
         self.calls: dict[str, list[ToolCallInput]] = defaultdict(list)
+        self.lookups: dict[str, int] = defaultdict(int)
+        self.found: set[str] = set()
 
-    def plan(self, label: str, *outcomes: OutcomeClass) -> str:
+    def plan(self, label: str, *outcomes: Planned) -> str:
         self._outcomes[label] = list(outcomes)
         return label
 
@@ -84,7 +96,28 @@ class Script:
         return len(self.calls[label])
 
     def activities(self) -> list[Callable[..., Any]]:
-        return [self._activity(contract.name) for contract in SCRIPTED_CONTRACTS]
+        """The scripted tools' activities, their lookup, and the policy pinning a worker
+        built by ``build_worker`` registers too."""
+        return [
+            *(self._activity(contract.name) for contract in SCRIPTED_CONTRACTS),
+            self._look_up(PROVIDER_KEYED.name),
+            PolicyPinning().pin_task_policy,
+        ]
+
+    def _look_up(self, name: str) -> Callable[..., Any]:
+        @activity.defn(name=lookup_activity_name(name))
+        async def look_up(call: ToolCallInput) -> ToolAttemptResult:
+            label = ScriptedInput.model_validate(call.arguments).label
+            self.lookups[label] += 1
+            if label in self.found:
+                return ToolAttemptResult(
+                    outcome=OutcomeClass.SUCCEEDED,
+                    resource_id=f"res-{label}-found",
+                    result={"label": label, "found_by": "lookup"},
+                )
+            return ToolAttemptResult(outcome=OutcomeClass.UNKNOWN, reason="scripted: not found")
+
+        return look_up
 
     def _activity(self, name: str) -> Callable[..., Any]:
         @activity.defn(name=name)
@@ -93,6 +126,14 @@ class Script:
             self.calls[label].append(call)
             planned = self._outcomes.get(label) or [OutcomeClass.SUCCEEDED]
             outcome = planned.pop(0) if len(planned) > 1 else planned[0]
+            if isinstance(outcome, KeyUnusable):
+                stored = outcome is KeyUnusable.STORED_FAILURE
+                return ToolAttemptResult(
+                    outcome=OutcomeClass.UNKNOWN if stored else OutcomeClass.TRANSIENT,
+                    reason=f"scripted: the key is unusable ({outcome.value})",
+                    evidence={"request_id": f"req-{label}-{len(self.calls[label])}"},
+                    key_unusable=outcome,
+                )
             if outcome is OutcomeClass.SUCCEEDED:
                 return ToolAttemptResult(
                     outcome=outcome,

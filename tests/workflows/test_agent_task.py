@@ -8,6 +8,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from datetime import timedelta
+from decimal import Decimal
 
 import pytest
 from temporalio.api.enums.v1 import EventType
@@ -16,7 +17,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from onceflow.retry_policy import OutcomeClass, RetryBudget
-from onceflow.tools import CATALOGUE, arguments_digest
+from onceflow.tools import CATALOGUE, ApprovalThreshold, KeyUnusable, arguments_digest
 from onceflow.workflows import AgentTaskWorkflow
 from onceflow.workflows.task_models import (
     AgentTaskInput,
@@ -30,7 +31,7 @@ from onceflow.workflows.task_models import (
 )
 from tests.harness import eventually
 
-from .scripted_tools import SAFE, Script, register_scripted_tools
+from .scripted_tools import NEEDS_APPROVAL, SAFE, Script, register_scripted_tools
 
 S, R, T, U = (
     OutcomeClass.SUCCEEDED,
@@ -534,3 +535,148 @@ async def test_backoff_timers_follow_the_budget(
     assert len(timers) == 2
     assert timers[0] <= FAST_BUDGET.backoff_cap(1)
     assert timers[1] <= FAST_BUDGET.backoff_cap(2)
+
+
+# ── pinned policy, send-by deadline, machine-time deadline, stored failures ──────────
+
+
+def scripted_worker(env: WorkflowEnvironment, task_queue: str, script: Script) -> Worker:
+    return Worker(
+        env.client,
+        task_queue=task_queue,
+        workflows=[AgentTaskWorkflow],
+        activities=script.activities(),
+    )
+
+
+@pytest.mark.parametrize("unusable", list(KeyUnusable))
+async def test_a_key_no_attempt_may_send_under_is_looked_up_then_parked_without_retrying(
+    time_skipping_env: WorkflowEnvironment,
+    task_queue: str,
+    script: Script,
+    worker: Worker,
+    unusable: KeyUnusable,
+) -> None:
+    label = script.plan(f"unusable-{unusable.value}", U, unusable, S)
+    found = script.plan(f"found-{unusable.value}", unusable)
+    script.found.add(found)
+    handle = await start(
+        time_skipping_env, task_queue, ("s", "scripted_provider", {"label": label})
+    )
+    status = await wait_until(time_skipping_env, handle, parked)
+    assert script.attempts(label) == 2  # never a third: the budget is not what stops it
+    assert script.lookups[label] == 1
+    assert f"the key is unusable ({unusable.value})" in (status.step("s").park_reason or "")
+    await handle.terminate("test over")
+
+    other = await start(time_skipping_env, task_queue, ("s", "scripted_provider", {"label": found}))
+    result = await other.result()
+    assert result.state is TaskState.SUCCEEDED
+    assert result.step("s").resource_id == f"res-{found}-found"
+    assert script.attempts(found) == 1
+
+
+async def test_time_awaiting_approval_does_not_count_against_the_deadline(
+    time_skipping_env: WorkflowEnvironment, task_queue: str, script: Script, worker: Worker
+) -> None:
+    label = script.plan("late-approval", T, S)
+    brief = FAST_BUDGET.model_copy(
+        update={"deadline": timedelta(seconds=2), "initial_backoff": timedelta(milliseconds=100)}
+    )
+    handle = await start(
+        time_skipping_env,
+        task_queue,
+        ("r", "scripted_approval", {"label": label, "amount": 500}),
+        budget=brief,
+    )
+    status = await eventually(
+        lambda: handle.query(AgentTaskWorkflow.status),
+        until=lambda s: s.state is TaskState.AWAITING_APPROVAL,
+        what="the step awaits approval",
+    )
+    # The approver answers after the task's whole deadline has gone by.
+    await eventually(
+        time_skipping_env.get_current_time,
+        until=lambda now: now > status.budget.deadline_at + timedelta(milliseconds=500),
+        what="the task's deadline passed while it awaited approval",
+    )
+    await handle.execute_update(
+        AgentTaskWorkflow.approve,
+        ApproveInput(
+            step_id="r",
+            approved=True,
+            approver="cfo",
+            reason="fine",
+            arguments_digest=status.step("r").arguments_digest,
+        ),
+    )
+    result = await handle.result()
+    assert result.state is TaskState.SUCCEEDED
+    assert [attempt.outcome for attempt in result.step("r").attempts] == [T, S]
+    assert result.budget.waited_for_people >= brief.deadline
+    # The deadline moved by the time spent waiting: it is still ahead of the attempts.
+    assert result.budget.deadline_at > result.step("r").attempts[-1].finished_at
+
+
+async def test_a_task_decides_by_the_policy_pinned_when_it_started(
+    dev_server: WorkflowEnvironment,
+    task_queue: str,
+    script: Script,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The dev server: a stopped worker's sticky queue is reset, so the next worker
+    # replays the whole history at once (the time-skipping server waits it out).
+    async def status_of(handle: Handle) -> TaskStatus:
+        return await handle.query(AgentTaskWorkflow.status)
+
+    arguments = {"label": "pinned-threshold", "amount": 500}
+    async with scripted_worker(dev_server, task_queue, script):
+        handle = await start(dev_server, task_queue, ("r", "scripted_approval", arguments))
+        await eventually(
+            lambda: status_of(handle),
+            until=lambda s: s.state is TaskState.AWAITING_APPROVAL,
+            what="the step awaits approval",
+        )
+    # The next worker runs with another threshold: 500 no longer needs approval there.
+    raised = replace(
+        NEEDS_APPROVAL,
+        approval_threshold=ApprovalThreshold(argument="amount", above=Decimal(1000)),
+        version="2",
+    )
+    monkeypatch.setitem(CATALOGUE._contracts, NEEDS_APPROVAL.name, raised)
+    async with scripted_worker(dev_server, task_queue, script):
+        # A fresh worker replays the whole history: it still waits for the approval.
+        status = await status_of(handle)
+        assert status.state is TaskState.AWAITING_APPROVAL
+        assert script.attempts("pinned-threshold") == 0
+        pinned = status.policies["scripted_approval"]
+        assert (pinned.approval_above, pinned.contract_version) == (Decimal(100), "1")
+        await handle.execute_update(
+            AgentTaskWorkflow.approve,
+            ApproveInput(
+                step_id="r",
+                approved=True,
+                approver="cfo",
+                reason="fine",
+                arguments_digest=status.step("r").arguments_digest,
+            ),
+        )
+        result = await handle.result()
+        # A task started now pins the new values and needs no approval.
+        fresh = await start(
+            dev_server,
+            task_queue,
+            ("r", "scripted_approval", {"label": "new-threshold", "amount": 500}),
+        )
+        fresh_result = await fresh.result()
+
+    assert result.state is TaskState.SUCCEEDED
+    assert script.attempts("pinned-threshold") == 1
+    failed_tasks = [
+        event
+        for event in (await handle.fetch_history()).events
+        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED
+    ]
+    assert failed_tasks == []  # no non-determinism on the other worker
+    assert fresh_result.state is TaskState.SUCCEEDED and fresh_result.decisions == []
+    assert fresh_result.policies["scripted_approval"].approval_above == Decimal(1000)
