@@ -314,10 +314,21 @@ def reconcile(
     resource_id: Annotated[
         str | None, typer.Option(help="With 'happened': the id of the effect you found.")
     ] = None,
+    unverified: Annotated[
+        bool,
+        typer.Option(
+            help="With 'happened': accept --resource-id although the tool's look-up "
+            "cannot confirm it (recorded as unverified)."
+        ),
+    ] = False,
     operator: Annotated[str | None, typer.Option(help="Who decides (default: $USER).")] = None,
     temporal_address: TemporalAddress = None,
 ) -> None:
-    """Decide a parked step: happened (with --resource-id), did_not_happen, or abandon."""
+    """Decide a parked step: happened (with --resource-id), did_not_happen, or abandon.
+
+    The task checks the decision with the tool's look-up first: did_not_happen is
+    refused when the effect is found, happened when the id is not the step's effect.
+    """
 
     async def body() -> None:
         finding = ReconcileInput(
@@ -325,6 +336,7 @@ def reconcile(
             decision=decision,
             reason=reason,
             resource_id=resource_id,
+            unverified=unverified,
             operator=operator or _operator_name(),
         )
         client = await _task_client(temporal_address)

@@ -149,6 +149,9 @@ class ReconcileRequest(BaseModel):
     decision: ReconcileDecision
     reason: str = Field(min_length=1, max_length=2000)
     resource_id: str | None = Field(default=None, min_length=1, max_length=255)
+    unverified: bool = False
+    """With ``happened``: accept ``resource_id`` although the tool's look-up cannot
+    confirm it (recorded as unverified). Default False."""
 
 
 @dataclass(frozen=True)
@@ -403,6 +406,7 @@ class BoundaryService:
                 operator=principal.name,
                 reason=decision.reason,
                 resource_id=decision.resource_id,
+                unverified=decision.unverified,
             )
         except ValidationError as invalid:
             raise _invalid(invalid, location=()) from None

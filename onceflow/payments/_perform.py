@@ -216,6 +216,8 @@ async def look_up_charge(call: ToolCall[ChargePaymentInput]) -> ToolAttemptResul
         return _not_configured(OutcomeClass.UNKNOWN)
     operation = await call.find(CHARGE_CHILD_OP, provider_account=provider.account)
     looked = {"lookup_at": _now()}
+    if call.claimed_resource_id is not None:
+        return await _verify_claimed_charge(call, provider, operation, looked)
     known = _recorded_resource(operation) or call.evidence.get("payment_intent")
     if known:
         try:
@@ -235,6 +237,41 @@ async def look_up_charge(call: ToolCall[ChargePaymentInput]) -> ToolAttemptResul
     if found is not None:
         return await _succeed_charge(operation, found, "lookup:search", looked)
     return _inconclusive(operation, looked["lookup_search"], looked)
+
+
+async def _verify_claimed_charge(
+    call: ToolCall[ChargePaymentInput],
+    provider: PaymentProvider,
+    operation: ChildOperation,
+    looked: dict[str, str],
+) -> ToolAttemptResult:
+    """Check the PaymentIntent an operator says the step made: it exists, carries this
+    step's operation id, is charged, and is for the step's amount and currency. When it
+    is, it is recorded as the step's charge (a refund by ``charge_step`` reads it)."""
+    claimed = call.claimed_resource_id or ""
+    try:
+        intent = await provider.retrieve_payment_intent(claimed)
+    except PaymentProviderError as failure:
+        looked["lookup_claimed"] = f"{claimed}: {failure.reason}"
+        return _inconclusive(
+            operation, f"PaymentIntent {claimed} could not be read: {failure.reason}", looked
+        )
+    arguments = call.args
+    seen = (
+        f"{intent.id} is {intent.status}, {intent.amount} {intent.currency}, operation id "
+        f"{intent.metadata.get(OPERATION_METADATA_KEY) or 'none'}"
+    )
+    looked["lookup_claimed"] = seen
+    problems = []
+    if intent.metadata.get(OPERATION_METADATA_KEY) != operation.key_digest:
+        problems.append(f"it is not this step's charge (this step's is {operation.key_digest})")
+    if (intent.amount, intent.currency.lower()) != (arguments.amount, arguments.currency.lower()):
+        problems.append(f"the step charges {arguments.amount} {arguments.currency}")
+    if intent.status not in CHARGED:
+        problems.append("no money moved on it")
+    if problems:
+        return _inconclusive(operation, f"PaymentIntent {seen}: " + "; ".join(problems), looked)
+    return await _succeed_charge(operation, intent, "lookup:operator", looked)
 
 
 async def _search_charge(
@@ -281,6 +318,8 @@ async def look_up_refund(call: ToolCall[RefundPaymentInput]) -> ToolAttemptResul
         return _not_configured(OutcomeClass.UNKNOWN)
     operation = await call.find(REFUND_CHILD_OP, provider_account=provider.account)
     looked = {"lookup_at": _now()}
+    if call.claimed_resource_id is not None:
+        return await _verify_claimed_refund(call, provider, operation, looked)
     known = _recorded_resource(operation) or call.evidence.get("refund")
     if known:
         try:
@@ -311,6 +350,43 @@ async def look_up_refund(call: ToolCall[RefundPaymentInput]) -> ToolAttemptResul
         "charge's refunded amount with this step's refund"
     )
     return _inconclusive(operation, reason, looked)
+
+
+async def _verify_claimed_refund(
+    call: ToolCall[RefundPaymentInput],
+    provider: PaymentProvider,
+    operation: ChildOperation,
+    looked: dict[str, str],
+) -> ToolAttemptResult:
+    """Check the refund an operator says the step made: it exists, carries this step's
+    operation id, and (when the step names them) its amount and PaymentIntent match."""
+    claimed = call.claimed_resource_id or ""
+    try:
+        refund = await provider.retrieve_refund(claimed)
+    except PaymentProviderError as failure:
+        looked["lookup_claimed"] = f"{claimed}: {failure.reason}"
+        return _inconclusive(
+            operation, f"refund {claimed} could not be read: {failure.reason}", looked
+        )
+    arguments = call.args
+    seen = (
+        f"{refund.id} is {refund.status}, {refund.amount} {refund.currency} of "
+        f"{refund.payment_intent or 'no PaymentIntent'}, operation id "
+        f"{refund.metadata.get(OPERATION_METADATA_KEY) or 'none'}"
+    )
+    looked["lookup_claimed"] = seen
+    problems = []
+    if refund.metadata.get(OPERATION_METADATA_KEY) != operation.key_digest:
+        problems.append(f"it is not this step's refund (this step's is {operation.key_digest})")
+    if arguments.amount is not None and refund.amount != arguments.amount:
+        problems.append(f"the step refunds {arguments.amount}")
+    if arguments.payment_intent and refund.payment_intent != arguments.payment_intent:
+        problems.append(f"the step refunds {arguments.payment_intent}")
+    if refund.status not in REFUNDED:
+        problems.append("no money was returned")
+    if problems:
+        return _inconclusive(operation, f"refund {seen}: " + "; ".join(problems), looked)
+    return await _succeed_refund(operation, refund, "lookup:operator", looked)
 
 
 # ── shared ──────────────────────────────────────────────────────────────────────────

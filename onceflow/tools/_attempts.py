@@ -39,6 +39,10 @@ class ToolCallInput(BaseModel):
     policy: ToolPolicy | None = None
     """The tool's policy as the task pinned it (its send-by window above all); None from
     a task started before policies were pinned: the tool's registered contract applies."""
+    claimed_resource_id: str | None = None
+    """Only in a look-up checking an operator's ``happened``: the resource the operator
+    named. A look-up that verifies ids (``ToolContract.lookup_verifies_resource_ids``)
+    reports ``succeeded`` with it only when it exists and belongs to this step."""
 
 
 class ToolAttemptResult(BaseModel):

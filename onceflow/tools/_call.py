@@ -487,6 +487,13 @@ class ToolCall(Generic[ArgsT]):
         return self.identity.evidence
 
     @property
+    def claimed_resource_id(self) -> str | None:
+        """In a look-up checking an operator's ``happened``: the resource id the operator
+        named, to verify (it exists, it belongs to this step) before anything else; None
+        in every other look-up and attempt."""
+        return self.identity.claimed_resource_id
+
+    @property
     def attempt_timeout(self) -> timedelta:
         """How long this attempt may run in all: the limit Temporal enforces on it, else
         the contract's ``start_to_close_timeout``. Work that waits (polls a far side for

@@ -73,6 +73,11 @@ class ToolContract:
     It returns ``succeeded`` with the resource when it found the effect; anything else
     is inconclusive and the step parks with the lookup's evidence.
     """
+    lookup_verifies_resource_ids: bool = False
+    """Whether the look-up checks an operator's ``happened --resource-id`` (given as
+    ``ToolCallInput.claimed_resource_id``): it answers ``succeeded`` only when that
+    resource exists and belongs to the step, and records it where later steps read it.
+    With False, ``happened`` is accepted unverified. Default False."""
     heartbeat_timeout: timedelta | None = None
     """Longest silence between an attempt's heartbeats before Temporal ends the attempt
     (its outcome then counts as unknown), so a dead or paused worker is noticed long

@@ -59,6 +59,8 @@ class ToolPolicy(BaseModel):
     """Longest silence between an attempt's heartbeats. Default None (none expected)."""
     lookup_activity: str | None = None
     """Activity that looks the effect up before a step parks. Default None."""
+    lookup_verifies_resource_ids: bool = False
+    """The look-up checks an operator's ``happened`` resource id. Default False."""
 
     @classmethod
     def from_contract(cls, contract: "ToolContract") -> "ToolPolicy":
@@ -77,6 +79,9 @@ class ToolPolicy(BaseModel):
             attempt_timeout=contract.attempt_timeout,
             heartbeat_timeout=contract.heartbeat_timeout,
             lookup_activity=contract.lookup_activity,
+            lookup_verifies_resource_ids=(
+                contract.lookup_verifies_resource_ids and contract.lookup_activity is not None
+            ),
         )
 
     @property

@@ -82,6 +82,10 @@ deadline after the backoff timer and waits for a worker no longer than that dead
 MACHINE_TIME_DEADLINE = "deadline-counts-machine-time"
 """Patch id: the budget's deadline counts time running and backing off, not time spent
 awaiting approval or parked."""
+DECISIONS_CHECKED = "operator-decisions-checked"
+"""Patch id: a reconcile decision is checked with the tool's look-up before it acts
+(``did_not_happen`` refused when the effect is found, ``happened`` verified where the
+look-up verifies resource ids and recorded where later steps read it)."""
 PIN_TIMEOUT = timedelta(seconds=10)
 """Longest the local activity pinning the task's policy may run (it reads memory only)."""
 
@@ -122,6 +126,11 @@ class AgentTaskWorkflow:
         self._policies: dict[str, ToolPolicy] = {}
         self._send_by_enforced = False
         self._machine_time_deadline = False
+        self._decisions_checked = False
+        self._checking: set[str] = set()
+        """Steps whose reconcile decision is being checked: others wait for the answer."""
+        self._verified: dict[str, ToolAttemptResult] = {}
+        """Per step: what the look-up found when it verified an accepted ``happened``."""
         self._waited_for_people = timedelta(0)
         """Time spent awaiting approval or parked: not machine budget."""
 
@@ -136,6 +145,7 @@ class AgentTaskWorkflow:
         )
         self._machine_time_deadline = workflow.patched(MACHINE_TIME_DEADLINE)
         self._send_by_enforced = workflow.patched(SEND_BY_ENFORCED)
+        self._decisions_checked = workflow.patched(DECISIONS_CHECKED)
         if workflow.patched(PINNED_POLICY):
             self._policies = await self._pin_policies(task)
         try:
@@ -181,9 +191,17 @@ class AgentTaskWorkflow:
         self._accept_approval(decision, via="signal")
 
     @workflow.update
-    def reconcile(self, decision: ReconcileInput) -> DecisionResult:
-        """Decide a parked step: happened, did_not_happen or abandon."""
-        return self._accept_reconciliation(decision, via="update")
+    async def reconcile(self, decision: ReconcileInput) -> DecisionResult:
+        """Decide a parked step: happened, did_not_happen or abandon.
+
+        The tool's look-up checks the decision first: a refusal (the effect was found
+        after all, or the named resource is not the step's) is the Update's failure, and
+        nothing is recorded but the look-up's evidence.
+        """
+        check = await self._check_reconciliation(decision)
+        if check.refusal is not None:
+            raise ApplicationError(check.refusal, type="DecisionRefused", non_retryable=True)
+        return self._accept_reconciliation(decision, via="update", check=check)
 
     @reconcile.validator
     def _validate_reconcile(self, decision: ReconcileInput) -> None:
@@ -192,13 +210,20 @@ class AgentTaskWorkflow:
             raise ValueError(problem)
 
     @workflow.signal(name="reconcile")
-    def reconcile_signal(self, decision: ReconcileInput) -> None:
-        """The same decision as ``reconcile``, for the UI; an invalid one is only recorded."""
+    async def reconcile_signal(self, decision: ReconcileInput) -> None:
+        """The same decision as ``reconcile``, for the UI; an invalid one, or one its
+        check refuses, is only recorded."""
         problem = self._reconciliation_problem(decision)
         if problem:
             self._record_rejected("reconcile", decision, decision.decision.value, problem)
             return
-        self._accept_reconciliation(decision, via="signal")
+        check = await self._check_reconciliation(decision)
+        if check.refusal is not None:
+            self._record_rejected(
+                "reconcile", decision, decision.decision.value, check.refusal, check.finding
+            )
+            return
+        self._accept_reconciliation(decision, via="signal", check=check)
 
     # ── application logic ───────────────────────────────────────────────────────────
 
@@ -267,7 +292,9 @@ class AgentTaskWorkflow:
             return True
         finding = await self._park(status, reason)
         if finding.decision is ReconcileDecision.HAPPENED:
-            self._finish_step(status, finding.resource_id, {"reconciled": True})
+            verified = self._verified.pop(status.step_id, None)
+            result = {**verified.result, "reconciled": True} if verified else {"reconciled": True}
+            self._finish_step(status, finding.resource_id, result)
             return True
         if finding.decision is ReconcileDecision.ABANDON:
             self._stop_step(
@@ -438,9 +465,17 @@ class AgentTaskWorkflow:
         return result
 
     async def _look_up(
-        self, step: StepInput, policy: ToolPolicy, status: StepStatus
+        self,
+        step: StepInput,
+        policy: ToolPolicy,
+        status: StepStatus,
+        *,
+        claimed_resource_id: str | None = None,
+        why: str = "before parking",
     ) -> ToolAttemptResult | None:
-        """Before parking, ask the provider (strongly consistent reads first) if it happened."""
+        """Ask the provider (strongly consistent reads first) if it happened: before
+        parking, or to check an operator's decision (``claimed_resource_id``: the
+        resource an operator says the step made)."""
         if policy.lookup_activity is None:
             return None
         call = ToolCallInput(
@@ -453,6 +488,7 @@ class AgentTaskWorkflow:
             attempt=len(status.attempts),
             evidence=status.evidence,
             policy=self._policies.get(step.tool),
+            claimed_resource_id=claimed_resource_id,
         )
         try:
             found: ToolAttemptResult = await workflow.execute_activity(
@@ -461,7 +497,7 @@ class AgentTaskWorkflow:
                 result_type=ToolAttemptResult,
                 start_to_close_timeout=policy.attempt_timeout,
                 retry_policy=ONE_ATTEMPT,
-                summary=f"look up step {step.step_id}'s effect before parking",
+                summary=f"look up step {step.step_id}'s effect {why}",
             )
         except ActivityError as failure:
             status.evidence["lookup"] = _describe_activity_failure(failure)
@@ -570,7 +606,68 @@ class AgentTaskWorkflow:
             return f"this task has no step {decision.step_id!r}"
         if status.state is not StepState.PARKED or decision.step_id in self._reconciliations:
             return f"step {decision.step_id!r} is not parked (it is {status.state.value})"
+        if decision.step_id in self._checking:
+            return (
+                f"another decision on step {decision.step_id!r} is being checked with the "
+                "tool's look-up; send yours again once it is answered"
+            )
         return None
+
+    async def _check_reconciliation(self, decision: ReconcileInput) -> "_DecisionCheck":
+        """Check a decision against the provider before it acts (invariant 16).
+
+        ``did_not_happen`` runs the look-up and is refused when it finds the effect;
+        ``happened`` is verified by a look-up that verifies resource ids, which also
+        records the resource in the step's operation record (a later refund reads it),
+        unless the operator accepts it ``unverified``.
+        """
+        if not self._decisions_checked:
+            return _DecisionCheck()
+        step = next(s for s in self._task.steps if s.step_id == decision.step_id)
+        status = self._steps[decision.step_id]
+        policy = self._policy(step.tool)
+        if policy.lookup_activity is None or decision.decision is ReconcileDecision.ABANDON:
+            unchecked = decision.decision is ReconcileDecision.HAPPENED
+            return _DecisionCheck(verified=False if unchecked else None)
+        if decision.decision is ReconcileDecision.HAPPENED and (
+            decision.unverified or not policy.lookup_verifies_resource_ids
+        ):
+            return _DecisionCheck(verified=False)
+        claimed = decision.resource_id
+        self._checking.add(decision.step_id)
+        try:
+            found = await self._look_up(
+                step,
+                policy,
+                status,
+                claimed_resource_id=claimed,
+                why=f"to check {decision.operator}'s decision {decision.decision.value}",
+            )
+        finally:
+            self._checking.discard(decision.step_id)
+        finding = _describe_finding(found) if found else status.evidence.get("lookup")
+        if decision.decision is ReconcileDecision.DID_NOT_HAPPEN:
+            if found is None:
+                return _DecisionCheck(finding=finding)
+            return _DecisionCheck(
+                finding=finding,
+                refusal=(
+                    f"refused: step {decision.step_id}'s effect was found: {finding}; nothing "
+                    f"was sent. If it is the step's, decide happened --resource-id "
+                    f"{found.resource_id}"
+                ),
+            )
+        if found is not None and found.resource_id == claimed:
+            self._verified[decision.step_id] = found
+            return _DecisionCheck(verified=True, finding=finding)
+        return _DecisionCheck(
+            finding=finding,
+            refusal=(
+                f"refused: the look-up could not confirm {claimed} as step "
+                f"{decision.step_id}'s effect ({finding or 'nothing found'}); check the id, "
+                "or accept it with --unverified (recorded as unverified)"
+            ),
+        )
 
     def _accept_approval(
         self, decision: ApproveInput, *, via: Literal["update", "signal"]
@@ -597,7 +694,11 @@ class AgentTaskWorkflow:
         )
 
     def _accept_reconciliation(
-        self, decision: ReconcileInput, *, via: Literal["update", "signal"]
+        self,
+        decision: ReconcileInput,
+        *,
+        via: Literal["update", "signal"],
+        check: "_DecisionCheck | None" = None,
     ) -> DecisionResult:
         self._reconciliations[decision.step_id] = decision
         self._decisions.append(
@@ -611,6 +712,8 @@ class AgentTaskWorkflow:
                 via=via,
                 arguments_digest=self._steps[decision.step_id].arguments_digest,
                 accepted=True,
+                verified=check.verified if check else None,
+                finding=check.finding if check else None,
             )
         )
         consequences = {
@@ -630,6 +733,7 @@ class AgentTaskWorkflow:
         decision: ApproveInput | ReconcileInput,
         verdict: str,
         problem: str,
+        finding: str | None = None,
     ) -> None:
         operator = decision.approver if isinstance(decision, ApproveInput) else decision.operator
         status = self._steps.get(decision.step_id)
@@ -645,6 +749,7 @@ class AgentTaskWorkflow:
                 arguments_digest=status.arguments_digest if status else "",
                 accepted=False,
                 rejection=problem,
+                finding=finding,
             )
         )
 
@@ -708,6 +813,26 @@ class AgentTaskWorkflow:
             policies=self._policies,
             failure_reason=self._failure_reason,
         )
+
+
+class _DecisionCheck(BaseModel):
+    """What checking a reconcile decision with the tool's look-up concluded."""
+
+    refusal: str | None = None
+    """Why the decision is refused; None when it may act."""
+    verified: bool | None = None
+    """For ``happened``: whether the look-up confirmed the resource."""
+    finding: str | None = None
+    """What the look-up found, in words (ids, amounts)."""
+
+
+def _describe_finding(found: ToolAttemptResult) -> str:
+    details = ", ".join(
+        f"{name} {found.result[name]}"
+        for name in ("status", "amount", "currency")
+        if found.result.get(name) is not None
+    )
+    return f"{found.resource_id}" + (f" ({details})" if details else "")
 
 
 def _count(name: str, **attributes: str) -> None:

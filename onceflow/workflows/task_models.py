@@ -131,6 +131,10 @@ class ReconcileInput(BaseModel):
     reason: str = Field(min_length=1, max_length=2000)
     resource_id: str | None = Field(default=None, min_length=1, max_length=255)
     """With ``happened``: the id of the effect found (e.g. the PaymentIntent id)."""
+    unverified: bool = False
+    """With ``happened``: accept ``resource_id`` although the tool's look-up could not
+    confirm it (it is kept in the decision record as unverified). Default False: a tool
+    whose look-up verifies resource ids refuses an id it cannot confirm."""
 
     @model_validator(mode="after")
     def _resource_id_goes_with_happened(self) -> "ReconcileInput":
@@ -138,6 +142,8 @@ class ReconcileInput(BaseModel):
             raise ValueError("decision 'happened' needs the resource id of the effect")
         if self.decision is not ReconcileDecision.HAPPENED and self.resource_id is not None:
             raise ValueError("a resource id goes only with decision 'happened'")
+        if self.decision is not ReconcileDecision.HAPPENED and self.unverified:
+            raise ValueError("'unverified' goes only with decision 'happened'")
         return self
 
 
@@ -155,6 +161,12 @@ class DecisionRecord(BaseModel):
     """Digest of the step's arguments the decision was about."""
     accepted: bool
     rejection: str | None = None
+    verified: bool | None = None
+    """With ``happened``: True when the tool's look-up confirmed the resource, False when
+    it was accepted unverified (the operator said so, or the tool cannot verify ids);
+    None for other decisions and for tasks started before decisions were checked."""
+    finding: str | None = None
+    """What the look-up run to check the decision found (ids, amounts), if one ran."""
 
 
 class TaskOutcomeInput(BaseModel):

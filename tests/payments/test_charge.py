@@ -131,7 +131,9 @@ async def test_a_provider_that_always_times_out_past_key_retention_parks_without
     [entry] = await control.ledger()
     assert len(posts(await control.requests())) == 1
 
-    # The operator finds the charge at the provider and runs the printed command.
+    # The operator finds the charge at the provider and runs the printed command, once
+    # the provider answers again: the task retrieves the named PaymentIntent to check it.
+    await control.clear_faults()
     assert step.reconcile_command is not None
     assert step.reconcile_command.startswith(f"onceflow reconcile {workflow_id} --step pay")
     process = await asyncio.create_subprocess_exec(
@@ -163,7 +165,6 @@ async def test_a_provider_that_always_times_out_past_key_retention_parks_without
     result = await tasks.result(workflow_id)
     assert result.state is TaskState.SUCCEEDED
     assert result.step("pay").resource_id == entry.object_id
-    await control.clear_faults()
     assert len(await control.ledger()) == 1
     assert len(posts(await control.requests())) == 1
 

@@ -9,16 +9,21 @@ of issue #13 applied) and the negative control ``nondeterministic/*.json``, whic
 fail replay. ``retries_then_success``, ``parked_then_did_not_happen`` and ``approved``
 were recorded before those patches and are kept as they are: they are the other side
 of every patch, and the workflow can no longer produce them.
+
+Names given on the command line record only those histories (the others are run but not
+written), so histories of tasks running under an earlier version stay as they were:
+``python -m tests.workflows.record_histories checked_did_not_happen_looked_up_first``.
 """
 
 import asyncio
 import json
+import sys
 import uuid
 from datetime import timedelta
 from pathlib import Path
 
 from onceflow_devstack.binaries import installed_binary
-from temporalio.client import WorkflowHandle
+from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
@@ -56,7 +61,9 @@ async def _until(env: WorkflowEnvironment, handle: Handle, state: TaskState) -> 
     raise RuntimeError(f"{handle.id} never reached {state}")
 
 
-async def _record(env: WorkflowEnvironment, queue: str, script: Script) -> None:
+async def _record(
+    env: WorkflowEnvironment, queue: str, script: Script, only: frozenset[str]
+) -> None:
     async def start(*steps: StepInput) -> Handle:
         return await env.client.start_workflow(
             AgentTaskWorkflow.run,
@@ -67,6 +74,8 @@ async def _record(env: WorkflowEnvironment, queue: str, script: Script) -> None:
 
     async def save(name: str, handle: Handle) -> None:
         await handle.result()
+        if only and name not in only:
+            return
         history = await handle.fetch_history()
         (HISTORIES / f"{name}.json").write_text(history.to_json())
 
@@ -168,6 +177,50 @@ async def _record(env: WorkflowEnvironment, queue: str, script: Script) -> None:
     )
     await save("pinned_approved", gated)
 
+    # Operator decisions checked before they act: did_not_happen looks the effect up
+    # first (inconclusive here, so the attempt runs) ...
+    await parks_then(
+        "checked_did_not_happen_looked_up_first",
+        script.plan("dnh", KeyUnusable.STORED_FAILURE, S),
+        ReconcileDecision.DID_NOT_HAPPEN,
+    )
+    # ... and is refused when the look-up finds it; then happened (this tool's look-up
+    # does not verify ids, so it is accepted unverified).
+    found = await start(
+        StepInput(
+            step_id="k",
+            tool="scripted_provider",
+            arguments={"label": script.plan("dnhf", KeyUnusable.STORED_FAILURE)},
+        )
+    )
+    await _until(env, found, TaskState.PARKED)
+    script.found.add("dnhf")
+    try:
+        await found.execute_update(
+            AgentTaskWorkflow.reconcile,
+            ReconcileInput(
+                step_id="k",
+                decision=ReconcileDecision.DID_NOT_HAPPEN,
+                operator="ops",
+                reason="checked",
+            ),
+        )
+    except WorkflowUpdateFailedError:
+        pass
+    else:
+        raise RuntimeError("did_not_happen was not refused although the look-up found it")
+    await found.execute_update(
+        AgentTaskWorkflow.reconcile,
+        ReconcileInput(
+            step_id="k",
+            decision=ReconcileDecision.HAPPENED,
+            resource_id="res-dnhf-found",
+            operator="ops",
+            reason="the look-up found it",
+        ),
+    )
+    await save("checked_did_not_happen_refused_then_happened", found)
+
 
 def _renamed_activity(name: str, old: str, new: str) -> None:
     """The negative control: ``name`` with its first attempt's activity renamed, as if
@@ -204,7 +257,7 @@ async def main() -> None:
             workflows=[AgentTaskWorkflow],
             activities=script.activities(),
         ):
-            await _record(env, queue, script)
+            await _record(env, queue, script, frozenset(sys.argv[1:]))
     print(f"recorded {len(list(HISTORIES.glob('*.json')))} histories in {HISTORIES}")
 
 

@@ -1,0 +1,150 @@
+"""Operator decisions checked before they act (invariant 16), judged by the provider's
+ledger and request log: ``did_not_happen`` looks the charge up first, ``happened`` is
+verified by retrieving the named PaymentIntent and recorded where a later refund reads it."""
+
+import pytest
+from onceflow_devstack.stripe_provider import Fault, ProviderControl, RequestRecord
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from onceflow.task_api import DecisionRefused, TaskClient
+from onceflow.tools import derive_child_key
+from onceflow.workflows.task_models import (
+    ReconcileDecision,
+    ReconcileInput,
+    StepState,
+    TaskState,
+    TaskStatus,
+)
+
+from .conftest import ACCOUNT, TENANT, VISA_CHARGE, operation_row, start_task, wait_for
+
+pytestmark = [pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")]
+
+REFUND_BY_STEP = {"charge_step": "pay", "amount": 1500, "reason": "requested_by_customer"}
+
+
+def charge_key(workflow_id: str) -> str:
+    return derive_child_key(
+        tenant=TENANT,
+        workflow_id=workflow_id,
+        step_id="pay",
+        child_op="charge",
+        provider_account=ACCOUNT,
+    )
+
+
+def posts(log: list[RequestRecord], path: str = "/v1/payment_intents") -> list[RequestRecord]:
+    return [record for record in log if record.method == "POST" and record.path == path]
+
+
+def parked(status: TaskStatus) -> bool:
+    return status.state is TaskState.PARKED
+
+
+def decide(
+    decision: ReconcileDecision, resource_id: str | None = None, **more: bool
+) -> ReconcileInput:
+    return ReconcileInput(
+        step_id="pay",
+        decision=decision,
+        resource_id=resource_id,
+        operator="ops@acme",
+        reason="checked the dashboard",
+        **more,
+    )
+
+
+async def park_a_charge_that_happened(
+    control: ProviderControl, tasks: TaskClient, *more_steps: tuple[str, str, dict[str, object]]
+) -> str:
+    """A charge Stripe made but answered 500 for (stored under the key), while its search
+    index lags an hour: the step parks although the PaymentIntent exists."""
+    await control.configure(search_lag_seconds=3600)
+    await control.add_fault(Fault.ERROR_500_AFTER_COMMIT, path_prefix="/v1/payment_intents")
+    workflow_id = await start_task(tasks, ("pay", "charge_payment", VISA_CHARGE), *more_steps)
+    await wait_for(tasks, workflow_id, parked)
+    return workflow_id
+
+
+async def test_happened_is_verified_and_recorded_so_a_refund_by_charge_step_refunds_once(
+    worker: Worker, tasks: TaskClient, control: ProviderControl, database: str
+) -> None:
+    workflow_id = await park_a_charge_that_happened(
+        control, tasks, ("refund", "refund_payment", REFUND_BY_STEP)
+    )
+    [charge] = await control.ledger()
+
+    answer = await tasks.reconcile(
+        workflow_id, decide(ReconcileDecision.HAPPENED, charge.object_id)
+    )
+
+    assert f"succeeds with resource {charge.object_id}" in answer.message
+    result = await tasks.result(workflow_id)
+    assert result.state is TaskState.SUCCEEDED, result.failure_reason
+    # The decision reached the operation record the refund reads.
+    assert operation_row(database, charge_key(workflow_id))[:2] == ("succeeded", charge.object_id)
+    [recorded] = result.decisions
+    assert recorded.verified is True and charge.object_id in (recorded.finding or "")
+    assert result.step("pay").result["amount"] == 4200
+    ledger = await control.ledger()
+    assert [(entry.kind, entry.amount) for entry in ledger] == [("charge", 4200), ("refund", 1500)]
+    assert ledger[1].payment_intent == charge.object_id
+    assert len(posts(await control.requests(), "/v1/refunds")) == 1
+    assert len(posts(await control.requests())) == 1
+
+
+async def test_happened_naming_an_unknown_or_foreign_id_is_refused_unless_unverified(
+    worker: Worker, tasks: TaskClient, control: ProviderControl
+) -> None:
+    workflow_id = await park_a_charge_that_happened(control, tasks)
+    other = await start_task(tasks, ("pay", "charge_payment", VISA_CHARGE))
+    await control.clear_faults()
+    foreign = (await tasks.result(other)).step("pay").resource_id
+    assert foreign is not None
+
+    with pytest.raises(DecisionRefused, match="pi_does_not_exist"):
+        await tasks.reconcile(workflow_id, decide(ReconcileDecision.HAPPENED, "pi_does_not_exist"))
+    with pytest.raises(DecisionRefused, match="not this step's charge"):
+        await tasks.reconcile(workflow_id, decide(ReconcileDecision.HAPPENED, foreign))
+
+    status = await tasks.status(workflow_id)
+    assert status.state is TaskState.PARKED and status.decisions == []
+    # The operator insists: accepted, and the record says it was not verified.
+    await tasks.reconcile(
+        workflow_id, decide(ReconcileDecision.HAPPENED, "pi_does_not_exist", unverified=True)
+    )
+    result = await tasks.result(workflow_id)
+    assert result.state is TaskState.SUCCEEDED
+    assert result.step("pay").result == {"reconciled": True}
+    [recorded] = result.decisions
+    assert recorded.accepted and recorded.verified is False
+    assert len(posts(await control.requests())) == 2  # one per task, nothing more
+
+
+async def test_did_not_happen_on_an_existing_charge_is_refused_with_its_id_and_posts_nothing(
+    dev_server: WorkflowEnvironment, worker: Worker, tasks: TaskClient, control: ProviderControl
+) -> None:
+    workflow_id = await park_a_charge_that_happened(control, tasks)
+    [charge] = await control.ledger()
+    await control.configure(search_lag_seconds=0)  # a search now would find it
+    posts_before = len(posts(await control.requests()))
+
+    with pytest.raises(DecisionRefused) as refused:
+        await tasks.reconcile(workflow_id, decide(ReconcileDecision.DID_NOT_HAPPEN))
+
+    assert charge.object_id in str(refused.value) and "4200" in str(refused.value)
+    # The same decision from the UI (a signal) is recorded as rejected, with the finding.
+    handle = dev_server.client.get_workflow_handle(workflow_id)
+    await handle.signal("reconcile", decide(ReconcileDecision.DID_NOT_HAPPEN))
+    status = await wait_for(tasks, workflow_id, lambda status: bool(status.decisions))
+    [rejected] = status.decisions
+    assert not rejected.accepted and charge.object_id in (rejected.rejection or "")
+    assert status.step("pay").state is StepState.PARKED
+    assert len(posts(await control.requests())) == posts_before
+    assert len(await control.ledger()) == 1
+
+    await tasks.reconcile(workflow_id, decide(ReconcileDecision.HAPPENED, charge.object_id))
+    assert (await tasks.result(workflow_id)).state is TaskState.SUCCEEDED
+    assert len(posts(await control.requests())) == posts_before
+    assert len(await control.ledger()) == 1
