@@ -43,6 +43,7 @@ TOOLS = [
     "ENTRY_POINT_GROUP",
     "EffectFlags",
     "FIRST_SENT_AT",
+    "KEY_GENERATION",
     "IDEMPOTENCY_KEY_MAX_LENGTH",
     "Implementation",
     "KeyUnusable",

@@ -263,8 +263,8 @@ async def _verify_claimed_charge(
     )
     looked["lookup_claimed"] = seen
     problems = []
-    if intent.metadata.get(OPERATION_METADATA_KEY) != operation.key_digest:
-        problems.append(f"it is not this step's charge (this step's is {operation.key_digest})")
+    if intent.metadata.get(OPERATION_METADATA_KEY) not in operation.key_digests:
+        problems.append(f"it is not this step's charge ({_operation_ids(operation)})")
     if (intent.amount, intent.currency.lower()) != (arguments.amount, arguments.currency.lower()):
         problems.append(f"the step charges {arguments.amount} {arguments.currency}")
     if intent.status not in CHARGED:
@@ -277,12 +277,15 @@ async def _verify_claimed_charge(
 async def _search_charge(
     provider: PaymentProvider, operation: ChildOperation, evidence: dict[str, str]
 ) -> PaymentIntentView | None:
-    """The one charged PaymentIntent carrying the operation id, if search shows it.
+    """The one charged PaymentIntent carrying the operation id (of any key generation),
+    if search shows it.
 
     Records what it saw in ``evidence["lookup_search"]``.
     """
+    views: list[PaymentIntentView] = []
     try:
-        views = await provider.search_payment_intents(operation.key_digest)
+        for digest in operation.key_digests:
+            views.extend(await provider.search_payment_intents(digest))
     except PaymentProviderError as failure:
         evidence["lookup_search"] = f"search failed: {failure.reason}"
         return None
@@ -376,8 +379,8 @@ async def _verify_claimed_refund(
     )
     looked["lookup_claimed"] = seen
     problems = []
-    if refund.metadata.get(OPERATION_METADATA_KEY) != operation.key_digest:
-        problems.append(f"it is not this step's refund (this step's is {operation.key_digest})")
+    if refund.metadata.get(OPERATION_METADATA_KEY) not in operation.key_digests:
+        problems.append(f"it is not this step's refund ({_operation_ids(operation)})")
     if arguments.amount is not None and refund.amount != arguments.amount:
         problems.append(f"the step refunds {arguments.amount}")
     if arguments.payment_intent and refund.payment_intent != arguments.payment_intent:
@@ -429,6 +432,10 @@ def _metadata(call: ToolCall[Any], operation: ChildOperation) -> dict[str, str]:
         "onceflow_workflow_id": call.workflow_id,
         "onceflow_step": call.step_id,
     }
+
+
+def _operation_ids(operation: ChildOperation) -> str:
+    return "this step's operation id is " + " or ".join(operation.key_digests)
 
 
 def _recorded_resource(operation: ChildOperation) -> str | None:

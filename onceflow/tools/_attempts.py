@@ -39,6 +39,9 @@ class ToolCallInput(BaseModel):
     policy: ToolPolicy | None = None
     """The tool's policy as the task pinned it (its send-by window above all); None from
     a task started before policies were pinned: the tool's registered contract applies."""
+    key_generation: int = Field(default=1, ge=1)
+    """The step's key generation (part of its derived child keys): raised when an
+    operator authorises a new attempt after the old key became unusable."""
     claimed_resource_id: str | None = None
     """Only in a look-up checking an operator's ``happened``: the resource the operator
     named. A look-up that verifies ids (``ToolContract.lookup_verifies_resource_ids``)

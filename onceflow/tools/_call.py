@@ -61,11 +61,22 @@ _CLOCK = "SELECT clock_timestamp()"
 FIRST_SENT_AT = "key_first_sent_at"
 """Correlation id (and evidence key) of the time a child key was first sent."""
 _START = """
-INSERT INTO operations (child_key, tenant, workflow_id, step_id, tool, child_op, state)
+INSERT INTO operations
+    (child_key, tenant, workflow_id, step_id, tool, child_op, state, correlation)
 VALUES (%(child_key)s, %(tenant)s, %(workflow_id)s, %(step_id)s, %(tool)s, %(child_op)s,
-        'started')
+        'started', %(ids)s)
 ON CONFLICT (child_key) DO NOTHING
 """
+# Every generation's record of one child operation of one step (any provider account:
+# the caller keeps the rows whose key derives from its account).
+_READ_GENERATIONS = """
+SELECT child_key, state, resource_id, result, correlation FROM operations
+WHERE workflow_id = %(workflow_id)s AND step_id = %(step_id)s AND tenant = %(tenant)s
+    AND child_op = %(child_op)s
+"""
+KEY_GENERATION = "key_generation"
+"""Correlation id (and evidence key) of a child key's generation, recorded from the
+second generation on."""
 _MERGE_CORRELATION = """
 INSERT INTO operations
     (child_key, tenant, workflow_id, step_id, tool, child_op, state, correlation)
@@ -134,12 +145,23 @@ class ChildOperation:
     """The resource an earlier attempt recorded as produced, if it succeeded."""
     result: dict[str, Any] = field(default_factory=dict)
     """The result an earlier attempt recorded, if it succeeded."""
+    generation: int = 1
+    """The key generation ``key`` belongs to (see ``ToolCallInput.key_generation``)."""
+    generation_keys: tuple[str, ...] = field(default=(), repr=False)
+    """This operation's key in every generation up to ``generation``, oldest first."""
     _call: "ToolCall[Any] | None" = field(default=None, repr=False)
 
     @property
     def key_digest(self) -> str:
         """A digest of ``key``, safe to log, trace and send as provider metadata."""
         return key_digest(self.key)
+
+    @property
+    def key_digests(self) -> tuple[str, ...]:
+        """Digests of this operation's key in every generation so far, oldest first. A
+        look-up searches for each: an effect made under an earlier generation's key is
+        still this step's."""
+        return tuple(key_digest(key) for key in self.generation_keys) or (self.key_digest,)
 
     @property
     def earlier_success(self) -> ToolAttemptResult | None:
@@ -158,10 +180,12 @@ class ChildOperation:
         """What the workflow keeps for lookups and operators: the key's digest (as
         ``child_key_digest``, which traces and logs show, and as ``<child_op>_key_digest``,
         which keeps the child operations of one step apart) and the provider ids."""
+        generation = {KEY_GENERATION: str(self.generation)} if self.generation > 1 else {}
         return {
             "child_key_digest": self.key_digest,
             f"{self.child_op}_key_digest": self.key_digest,
             **self.correlation,
+            **generation,
         }
 
     @property
@@ -502,27 +526,42 @@ class ToolCall(Generic[ArgsT]):
         return limit or self.contract.attempt_timeout
 
     def child_key(self, child_op: str, *, provider_account: str, step_id: str | None = None) -> str:
-        """The derived idempotency key of one child operation at one provider account.
+        """The derived idempotency key of one child operation at one provider account,
+        in this step's current key generation.
 
         Args:
             child_op: Which child effect of the step.
             provider_account: The provider account the effect lands in.
-            step_id: Another step of the same task. Default: this step.
+            step_id: Another step of the same task (its first generation's key; ``find``
+                reads every generation). Default: this step.
         """
+        own = step_id is None or step_id == self.step_id
+        return self._generation_key(
+            child_op,
+            provider_account,
+            self.step_id if step_id is None else step_id,
+            self.identity.key_generation if own else 1,
+        )
+
+    def _generation_key(
+        self, child_op: str, provider_account: str, step_id: str, generation: int
+    ) -> str:
         return derive_child_key(
             tenant=self.tenant,
             workflow_id=self.workflow_id,
-            step_id=self.step_id if step_id is None else step_id,
+            step_id=step_id,
             child_op=child_op,
             provider_account=provider_account,
+            generation=generation,
         )
 
     async def begin(self, child_op: str, *, provider_account: str) -> ChildOperation:
         """Start (or resume) a child operation: record it before anything is sent. Call it
         right before sending: for a provider that forgets keys this is the key's send.
 
-        Returns the operation with what earlier attempts recorded; if one succeeded,
-        return ``operation.earlier_success`` instead of sending again.
+        Returns the operation with what earlier attempts recorded; if one succeeded (in
+        this key generation or an earlier one), return ``operation.earlier_success``
+        instead of sending again.
 
         Raises:
             KeyWindowClosed: The provider forgets keys and this key's send-by deadline
@@ -539,7 +578,8 @@ class ToolCall(Generic[ArgsT]):
     ) -> ChildOperation:
         """A child operation's record without starting it: for ``look_up`` functions, and
         to read what an earlier step of the same task recorded (a refund reads the
-        PaymentIntent its charge step made).
+        PaymentIntent its charge step made). Every key generation is read: the one that
+        succeeded is returned if any, else the latest.
 
         Args:
             child_op: Which child effect of the step.
@@ -595,22 +635,29 @@ class ToolCall(Generic[ArgsT]):
     async def _load(
         self, child_op: str, provider_account: str, *, start: bool, step_id: str | None = None
     ) -> ChildOperation:
-        key = self.child_key(child_op, provider_account=provider_account, step_id=step_id)
-        operation = ChildOperation(
-            key=key,
-            child_op=child_op,
-            state=None,
-            correlation={},
-            # Another step's operation is read-only: its record's identity is not ours.
-            _call=self if step_id is None else None,
-        )
-        params = self.operation_params(operation)
+        own = step_id is None
+        step = self.step_id if step_id is None else step_id
+        generation = self.identity.key_generation if own else 1
+        operation = self._operation(child_op, provider_account, step, generation, bound=own)
+        params = {**self.operation_params(operation), "step_id": step}
         sends = start and self.policy.forgets_keys
         now: datetime | None = None
         try:
             async with self.pool.connection() as conn:
+                if not own or generation > 1:
+                    # Another step's generation is unknown here; this step's earlier
+                    # generations may hold its success.
+                    rows = await (await conn.execute(_READ_GENERATIONS, params)).fetchall()
+                    found = self._pick_generation(
+                        rows, child_op, provider_account, step, up_to=generation if own else None
+                    )
+                    if found is not None and (not own or found.state == "succeeded"):
+                        found._call = operation._call
+                        return found
+                    if not own:
+                        return operation
                 if start:
-                    await conn.execute(_START, params)
+                    await conn.execute(_START, {**params, "ids": Jsonb(operation.correlation)})
                 if sends:
                     await conn.execute(_MARK_FIRST_SEND, params)
                 row = await (await conn.execute(_READ, params)).fetchone()
@@ -628,6 +675,50 @@ class ToolCall(Generic[ArgsT]):
             self._refuse_past_send_by(operation, now)
         return operation
 
+    def _operation(
+        self, child_op: str, provider_account: str, step_id: str, generation: int, *, bound: bool
+    ) -> ChildOperation:
+        keys = tuple(
+            self._generation_key(child_op, provider_account, step_id, number)
+            for number in range(1, generation + 1)
+        )
+        return ChildOperation(
+            key=keys[-1],
+            child_op=child_op,
+            state=None,
+            correlation={KEY_GENERATION: str(generation)} if generation > 1 else {},
+            generation=generation,
+            generation_keys=keys,
+            # Another step's operation is read-only: its record's identity is not ours.
+            _call=self if bound else None,
+        )
+
+    def _pick_generation(
+        self,
+        rows: list[Any],
+        child_op: str,
+        provider_account: str,
+        step_id: str,
+        *,
+        up_to: int | None,
+    ) -> ChildOperation | None:
+        """The record that succeeded (the latest generation if several did), else the
+        latest generation's, among the rows whose key derives from this provider account."""
+        generations: dict[int, Any] = {}
+        for child_key, *row in rows:
+            number = _generation_of(row[3])
+            if up_to is not None and number > up_to:
+                continue
+            if child_key == self._generation_key(child_op, provider_account, step_id, number):
+                generations[number] = row
+        if not generations:
+            return None
+        succeeded = [number for number, row in generations.items() if row[0] == "succeeded"]
+        number = max(succeeded or generations)
+        operation = self._operation(child_op, provider_account, step_id, number, bound=False)
+        operation._load_row(generations[number])
+        return operation
+
     def _refuse_past_send_by(self, operation: ChildOperation, now: datetime) -> None:
         first = operation.first_sent_at
         send_by = self.policy.send_by(first) if first else None
@@ -641,6 +732,11 @@ class ToolCall(Generic[ArgsT]):
             "forgotten the key and a repeat could make a second effect",
             {**operation.evidence, "key_send_by": send_by.isoformat()},
         )
+
+
+def _generation_of(correlation: Mapping[str, Any]) -> int:
+    recorded = str(correlation.get(KEY_GENERATION, "1"))
+    return int(recorded) if recorded.isdigit() and int(recorded) >= 1 else 1
 
 
 def _strings(ids: dict[str, Any]) -> dict[str, str]:

@@ -49,7 +49,13 @@ def _length_prefixed_digest(*parts: str) -> str:
 
 
 def derive_child_key(
-    *, tenant: str, workflow_id: str, step_id: str, child_op: str, provider_account: str
+    *,
+    tenant: str,
+    workflow_id: str,
+    step_id: str,
+    child_op: str,
+    provider_account: str,
+    generation: int = 1,
 ) -> str:
     """The idempotency key for one child operation at one provider account.
 
@@ -59,10 +65,16 @@ def derive_child_key(
         step_id: The step inside the task.
         child_op: Which child effect of the step (e.g. ``charge``, ``refund``).
         provider_account: The provider account the effect lands in.
+        generation: The step's key generation: 1 unless an operator authorised a new
+            attempt after the old key became unusable (the provider may have forgotten
+            it, or it holds a stored failure). Default 1.
     """
-    digest = _length_prefixed_digest(
-        CHILD_KEY_VERSION, tenant, workflow_id, step_id, child_op, provider_account
-    )
+    if generation < 1:
+        raise ValueError(f"a key generation counts from 1, not {generation}")
+    parts = [CHILD_KEY_VERSION, tenant, workflow_id, step_id, child_op, provider_account]
+    if generation > 1:  # generation 1 keeps the keys derived before generations existed
+        parts.append(f"generation:{generation}")
+    digest = _length_prefixed_digest(*parts)
     return f"of{CHILD_KEY_VERSION}_{digest[:48]}"
 
 

@@ -86,6 +86,10 @@ DECISIONS_CHECKED = "operator-decisions-checked"
 """Patch id: a reconcile decision is checked with the tool's look-up before it acts
 (``did_not_happen`` refused when the effect is found, ``happened`` verified where the
 look-up verifies resource ids and recorded where later steps read it)."""
+KEY_GENERATIONS = "key-generations"
+"""Patch id: ``did_not_happen`` on a step whose key can no longer be sent (past its
+send-by deadline, or holding a stored failure) authorises an attempt under the next key
+generation instead of the old key."""
 PIN_TIMEOUT = timedelta(seconds=10)
 """Longest the local activity pinning the task's policy may run (it reads memory only)."""
 
@@ -131,6 +135,8 @@ class AgentTaskWorkflow:
         """Steps whose reconcile decision is being checked: others wait for the answer."""
         self._verified: dict[str, ToolAttemptResult] = {}
         """Per step: what the look-up found when it verified an accepted ``happened``."""
+        self._unusable_keys: set[str] = set()
+        """Steps parked because no attempt may send under their key any more."""
         self._waited_for_people = timedelta(0)
         """Time spent awaiting approval or parked: not machine budget."""
 
@@ -246,7 +252,7 @@ class AgentTaskWorkflow:
                 # No attempt may send under this key any more, whatever the budget says.
                 _count("onceflow_key_unusable", tool=step.tool, why=result.key_unusable.value)
                 reason = result.reason or f"the step's key is unusable ({result.key_unusable})"
-                if await self._look_up_or_park(step, policy, status, reason):
+                if await self._look_up_or_park(step, policy, status, reason, key_unusable=True):
                     return
                 operator_authorised, saw_unknown = True, False
                 continue
@@ -268,7 +274,7 @@ class AgentTaskWorkflow:
                 if closed is not None:
                     # The timer fired, but the worker that runs this may have come back
                     # (or got to it through a backlog) after the key's window.
-                    if await self._look_up_or_park(step, policy, status, closed):
+                    if await self._look_up_or_park(step, policy, status, closed, key_unusable=True):
                         return
                     operator_authorised, saw_unknown = True, False
             elif isinstance(decision, FailStep):
@@ -282,15 +288,36 @@ class AgentTaskWorkflow:
                 operator_authorised, saw_unknown = True, False
 
     async def _look_up_or_park(
-        self, step: StepInput, policy: ToolPolicy, status: StepStatus, reason: str
+        self,
+        step: StepInput,
+        policy: ToolPolicy,
+        status: StepStatus,
+        reason: str,
+        *,
+        key_unusable: bool = False,
     ) -> bool:
         """Look the effect up, else park: True when the step finished (found, or an
-        operator found it happened); False when an operator authorised another attempt."""
+        operator found it happened); False when an operator authorised another attempt
+        (under the next key generation if the old key can no longer be sent)."""
         found = await self._look_up(step, policy, status)
         if found is not None:
             self._finish_step(status, found.resource_id, found.result)
             return True
+        if key_unusable:
+            self._unusable_keys.add(status.step_id)
         finding = await self._park(status, reason)
+        new_key = self._old_key_unusable(status)
+        self._unusable_keys.discard(status.step_id)
+        if (
+            finding.decision is ReconcileDecision.DID_NOT_HAPPEN
+            and new_key
+            and workflow.patched(KEY_GENERATIONS)
+        ):
+            # Sending the old key again could not make progress (the provider replays
+            # its stored failure) or could make a second effect (it may have forgotten
+            # the key): the operator's attempt goes out under a new key.
+            status.key_generation += 1
+            status.evidence["key_generation"] = str(status.key_generation)
         if finding.decision is ReconcileDecision.HAPPENED:
             verified = self._verified.pop(status.step_id, None)
             result = {**verified.result, "reconciled": True} if verified else {"reconciled": True}
@@ -342,12 +369,21 @@ class AgentTaskWorkflow:
     def _send_by(self, policy: ToolPolicy, status: StepStatus) -> datetime | None:
         """The step key's send-by deadline in workflow time, if the provider forgets keys.
 
-        Counted from the first attempt's start, which is no later than the key's first
-        send: earlier than the attempt's own check (the recorded first send), never later.
+        Counted from the start of the key generation's first attempt, which is no later
+        than the key's first send: earlier than the attempt's own check (the recorded
+        first send), never later.
         """
-        if not self._send_by_enforced or not status.attempts:
+        first = self._first_attempt_of_key(status)
+        if not self._send_by_enforced or first is None:
             return None
-        return policy.send_by(status.attempts[0].started_at)
+        return policy.send_by(first.started_at)
+
+    def _old_key_unusable(self, status: StepStatus) -> bool:
+        """Whether the step's current key can no longer be sent: an attempt said so, or
+        its send-by deadline passed (while the step waited for a person, say)."""
+        if status.step_id in self._unusable_keys:
+            return True
+        return self._send_by_passed(self._policy(status.tool), status) is not None
 
     def _send_by_passed(self, policy: ToolPolicy, status: StepStatus) -> str | None:
         send_by = self._send_by(policy, status)
@@ -415,6 +451,7 @@ class AgentTaskWorkflow:
             attempt=attempt,
             evidence=status.evidence,
             policy=self._policies.get(step.tool),
+            key_generation=status.key_generation,
         )
         try:
             result: ToolAttemptResult = await workflow.execute_activity(
@@ -459,6 +496,7 @@ class AgentTaskWorkflow:
                 operator_authorised=operator_authorised,
                 reason=result.reason,
                 evidence=result.evidence,
+                key_generation=status.key_generation,
             )
         )
         status.evidence.update(result.evidence)
@@ -488,6 +526,7 @@ class AgentTaskWorkflow:
             attempt=len(status.attempts),
             evidence=status.evidence,
             policy=self._policies.get(step.tool),
+            key_generation=status.key_generation,
             claimed_resource_id=claimed_resource_id,
         )
         try:
@@ -716,9 +755,16 @@ class AgentTaskWorkflow:
                 finding=check.finding if check else None,
             )
         )
+        status = self._steps[decision.step_id]
+        retry = "gets one operator-authorised attempt"
+        if self._old_key_unusable(status):
+            retry += (
+                f" under a new key (generation {status.key_generation + 1}: the old key can "
+                "no longer be sent)"
+            )
         consequences = {
             ReconcileDecision.HAPPENED: f"succeeds with resource {decision.resource_id}",
-            ReconcileDecision.DID_NOT_HAPPEN: "gets one operator-authorised attempt",
+            ReconcileDecision.DID_NOT_HAPPEN: retry,
             ReconcileDecision.ABANDON: "is abandoned and the task fails",
         }
         return DecisionResult(
@@ -780,8 +826,12 @@ class AgentTaskWorkflow:
         return self._waited_for_people if self._machine_time_deadline else timedelta(0)
 
     def _first_attempt_age(self, status: StepStatus) -> timedelta:
-        first: datetime = status.attempts[0].started_at
-        return workflow.now() - first
+        first = self._first_attempt_of_key(status) or status.attempts[0]
+        return workflow.now() - first.started_at
+
+    def _first_attempt_of_key(self, status: StepStatus) -> AttemptRecord | None:
+        """The first attempt sent under the step's current key generation, if any."""
+        return next((a for a in status.attempts if a.key_generation == status.key_generation), None)
 
     def _set_state(self, state: TaskState) -> None:
         if state is not self._state:

@@ -94,6 +94,8 @@ class AttemptRecord(BaseModel):
     """Made because an operator decided the earlier effect did not happen."""
     reason: str | None = None
     evidence: dict[str, str] = Field(default_factory=dict)
+    key_generation: int = 1
+    """The key generation the attempt sent under (see ``StepStatus.key_generation``)."""
 
 
 class ReconcileDecision(StrEnum):
@@ -202,6 +204,10 @@ class StepStatus(BaseModel):
     """Latest correlation ids and reconciliation evidence."""
     reconcile_command: str | None = None
     """While parked: the exact command an operator runs to decide."""
+    key_generation: int = 1
+    """The generation of the step's derived child keys: raised when an operator decides
+    ``did_not_happen`` while the old key can no longer be sent (the provider may have
+    forgotten it, or it holds a stored failure). Look-ups search every generation."""
 
 
 class BudgetStatus(BaseModel):

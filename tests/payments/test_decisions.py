@@ -2,6 +2,9 @@
 ledger and request log: ``did_not_happen`` looks the charge up first, ``happened`` is
 verified by retrieving the named PaymentIntent and recorded where a later refund reads it."""
 
+import asyncio
+from datetime import UTC, datetime
+
 import pytest
 from onceflow_devstack.stripe_provider import Fault, ProviderControl, RequestRecord
 from temporalio.testing import WorkflowEnvironment
@@ -17,7 +20,16 @@ from onceflow.workflows.task_models import (
     TaskStatus,
 )
 
-from .conftest import ACCOUNT, TENANT, VISA_CHARGE, operation_row, start_task, wait_for
+from .conftest import (
+    ACCOUNT,
+    FAST_BUDGET,
+    SHORT_RETENTION_CHARGE,
+    TENANT,
+    VISA_CHARGE,
+    operation_row,
+    start_task,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")]
 
@@ -148,3 +160,111 @@ async def test_did_not_happen_on_an_existing_charge_is_refused_with_its_id_and_p
     assert (await tasks.result(workflow_id)).state is TaskState.SUCCEEDED
     assert len(posts(await control.requests())) == posts_before
     assert len(await control.ledger()) == 1
+
+
+ONE_UNKNOWN_PARKS = FAST_BUDGET.model_copy(update={"max_attempts_per_step": 1})
+"""A budget that parks a step after its first unknown outcome."""
+
+
+def generation_key(workflow_id: str, generation: int) -> str:
+    return derive_child_key(
+        tenant=TENANT,
+        workflow_id=workflow_id,
+        step_id="pay",
+        child_op="charge",
+        provider_account=ACCOUNT,
+        generation=generation,
+    )
+
+
+async def test_did_not_happen_on_a_key_holding_a_stored_500_sends_once_under_a_new_generation(
+    worker: Worker, tasks: TaskClient, control: ProviderControl, database: str
+) -> None:
+    # Stripe answered 500 before charging and stores that 500 under the key: the old key
+    # can never make progress again.
+    await control.add_fault(Fault.ERROR_500_BEFORE_COMMIT, path_prefix="/v1/payment_intents")
+    workflow_id = await start_task(
+        tasks, ("pay", "charge_payment", VISA_CHARGE), ("refund", "refund_payment", REFUND_BY_STEP)
+    )
+    status = await wait_for(tasks, workflow_id, parked)
+    assert "stored this failure" in (status.step("pay").park_reason or "")
+    assert await control.ledger() == []
+
+    answer = await tasks.reconcile(workflow_id, decide(ReconcileDecision.DID_NOT_HAPPEN))
+
+    assert "under a new key (generation 2" in answer.message
+    result = await tasks.result(workflow_id)
+    assert result.state is TaskState.SUCCEEDED, result.failure_reason
+    first, second = generation_key(workflow_id, 1), generation_key(workflow_id, 2)
+    # One POST under the old key (its 500 stored), one under the new: one charge.
+    assert [(r.idempotency_key, r.outcome) for r in posts(await control.requests())] == [
+        (first, "faulted"),
+        (second, "executed"),
+    ]
+    charge, refund = await control.ledger()
+    assert (charge.kind, charge.amount, refund.kind, refund.amount) == (
+        "charge",
+        4200,
+        "refund",
+        1500,
+    )
+    # The refund named the charge by its step and found it under the new generation.
+    assert refund.payment_intent == charge.object_id
+    step = result.step("pay")
+    assert step.key_generation == 2 and step.evidence["key_generation"] == "2"
+    last = step.attempts[-1]
+    assert last.operator_authorised and last.key_generation == 2
+    assert [attempt.key_generation for attempt in step.attempts] == [1, 2]
+    assert operation_row(database, second)[:2] == ("succeeded", charge.object_id)  # type: ignore[index]
+    # The old generation's record stays as it was: never marked succeeded.
+    assert operation_row(database, first)[:2] == ("started", None)  # type: ignore[index]
+
+
+async def test_did_not_happen_past_the_keys_send_by_deadline_sends_under_a_new_generation(
+    worker: Worker, tasks: TaskClient, control: ProviderControl
+) -> None:
+    # The connection resets before Stripe commits: unknown, nothing charged; the step
+    # parks at once. The key's send-by deadline (0.4 s after its first send) passes while
+    # it waits for the operator.
+    await control.add_fault(Fault.RESET_BEFORE_COMMIT, path_prefix="/v1/payment_intents")
+    workflow_id = await start_task(
+        tasks, ("pay", SHORT_RETENTION_CHARGE.name, VISA_CHARGE), budget=ONE_UNKNOWN_PARKS
+    )
+    status = await wait_for(tasks, workflow_id, parked)
+    policy = status.policies[SHORT_RETENTION_CHARGE.name]
+    send_by = policy.send_by(status.step("pay").attempts[0].started_at)
+    assert send_by is not None
+    await asyncio.sleep(max((send_by - datetime.now(UTC)).total_seconds(), 0) + 0.1)
+
+    answer = await tasks.reconcile(workflow_id, decide(ReconcileDecision.DID_NOT_HAPPEN))
+
+    assert "under a new key (generation 2" in answer.message
+    result = await tasks.result(workflow_id)
+    assert result.state is TaskState.SUCCEEDED, result.failure_reason
+    keys = [r.idempotency_key for r in posts(await control.requests())]
+    assert keys == [generation_key(workflow_id, 1), generation_key(workflow_id, 2)]
+    [charge] = await control.ledger()
+    assert result.step("pay").resource_id == charge.object_id
+
+
+async def test_did_not_happen_inside_the_keys_window_repeats_the_same_key(
+    worker: Worker, tasks: TaskClient, control: ProviderControl
+) -> None:
+    # The same reset, but the provider keeps keys for a day: a repeat under the old key
+    # is safe (Stripe would answer it from its record if the first had charged).
+    await control.add_fault(Fault.RESET_BEFORE_COMMIT, path_prefix="/v1/payment_intents")
+    workflow_id = await start_task(
+        tasks, ("pay", "charge_payment", VISA_CHARGE), budget=ONE_UNKNOWN_PARKS
+    )
+    await wait_for(tasks, workflow_id, parked)
+
+    answer = await tasks.reconcile(workflow_id, decide(ReconcileDecision.DID_NOT_HAPPEN))
+
+    assert "new key" not in answer.message
+    result = await tasks.result(workflow_id)
+    assert result.state is TaskState.SUCCEEDED, result.failure_reason
+    assert [r.idempotency_key for r in posts(await control.requests())] == [
+        generation_key(workflow_id, 1)
+    ] * 2
+    assert len(await control.ledger()) == 1
+    assert result.step("pay").key_generation == 1

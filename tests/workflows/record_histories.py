@@ -221,6 +221,14 @@ async def _record(
     )
     await save("checked_did_not_happen_refused_then_happened", found)
 
+    # A did_not_happen on a key that can make no progress (a stored failure, then a
+    # send-by refusal): the authorised attempt goes out under the next key generation.
+    await parks_then(
+        "key_generation_after_stored_failure",
+        script.plan("gen", KeyUnusable.STORED_FAILURE, S),
+        ReconcileDecision.DID_NOT_HAPPEN,
+    )
+
 
 def _renamed_activity(name: str, old: str, new: str) -> None:
     """The negative control: ``name`` with its first attempt's activity renamed, as if

@@ -16,7 +16,13 @@ from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
 
 from onceflow.workflows import AgentTaskWorkflow
-from onceflow.workflows.agent_task import MACHINE_TIME_DEADLINE, PINNED_POLICY, SEND_BY_ENFORCED
+from onceflow.workflows.agent_task import (
+    DECISIONS_CHECKED,
+    KEY_GENERATIONS,
+    MACHINE_TIME_DEADLINE,
+    PINNED_POLICY,
+    SEND_BY_ENFORCED,
+)
 from tests.telemetry.replay_spans import spans_emitted_by_replay
 
 from .scripted_tools import register_scripted_tools
@@ -24,7 +30,13 @@ from .scripted_tools import register_scripted_tools
 FOLDER = Path(__file__).parent / "histories"
 HISTORIES = sorted(FOLDER.glob("*.json"))
 NONDETERMINISTIC = sorted((FOLDER / "nondeterministic").glob("*.json"))
-PATCHES = (PINNED_POLICY, SEND_BY_ENFORCED, MACHINE_TIME_DEADLINE)
+PATCHES = (
+    PINNED_POLICY,
+    SEND_BY_ENFORCED,
+    MACHINE_TIME_DEADLINE,
+    DECISIONS_CHECKED,
+    KEY_GENERATIONS,
+)
 
 
 async def replay_failure(path: Path) -> Exception | None:
