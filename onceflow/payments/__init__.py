@@ -54,6 +54,7 @@ from onceflow.payments._stripe import (
     build_stripe_client,
     open_stripe_provider,
 )
+from onceflow.settings import InvalidSettings
 from onceflow.tools import Tool
 
 __all__ = [
@@ -94,11 +95,11 @@ def payment_tools(tool_settings: PaymentToolSettings, stripe: StripeSettings) ->
         stripe: How this worker reaches Stripe (``[stripe]``).
 
     Raises:
-        ValueError: With an API key set, the attempt timeout does not exceed two Stripe
-            calls (an attempt could be cut off while its request is still in flight).
+        InvalidSettings: With an API key set, the attempt timeout does not exceed two
+            Stripe calls (an attempt could be cut off while its request is in flight).
     """
     if stripe.configured and tool_settings.attempt_timeout <= 2 * stripe.longest_call:
-        raise ValueError(
+        raise InvalidSettings(
             f"the payment tools' attempt timeout ({tool_settings.attempt_timeout}) must "
             f"exceed two Stripe calls (2 × {stripe.longest_call}); raise "
             "ONCEFLOW_PAYMENTS_ATTEMPT_TIMEOUT or lower ONCEFLOW_STRIPE_REQUEST_TIMEOUT / "

@@ -23,6 +23,7 @@ from onceflow.payments import (
     payment_tools,
 )
 from onceflow.retry_policy import OutcomeClass
+from onceflow.settings import InvalidSettings
 from onceflow.tools import ToolCallInput, derive_child_key, key_digest, tool_activities
 
 from .conftest import (
@@ -173,5 +174,6 @@ async def test_without_a_stripe_key_payment_tools_reject_with_a_clear_reason(
 
 def test_an_attempt_timeout_shorter_than_two_provider_calls_is_refused() -> None:
     slow = stripe_settings("http://127.0.0.1:9", request_timeout=timedelta(seconds=100))
-    with pytest.raises(ValueError, match="ONCEFLOW_PAYMENTS_ATTEMPT_TIMEOUT"):
+    # InvalidSettings: the CLI prints it as one line and exits 2.
+    with pytest.raises(InvalidSettings, match="ONCEFLOW_PAYMENTS_ATTEMPT_TIMEOUT"):
         payment_tools(PaymentToolSettings(), slow)

@@ -1,4 +1,5 @@
-"""A worker process SIGKILLed between the provider's commit and the activity's report.
+"""Worker processes SIGKILLed between the provider's commit and the activity's report,
+or paused (SIGSTOP) after the workflow decided a retry until the provider forgot the key.
 
 Real ``onceflow worker`` processes, configured only through the environment as in
 production; the payment settings they share (attempt timeout, Stripe account) are the
@@ -9,23 +10,36 @@ import asyncio
 import os
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from onceflow_devstack.stripe_provider import Fault, ProviderControl, RunningProvider
+from temporalio.api.enums.v1 import EventType
+from temporalio.api.history.v1 import HistoryEvent
+from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
-from onceflow.task_api import TaskClient
+from onceflow.retry_policy import RetryBudget
+from onceflow.task_api import DecisionRefused, TaskClient
 from onceflow.tools import derive_child_key
-from onceflow.workflows.task_models import TaskState
-from tests.harness import REPO, eventually, onceflow_command
+from onceflow.workflows.task_models import ReconcileDecision, ReconcileInput, TaskState
+from tests.harness import REPO, eventually, onceflow_command, parked
 
-from .conftest import ACCOUNT, API_KEY, TENANT, VISA_CHARGE, operation_row, start_task
+from .conftest import (
+    ACCOUNT,
+    API_KEY,
+    TENANT,
+    VISA_CHARGE,
+    operation_row,
+    start_task,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")]
 
 READY = "onceflow worker ready"
 
-WorkerProcess = Callable[[], Awaitable[asyncio.subprocess.Process]]
+WorkerProcess = Callable[..., Awaitable[asyncio.subprocess.Process]]
 
 
 @pytest.fixture
@@ -50,11 +64,12 @@ async def worker_process(
     }
     started: list[tuple[asyncio.subprocess.Process, asyncio.Task[None]]] = []
 
-    async def start() -> asyncio.subprocess.Process:
+    async def start(**settings: str) -> asyncio.subprocess.Process:
+        """Start a worker; ``settings`` are more environment variables for it."""
         process = await asyncio.create_subprocess_exec(
             *onceflow_command("worker"),
             cwd=REPO,
-            env=environment,
+            env={**environment, **settings},
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
         )
@@ -80,6 +95,7 @@ async def worker_process(
     yield start
     for process, reader in started:
         if process.returncode is None:
+            process.send_signal(signal.SIGCONT)  # a test that failed while it was paused
             process.terminate()
             try:
                 await asyncio.wait_for(process.wait(), timeout=30)
@@ -128,3 +144,104 @@ async def test_a_worker_killed_after_the_provider_committed_leaves_one_charge(
         (key, "replayed"),
     ]
     assert operation_row(database, key)[:3] == ("succeeded", entry.object_id, entry.request_id)
+
+
+KEY_RETENTION_SECONDS = 5
+SHORT_KEY_WINDOW = {
+    # The provider forgets keys after 5 s and the workers know it: a key may be sent
+    # until 4 s after its first send.
+    "ONCEFLOW_PAYMENTS_KEY_RETENTION": f"PT{KEY_RETENTION_SECONDS}S",
+    "ONCEFLOW_PAYMENTS_RETENTION_MARGIN": "PT1S",
+    "ONCEFLOW_PAYMENTS_ATTEMPT_TIMEOUT": "PT3.5S",
+}
+RETRY_IN_UP_TO_3S = RetryBudget(
+    initial_backoff=timedelta(seconds=3), max_backoff=timedelta(seconds=3)
+)
+"""The first retry waits a jittered 0-3 s: room to pause the worker during it."""
+
+
+async def retry_decided(client: Client, workflow_id: str) -> list[HistoryEvent]:
+    """The task's history once the workflow has started a backoff timer."""
+    handle = client.get_workflow_handle(workflow_id)
+
+    async def history() -> list[HistoryEvent]:
+        return [event async for event in handle.fetch_history_events()]
+
+    return await eventually(
+        history,
+        what="the workflow decided a retry",
+        until=lambda events: any(
+            e.event_type == EventType.EVENT_TYPE_TIMER_STARTED for e in events
+        ),
+        interval=0.01,
+    )
+
+
+async def test_a_worker_paused_after_a_retry_was_decided_never_sends_the_forgotten_key(
+    dev_server: WorkflowEnvironment,
+    worker_process: WorkerProcess,
+    tasks: TaskClient,
+    control: ProviderControl,
+) -> None:
+    await control.configure(key_retention_seconds=KEY_RETENTION_SECONDS, search_lag_seconds=3600)
+    # Each round: Stripe charges, the connection drops before the answer (unknown); the
+    # workflow decides a same-key retry inside the window and starts its backoff timer.
+    # The round counts only if the worker was paused before that timer fired.
+    for _ in range(5):
+        worker = await worker_process(**SHORT_KEY_WINDOW)
+        await control.add_fault(Fault.DROP_AFTER_COMMIT, path_prefix="/v1/payment_intents")
+        workflow_id = await start_task(
+            tasks, ("pay", "charge_payment", VISA_CHARGE), budget=RETRY_IN_UP_TO_3S
+        )
+        await retry_decided(dev_server.client, workflow_id)
+        worker.send_signal(signal.SIGSTOP)
+        paused_at = datetime.now(UTC)
+        handle = dev_server.client.get_workflow_handle(workflow_id)
+        kinds = [event.event_type async for event in handle.fetch_history_events()]
+        if EventType.EVENT_TYPE_TIMER_FIRED not in kinds:
+            break
+        worker.send_signal(signal.SIGCONT)  # the retry ran before the pause: again
+        await tasks.result(workflow_id)
+        await control.clear_faults()
+    else:
+        raise AssertionError("the worker never paused during a backoff in 5 rounds")
+    # Paused until the provider has forgotten the key (a wall-clock window, no event).
+    await asyncio.sleep(KEY_RETENTION_SECONDS + 1)
+    assert (datetime.now(UTC) - paused_at).total_seconds() > KEY_RETENTION_SECONDS
+    worker.send_signal(signal.SIGCONT)
+
+    status = await wait_for(tasks, workflow_id, parked, timeout=40)
+
+    step = status.step("pay")
+    # Caught by the workflow after its timer, or by the attempt where the key leaves
+    # (a poll already pending when the worker paused gets the timer's workflow task with
+    # the time it fired): either way the send-by deadline, and nothing sent.
+    assert "send-by deadline" in (step.park_reason or "")
+    key = derive_child_key(
+        tenant=TENANT,
+        workflow_id=workflow_id,
+        step_id="pay",
+        child_op="charge",
+        provider_account=ACCOUNT,
+    )
+    sent = [r for r in await control.requests() if r.idempotency_key == key]
+    assert [r.outcome for r in sent] == ["executed"]  # never sent again
+    [charge] = [entry for entry in await control.ledger() if entry.idempotency_key == key]
+
+    # Once search catches up, a wrong did_not_happen is refused with the charge's id...
+    await control.configure(search_lag_seconds=0)
+    decide = ReconcileInput(
+        step_id="pay", decision=ReconcileDecision.DID_NOT_HAPPEN, operator="ops", reason="?"
+    )
+    with pytest.raises(DecisionRefused, match=charge.object_id):
+        await tasks.reconcile(workflow_id, decide)
+    # ...and happened settles it: one PaymentIntent for the step.
+    await tasks.reconcile(
+        workflow_id,
+        decide.model_copy(
+            update={"decision": ReconcileDecision.HAPPENED, "resource_id": charge.object_id}
+        ),
+    )
+    assert (await tasks.result(workflow_id)).step("pay").resource_id == charge.object_id
+    assert len([r for r in await control.requests() if r.idempotency_key == key]) == 1
+    assert len([e for e in await control.ledger() if e.idempotency_key == key]) == 1
