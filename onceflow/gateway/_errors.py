@@ -20,8 +20,12 @@ into MCP tool errors). No message ever repeats a raw idempotency key or a reques
     ├── DecisionConflict                 409  the step was decided otherwise, or the task ended
     ├── QuotaExceeded                    429  too many new keys in this window
     └── BackendUnavailable               503  Temporal or PostgreSQL could not be reached
+
+A decision refusal stored in a key's record comes back from ``replayed_problem`` as the
+same class and document, flagged ``replayed``.
 """
 
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 PROBLEM_BASE = "urn:onceflow:problem:"
@@ -37,6 +41,9 @@ class BoundaryError(Exception):
     status: ClassVar[int] = 500
     slug: ClassVar[str] = "internal"
     title: ClassVar[str] = "Internal error"
+    replayed: bool = False
+    """Whether this is the stored answer of an earlier request with the same key (sent
+    with ``Idempotent-Replayed: true``), not a refusal made now."""
 
     def __init__(self, detail: str, **extensions: Any) -> None:
         super().__init__(detail)
@@ -192,3 +199,30 @@ class BackendUnavailable(BoundaryError):
     def __init__(self, detail: str, *, retry_after_seconds: int = 2, **extensions: Any) -> None:
         super().__init__(detail, **extensions)
         self.retry_after_seconds = retry_after_seconds
+
+
+def replayed_problem(problem: Mapping[str, Any]) -> BoundaryError:
+    """The refusal a stored problem document records, flagged ``replayed``.
+
+    A keyed decision the task refused keeps that refusal as its result, so every retry
+    with the key gets the same document back, as a replay.
+
+    Raises:
+        ValueError: The document is not one of the refusals a record can hold.
+    """
+    slug = str(problem.get("type", "")).removeprefix(PROBLEM_BASE)
+    kinds = {kind.slug: kind for kind in _STORED_REFUSALS}
+    if slug not in kinds:
+        raise ValueError(f"a record holds no refusal of type {slug!r}")
+    extensions = {
+        name: value
+        for name, value in problem.items()
+        if name not in ("type", "title", "status", "detail")
+    }
+    error = kinds[slug](str(problem.get("detail", "")), **extensions)
+    error.replayed = True
+    return error
+
+
+_STORED_REFUSALS: tuple[type[BoundaryError], ...] = (DecisionRefused, DecisionConflict)
+"""The refusals an idempotency record keeps as its result: the task's own answers."""

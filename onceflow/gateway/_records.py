@@ -10,6 +10,19 @@ State machine of one record, keyed by ``(scope, idempotency_key)``::
 
     succeeded | failed ──result_expires_at passed──▶ pruned (a later retry is a new operation)
 
+A keyed decision (approve or reconcile of an existing task) starts nothing: its owner
+sends the decision and completes the record (``complete``) with the task's answer, a
+refusal included, or releases it (``release``) when no answer came. Its ``workflow_id``
+is derived from its scope and key like a task's but names no workflow (none is ever
+started under it, so no task's outcome lands there); its ``resource_id`` is the task it
+decided::
+
+    (none) ──claim──▶ processing[lease] ──complete──▶ succeeded (200) | failed (409)
+                          │    ▲
+                          │    └── take over after the lease expires (a resend is safe: the
+                          │        task keeps one decision per step)
+                          └── release (no answer from the task, e.g. 503)
+
 Every time comparison uses the database clock, so gateways with skewed clocks agree on
 who owns a lease. Every write after the claim names the fencing token (or the task's
 run) it expects, so a slow former owner can no longer change the record.
@@ -207,6 +220,19 @@ WHERE scope = %(scope)s AND idempotency_key = %(idempotency_key)s
   AND fencing_token = %(fencing_token)s AND owner_token = %(owner_token)s
 """
 
+# A decision's answer, fenced like the claim's other writes: only the owner holding the
+# current token completes it.
+_COMPLETE = """
+UPDATE idempotency_records
+SET state = %(state)s, status_code = %(status_code)s, response_body = %(response_body)s,
+    resource_id = %(resource_id)s, owner_token = NULL, lease_expires_at = NULL,
+    result_expires_at = statement_timestamp() + result_retention,
+    updated_at = statement_timestamp()
+WHERE scope = %(scope)s AND idempotency_key = %(idempotency_key)s
+  AND state = 'processing' AND workflow_started_at IS NULL
+  AND fencing_token = %(fencing_token)s AND owner_token = %(owner_token)s
+"""
+
 # Fenced by the task itself: only the record naming this workflow id, still processing,
 # and not bound to another run of it, takes the result.
 _RECORD_OUTCOME = """
@@ -322,6 +348,28 @@ class IdempotencyStore:
     async def release(self, record: IdempotencyRecord) -> bool:
         """Delete an unstarted claim this request still owns (nothing was started)."""
         return await self._fenced(_RELEASE, record)
+
+    async def complete(
+        self,
+        record: IdempotencyRecord,
+        *,
+        state: RecordState,
+        status_code: int,
+        response_body: Any,
+        resource_id: str | None,
+    ) -> bool:
+        """Store the answer of a claim that started no task (a decision) as its result;
+        False when the claim was taken over meanwhile (the new owner stores its own)."""
+        if state is RecordState.PROCESSING:
+            raise ValueError("an answer is terminal: succeeded or failed")
+        return await self._fenced(
+            _COMPLETE,
+            record,
+            state=state.value,
+            status_code=status_code,
+            response_body=Jsonb(response_body),
+            resource_id=resource_id,
+        )
 
     async def _fenced(self, sql: str, record: IdempotencyRecord, **extra: Any) -> bool:
         params = {

@@ -13,6 +13,13 @@ fingerprint, claim ``(scope, key)``; then
 The workflow writes its own terminal result into the record (``record_task_outcome``),
 so a replay works even when the gateway that started it died; if the record is still
 processing when the workflow has closed, the workflow's result is used and stored.
+
+A decision (approve, reconcile) sent with a key is claimed the same way, in the scope
+of its principal and route, with the task id in its fingerprint; the claim's owner sends
+the decision and stores the task's answer (a refusal included) as the key's result, or
+releases the claim when no answer came: the task keeps one decision per step, so a
+resend is safe where restarting a task would not be. Without a key a decision goes
+straight to the task, which answers a repeat with the decision it already took.
 """
 
 import asyncio
@@ -38,6 +45,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from onceflow.gateway._errors import (
     KEY_REUSED_DETAIL,
     BackendUnavailable,
+    BoundaryError,
     DecisionConflict,
     DecisionRefused,
     DecisionsNotAllowed,
@@ -49,6 +57,7 @@ from onceflow.gateway._errors import (
     TaskNotFound,
     ToolNotAllowed,
     UnknownToolRequested,
+    replayed_problem,
 )
 from onceflow.gateway._fingerprint import request_fingerprint
 from onceflow.gateway._principals import Principal, PrincipalStore
@@ -58,6 +67,7 @@ from onceflow.gateway._records import (
     IdempotencyRecord,
     IdempotencyStore,
     NewClaim,
+    RecordState,
 )
 from onceflow.gateway._responses import (
     IN_PROGRESS_STATUS_CODE,
@@ -175,6 +185,27 @@ class BoundaryAnswer:
     def status_url(self) -> str:
         """Where to poll the task."""
         return task_status_url(self.task_id)
+
+
+@dataclass(frozen=True)
+class DecisionReply:
+    """The boundary's answer to an approve or reconcile request the task accepted.
+
+    A refusal is raised instead (``DecisionRefused``, ``DecisionConflict``), flagged
+    ``replayed`` when it is the stored refusal of an earlier request with the same key.
+    """
+
+    body: dict[str, Any] = field(repr=False)
+    """A ``DecisionAnswer`` as JSON data: the task's answer, or with a key the stored
+    answer of the key's first request, byte for byte."""
+    replayed: bool
+    """Whether nothing new was decided for this request: the step already had this
+    decision (the body's ``replayed``), or the key's stored answer was replayed."""
+
+    @property
+    def answer(self) -> DecisionAnswer:
+        """The body as a ``DecisionAnswer``."""
+        return DecisionAnswer.model_validate(self.body)
 
 
 @dataclass(frozen=True)
@@ -355,63 +386,205 @@ class BoundaryService:
 
     async def approve(
         self, principal: Principal, task_id: str, body: Any, idempotency_key: str | None = None
-    ) -> DecisionAnswer:
+    ) -> DecisionReply:
         """Approve or deny a step awaiting approval, as the calling principal.
 
         A repeat of the decision the step already got answers with that decision
         (``replayed``); another decision on a decided step, or any on an ended task,
-        raises ``DecisionConflict``. ``idempotency_key`` is optional and only checked:
-        the task keeps one decision per step, which is what makes a repeat safe.
+        raises ``DecisionConflict``. ``idempotency_key`` is optional; when sent, the
+        request is claimed like every other POST: the same key and body get the first
+        answer again (a refusal included), the same key with another body or task
+        raises ``KeyReusedWithDifferentRequest``.
         """
-        attributes = _decision_attributes(principal, task_id, idempotency_key)
+        attributes = _decision_attributes(principal, task_id, "approve", idempotency_key)
         with boundary_span("tasks.approve", attributes):
             return await self._approve(principal, task_id, body, idempotency_key)
 
     async def _approve(
         self, principal: Principal, task_id: str, body: Any, idempotency_key: str | None
-    ) -> DecisionAnswer:
+    ) -> DecisionReply:
         self._check_decider(principal)
-        _checked_optional_key(idempotency_key)
-        decision = _parsed(ApproveRequest, body)
-        await self.task_status(principal, task_id)
-        return await self._decide(
-            task_id,
-            ApproveInput(
-                step_id=decision.step_id,
-                approved=decision.approved,
-                approver=principal.name,
-                reason=decision.reason,
-                arguments_digest=decision.arguments_digest,
-            ),
+        key = _checked_optional_key(idempotency_key)
+        request = _parsed(ApproveRequest, body)
+        decision = ApproveInput(
+            step_id=request.step_id,
+            approved=request.approved,
+            approver=principal.name,
+            reason=request.reason,
+            arguments_digest=request.arguments_digest,
         )
+        return await self._decide_once(principal, task_id, "approve", request, decision, key)
 
     async def reconcile(
         self, principal: Principal, task_id: str, body: Any, idempotency_key: str | None = None
-    ) -> DecisionAnswer:
-        """Decide a parked step, as the calling principal (repeats as for ``approve``)."""
-        attributes = _decision_attributes(principal, task_id, idempotency_key)
+    ) -> DecisionReply:
+        """Decide a parked step, as the calling principal (repeats and keys as for
+        ``approve``)."""
+        attributes = _decision_attributes(principal, task_id, "reconcile", idempotency_key)
         with boundary_span("tasks.reconcile", attributes):
             return await self._reconcile(principal, task_id, body, idempotency_key)
 
     async def _reconcile(
         self, principal: Principal, task_id: str, body: Any, idempotency_key: str | None
-    ) -> DecisionAnswer:
+    ) -> DecisionReply:
         self._check_decider(principal)
-        _checked_optional_key(idempotency_key)
-        decision = _parsed(ReconcileRequest, body)
+        key = _checked_optional_key(idempotency_key)
+        request = _parsed(ReconcileRequest, body)
         try:
             finding = ReconcileInput(
-                step_id=decision.step_id,
-                decision=decision.decision,
+                step_id=request.step_id,
+                decision=request.decision,
                 operator=principal.name,
-                reason=decision.reason,
-                resource_id=decision.resource_id,
-                unverified=decision.unverified,
+                reason=request.reason,
+                resource_id=request.resource_id,
+                unverified=request.unverified,
             )
         except ValidationError as invalid:
             raise _invalid(invalid, location=()) from None
-        await self.task_status(principal, task_id)
-        return await self._decide(task_id, finding)
+        return await self._decide_once(principal, task_id, "reconcile", request, finding, key)
+
+    async def _decide_once(
+        self,
+        principal: Principal,
+        task_id: str,
+        operation: str,
+        request: BaseModel,
+        decision: ApproveInput | ReconcileInput,
+        key: str | None,
+    ) -> DecisionReply:
+        if key is None:
+            await self.task_status(principal, task_id)
+            return _decision_reply(await self._decide(task_id, decision))
+        scope = _scope(principal, "task", operation)
+        claim = self._new_claim(
+            principal,
+            scope=scope,
+            idempotency_key=key,
+            fingerprint=request_fingerprint(
+                operation=f"tasks.{operation}",
+                scope=scope,
+                route=f"POST /v1/tasks/{task_id}/{operation}",
+                body=request.model_dump(mode="json"),
+            ),
+            # The record's own identity: no workflow is ever started under it.
+            workflow_id=derive_task_workflow_id(
+                tenant=principal.tenant, scope=scope, idempotency_key=key
+            ),
+        )
+        async with _backend_errors():
+            earlier = await self._records.get(scope, key)
+        if earlier is None:
+            # Only a task of the principal's tenant can be decided; a task that is not
+            # there reserves nothing. A key used before is answered from its record even
+            # when the task is no longer queryable (no worker, or Temporal forgot it).
+            await self.task_status(principal, task_id)
+        return await self._claim_decision(claim, task_id, decision, earlier)
+
+    async def _claim_decision(
+        self,
+        claim: NewClaim,
+        task_id: str,
+        decision: ApproveInput | ReconcileInput,
+        earlier: IdempotencyRecord | None,
+    ) -> DecisionReply:
+        digest = key_digest(claim.idempotency_key)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._settings.replay_wait_seconds
+        pause = _POLL_FIRST
+        async with _backend_errors():
+            outcome: Claimed | AlreadyClaimed = (
+                AlreadyClaimed(earlier) if earlier is not None else await self._records.claim(claim)
+            )
+            while True:
+                if isinstance(outcome, Claimed):
+                    log.info("claimed key %s in %s for task %s", digest, claim.scope, task_id)
+                    return await self._decide_claimed(outcome.record, task_id, decision)
+                record = outcome.record
+                if record.request_hash != claim.request_hash:
+                    log.info(
+                        "refused key %s in %s: reused for another request", digest, claim.scope
+                    )
+                    raise KeyReusedWithDifferentRequest(KEY_REUSED_DETAIL, key_digest=digest)
+                if record.is_terminal:
+                    log.info("replaying key %s in %s (task %s)", digest, claim.scope, task_id)
+                    return _replayed_decision(record)
+                if record.lease_expired:
+                    taken = await self._records.take_over(record, lease=claim.lease)
+                    if taken is not None:
+                        log.warning(
+                            "took over key %s in %s after its claim's lease expired "
+                            "(fencing token %d)",
+                            digest,
+                            claim.scope,
+                            taken.fencing_token,
+                        )
+                        return await self._decide_claimed(taken, task_id, decision)
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise RequestInProgress(
+                        "another request with this Idempotency-Key is sending this decision; "
+                        "retry with the same key and body",
+                        retry_after_seconds=max(1, math.ceil(record.lease_left.total_seconds())),
+                        key_digest=digest,
+                    )
+                await asyncio.sleep(min(pause, left))
+                pause = min(pause * 2, _POLL_MAX)
+                current = await self._records.get(claim.scope, claim.idempotency_key)
+                # Gone (released after a failure) means nobody holds the key: claim it anew.
+                outcome = (
+                    AlreadyClaimed(current)
+                    if current is not None
+                    else await self._records.claim(claim)
+                )
+
+    async def _decide_claimed(
+        self, record: IdempotencyRecord, task_id: str, decision: ApproveInput | ReconcileInput
+    ) -> DecisionReply:
+        try:
+            answer = await self._decide(task_id, decision)
+        except (DecisionRefused, DecisionConflict) as refused:
+            # The task's own, definitive answer: the key keeps it.
+            await self._complete_decision(record, task_id, refused)
+            raise
+        except Exception:
+            # No answer came (the task service or the database failed). Unlike a task
+            # start, the claim may go: whether or not the task took the decision, a retry
+            # with the key sends it again and the task answers with its one decision.
+            await self._release_decision(record)
+            raise
+        reply = _decision_reply(answer)
+        await self._complete_decision(record, task_id, reply)
+        return reply
+
+    async def _complete_decision(
+        self, record: IdempotencyRecord, task_id: str, answer: DecisionReply | BoundaryError
+    ) -> None:
+        if isinstance(answer, DecisionReply):
+            state, status_code, body = RecordState.SUCCEEDED, 200, answer.body
+        else:
+            state, status_code, body = RecordState.FAILED, answer.status, answer.problem()
+        stored = await self._records.complete(
+            record, state=state, status_code=status_code, response_body=body, resource_id=task_id
+        )
+        if not stored:
+            log.warning(
+                "claim of key %s in %s was taken over while deciding task %s",
+                key_digest(record.idempotency_key),
+                record.scope,
+                task_id,
+            )
+
+    async def _release_decision(self, record: IdempotencyRecord) -> None:
+        try:
+            await self._records.release(record)
+        except (psycopg.Error, PoolTimeout) as error:
+            # The claim's lease runs out instead; a retry with the key then takes it over.
+            log.warning(
+                "could not release key %s in %s (%s)",
+                key_digest(record.idempotency_key),
+                record.scope,
+                type(error).__name__,
+            )
 
     async def _decide(
         self, task_id: str, decision: ApproveInput | ReconcileInput
@@ -445,17 +618,12 @@ class BoundaryService:
             scope=submission.scope,
             idempotency_key=submission.idempotency_key,
         )
-        claim = NewClaim(
+        claim = self._new_claim(
+            principal,
             scope=submission.scope,
             idempotency_key=submission.idempotency_key,
-            request_hash=submission.fingerprint,
-            tenant=principal.tenant,
-            principal_id=principal.principal_id,
+            fingerprint=submission.fingerprint,
             workflow_id=workflow_id,
-            lease=self._settings.claim_lease,
-            result_retention=self._settings.result_retention,
-            key_quota=principal.key_quota or self._settings.default_key_quota,
-            quota_window_seconds=self._settings.quota_window_seconds,
         )
         digest = key_digest(submission.idempotency_key)
         loop = asyncio.get_running_loop()
@@ -506,6 +674,28 @@ class BoundaryService:
                     if current is not None
                     else await self._records.claim(claim)
                 )
+
+    def _new_claim(
+        self,
+        principal: Principal,
+        *,
+        scope: str,
+        idempotency_key: str,
+        fingerprint: str,
+        workflow_id: str,
+    ) -> NewClaim:
+        return NewClaim(
+            scope=scope,
+            idempotency_key=idempotency_key,
+            request_hash=fingerprint,
+            tenant=principal.tenant,
+            principal_id=principal.principal_id,
+            workflow_id=workflow_id,
+            lease=self._settings.claim_lease,
+            result_retention=self._settings.result_retention,
+            key_quota=principal.key_quota or self._settings.default_key_quota,
+            quota_window_seconds=self._settings.quota_window_seconds,
+        )
 
     async def _start_claimed(
         self, record: IdempotencyRecord, submission: _Submission, deadline: float
@@ -636,10 +826,9 @@ def _checked_key(raw: str | None) -> str:
         raise MalformedIdempotencyKey(str(malformed)) from None
 
 
-def _checked_optional_key(raw: str | None) -> None:
+def _checked_optional_key(raw: str | None) -> str | None:
     """A decision may carry a key; one that is sent must be well formed."""
-    if raw:
-        _checked_key(raw)
+    return _checked_key(raw) if raw else None
 
 
 def _validated_arguments(
@@ -680,7 +869,7 @@ def _request_attributes(
 
 
 def _decision_attributes(
-    principal: Principal, task_id: str, idempotency_key: str | None
+    principal: Principal, task_id: str, operation: str, idempotency_key: str | None
 ) -> dict[str, AttributeValue]:
     attributes: dict[str, AttributeValue] = {
         "onceflow.tenant": principal.tenant,
@@ -688,8 +877,21 @@ def _decision_attributes(
         "onceflow.workflow_id": task_id[:1000],
     }
     if idempotency_key:
+        attributes["onceflow.scope"] = _scope(principal, "task", operation)
         attributes["onceflow.key_digest"] = key_digest(idempotency_key)
     return attributes
+
+
+def _decision_reply(answer: DecisionAnswer) -> DecisionReply:
+    return DecisionReply(body=answer.model_dump(mode="json"), replayed=answer.replayed)
+
+
+def _replayed_decision(record: IdempotencyRecord) -> DecisionReply:
+    """The stored answer of a keyed decision: the accepted one, or its refusal raised."""
+    trace.get_current_span().set_attribute("onceflow.replayed", True)
+    if record.state is RecordState.SUCCEEDED:
+        return DecisionReply(body=record.response_body, replayed=True)
+    raise replayed_problem(record.response_body)
 
 
 def _annotated(answer: BoundaryAnswer) -> BoundaryAnswer:

@@ -34,6 +34,7 @@ from onceflow.gateway._service import (
     BoundaryAnswer,
     BoundaryService,
     CreateTaskRequest,
+    DecisionReply,
     ReconcileRequest,
 )
 from onceflow.task_api import DecisionAnswer
@@ -91,7 +92,7 @@ class SortedJSONResponse(JSONResponse):
 
 
 def _problem_response(error: BoundaryError) -> Response:
-    headers: dict[str, str] = {}
+    headers: dict[str, str] = {REPLAYED_HEADER: "true"} if error.replayed else {}
     if isinstance(error, RequestInProgress | QuotaExceeded | BackendUnavailable):
         headers["Retry-After"] = str(error.retry_after_seconds)
     if error.status == 401:
@@ -101,9 +102,9 @@ def _problem_response(error: BoundaryError) -> Response:
     )
 
 
-def _decision_response(answer: DecisionAnswer) -> Response:
-    headers = {REPLAYED_HEADER: "true"} if answer.replayed else {}
-    return SortedJSONResponse(answer.model_dump(mode="json"), headers=headers)
+def _decision_response(reply: DecisionReply) -> Response:
+    headers = {REPLAYED_HEADER: "true"} if reply.replayed else {}
+    return SortedJSONResponse(reply.body, headers=headers)
 
 
 def _answer_response(answer: BoundaryAnswer) -> Response:
@@ -123,7 +124,8 @@ _PROBLEMS: dict[int | str, dict[str, Any]] = {
         401: "No API key, or an unknown one.",
         403: "The principal may not call this tool (or decide tasks).",
         404: "Unknown tool or task.",
-        409: "Another request with this key is starting the task (see Retry-After); "
+        409: "Another request with this key is starting the task or sending the decision "
+        "(see Retry-After); "
         "or the task refused the decision (`decision-refused`); or the step was already "
         "decided otherwise or the task has ended (`decision-conflict`, with `task_state`, "
         "`step_state` and the earlier `decision`).",
@@ -151,9 +153,11 @@ _DECISION_ANSWERS: dict[int | str, dict[str, Any]] = {
         "model": DecisionAnswer,
         "description": "The decision was accepted; or, with `Idempotent-Replayed: true` and "
         "`replayed`, the step had already been decided exactly this way (a repeat whose "
-        "answer was lost) and `decision` is that earlier decision: nothing new was recorded.",
+        "answer was lost) and `decision` is that earlier decision: nothing new was recorded. "
+        "With `Idempotent-Replayed: true` after a request with the same `Idempotency-Key` "
+        "and body, this is that request's stored answer, byte for byte.",
     },
-    **{key: _PROBLEMS[key] for key in (400, 401, 403, 404, 409, 413, 503)},
+    **{key: _PROBLEMS[key] for key in (400, 401, 403, 404, 409, 413, 422, 429, 503)},
 }
 _KEY_HEADER_DOC = (
     "Identifies one logical attempt; send the same key with every retry of it. "
@@ -174,13 +178,23 @@ IdempotencyKeyHeader = Annotated[
         },
     ),
 ]
+_DECISION_KEY_HEADER_DOC = (
+    "Optional on decisions; when sent, it works as on every other POST. Identifies one "
+    "decision request: the same key and body answer again with the first answer (its "
+    "status and body, a 409 refusal included, even after the task ended), flagged "
+    "`Idempotent-Replayed: true`; the same key with another body, or for another task, "
+    "is refused (422). "
+    f"At most {IDEMPOTENCY_KEY_MAX_LENGTH} characters of A-Z a-z 0-9 . _ : - "
+    "starting with a letter or digit. Scoped to the principal and the route (approve or "
+    "reconcile). Without a key, the task still keeps one decision per step: a repeat of "
+    "the decision the step already got answers with it, flagged the same way."
+)
+
 DecisionKeyHeader = Annotated[
     str | None,
     Header(
         alias="Idempotency-Key",
-        description="Optional on decisions, checked like every other key when sent: the "
-        "task keeps one decision per step, so a repeat of the same decision (with or "
-        "without a key) answers with it, flagged `Idempotent-Replayed: true`.",
+        description=_DECISION_KEY_HEADER_DOC,
         json_schema_extra={
             "pattern": _KEY_PATTERN,
             "maxLength": IDEMPOTENCY_KEY_MAX_LENGTH,
@@ -548,7 +562,8 @@ def _task_step_schema(catalogue: Catalogue) -> dict[str, Any]:
 def _require_idempotency_keys(document: dict[str, Any]) -> None:
     # Optional in the handler signature so that its absence is answered by the boundary
     # (problem idempotency-key-missing), but required by the contract. Decisions are the
-    # exception: the task keeps one decision per step, so a key is optional there.
+    # exception: a key sent there is claimed like any other, but the task keeps one
+    # decision per step, so a decision without one is still safe to repeat.
     for operations in document.get("paths", {}).values():
         for operation in operations.values():
             if "decisions" in operation.get("tags", []):

@@ -131,13 +131,19 @@ async def test_a_repeated_approval_answers_with_it_and_a_late_one_is_a_conflict(
     assert first.status_code == 200, first.text
     assert first.json()["replayed"] is False and "Idempotent-Replayed" not in first.headers
 
-    # The answer was lost; the operator's tool sends the same decision again.
+    # The answer was lost; the operator's tool sends the same decision again: under the
+    # same key it gets the first answer, byte for byte...
     again = await _post(http, url, operator.headers, deny, **{"Idempotency-Key": "deny-1"})
     assert again.status_code == 200, again.text
     assert again.headers["Idempotent-Replayed"] == "true"
-    assert again.json()["replayed"] is True
-    assert again.json()["decision"]["decision"] == "deny"
-    assert again.json()["decision"]["operator"] == "ops"
+    assert again.content == first.content
+    # ...and without a key the task answers with the decision it already holds.
+    keyless = await _post(http, url, operator.headers, deny)
+    assert keyless.status_code == 200, keyless.text
+    assert keyless.headers["Idempotent-Replayed"] == "true"
+    assert keyless.json()["replayed"] is True
+    assert keyless.json()["decision"]["decision"] == "deny"
+    assert keyless.json()["decision"]["operator"] == "ops"
 
     ended = await wait_for(scripted.tasks, task_id, lambda status: status.state is TaskState.FAILED)
     # Once the task has ended: the same decision still answers with itself...
