@@ -16,6 +16,11 @@ class RetryBudget(BaseModel):
     backing off. Time a step spends awaiting a person's approval or parked for a
     reconciliation does not count, so a refund approved a day later still gets its
     retries (a task started before this rule counts wall time, as it did then).
+
+    An attempt that ended because onceflow's own database was unreachable counts
+    against the deadline but not the attempt caps: the step waits for the database
+    (backing off per consecutive such attempt) instead of spending its budget, so a
+    database restart or a 30-second outage never fails or parks a task.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -71,3 +76,6 @@ class StepUsage(BaseModel):
     approval or parked."""
     step_saw_unknown: bool = False
     """Whether any attempt of this step ended ``unknown`` (this one included)."""
+    database_waits: int = Field(default=0, ge=0)
+    """Consecutive attempts of this step, up to the one just finished, that ended
+    because onceflow's database was unreachable; they are not in the attempt counts."""

@@ -80,10 +80,11 @@ def decide_after_attempt(
     if guarded and safe_repeat_window == timedelta(0):
         return ParkStep(reason="outcome unknown and repeating is not provably safe")
 
-    delay = timedelta(
-        seconds=random_fraction() * budget.backoff_cap(usage.step_attempts).total_seconds()
-    )
-    exhausted = _exhausted_cap(budget, usage)
+    # Waiting for onceflow's own database backs off per consecutive wait and is bounded
+    # by the deadline only: the caps bound attempts at the far side.
+    backoff = budget.backoff_cap(usage.database_waits or usage.step_attempts)
+    delay = timedelta(seconds=random_fraction() * backoff.total_seconds())
+    exhausted = None if usage.database_waits else _exhausted_cap(budget, usage)
     if exhausted is None and usage.elapsed + delay >= budget.deadline:
         exhausted = f"the task deadline ({budget.deadline}) would pass before the next attempt"
     if exhausted is not None:

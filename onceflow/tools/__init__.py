@@ -81,6 +81,7 @@ from onceflow.tools._call import (
 from onceflow.tools._catalogue import CATALOGUE, Catalogue, UnknownTool
 from onceflow.tools._checks import ToolRegistrationError
 from onceflow.tools._classify import (
+    DatabaseUnavailable,
     KeyWindowClosed,
     NothingSent,
     classify_http_error,
@@ -126,6 +127,7 @@ __all__ = [
     "classify_http_status",
     "client_retry_problems",
     "ClientOpener",
+    "DatabaseUnavailable",
     "DedupeStrategy",
     "derive_child_key",
     "derive_task_workflow_id",

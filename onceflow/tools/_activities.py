@@ -4,7 +4,9 @@ The wrapper validates the arguments, hands the implementation a ``ToolCall``, an
 sure every attempt ends as one classified ``ToolAttemptResult``: an exception becomes
 ``unknown`` (the effect may have happened), ``NothingSent`` becomes ``transient``, and
 ``KeyWindowClosed`` (nothing sent past the key's send-by deadline) becomes ``transient``
-with ``KeyUnusable.SEND_BY_PASSED``, which the workflow answers with a look-up and a park.
+with ``KeyUnusable.SEND_BY_PASSED``, which the workflow answers with a look-up and a park,
+and ``DatabaseUnavailable`` becomes ``transient`` marked ``database_unavailable``, which
+the workflow retries without charging the attempt caps.
 """
 
 import asyncio
@@ -19,7 +21,7 @@ from temporalio import activity
 from onceflow.retry_policy import OutcomeClass
 from onceflow.tools._attempts import KeyUnusable, ToolAttemptResult, ToolCallInput
 from onceflow.tools._call import ToolCall
-from onceflow.tools._classify import KeyWindowClosed, NothingSent
+from onceflow.tools._classify import DatabaseUnavailable, KeyWindowClosed, NothingSent
 from onceflow.tools._tool import Implementation, Tool, lookup_activity_name
 
 _log = logging.getLogger(__name__)
@@ -72,6 +74,10 @@ async def _run(
             reason=str(closed),
             evidence=closed.evidence,
             key_unusable=KeyUnusable.SEND_BY_PASSED,
+        )
+    except DatabaseUnavailable as unavailable:
+        return ToolAttemptResult(
+            outcome=OutcomeClass.TRANSIENT, reason=str(unavailable), database_unavailable=True
         )
     except NothingSent as not_sent:
         return ToolAttemptResult(outcome=OutcomeClass.TRANSIENT, reason=str(not_sent))

@@ -63,3 +63,7 @@ class ToolAttemptResult(BaseModel):
     key_unusable: KeyUnusable | None = None
     """Set when no attempt may send under the step's key any more (send-by deadline
     passed, or a failure stored under it): the workflow looks up, then parks."""
+    database_unavailable: bool = False
+    """The attempt ended because onceflow's own database was unreachable (before the
+    effect, or a local effect whose commit is deduplicated by its record): the workflow
+    retries within the deadline without counting it against the attempt caps."""

@@ -36,7 +36,7 @@ from temporalio import activity
 from onceflow.retry_policy import OutcomeClass
 from onceflow.storage import classify_database_error
 from onceflow.tools._attempts import KeyUnusable, ToolAttemptResult, ToolCallInput
-from onceflow.tools._classify import KeyWindowClosed, NothingSent
+from onceflow.tools._classify import DatabaseUnavailable, KeyWindowClosed, NothingSent
 from onceflow.tools._contract import ToolContract
 from onceflow.tools._identity import derive_child_key, key_digest
 from onceflow.tools._lease import Lease, check_fence, hold_lease, lease_owner
@@ -372,7 +372,10 @@ class ChildOperation:
                     await write(conn)
         except (psycopg.Error, PoolTimeout) as error:
             outcome, reason = classify_database_error(error)
-            return await self.failed(outcome, reason, evidence=evidence)
+            failed = await self.failed(outcome, reason, evidence=evidence)
+            # The record claims the success in the same transaction, so a repeat after
+            # a lost connection is deduplicated: wait for the database, free of caps.
+            return failed.model_copy(update={"database_unavailable": _unreachable(error)})
         if claimed is None:
             if earlier is not None:
                 self._load_row(earlier)
@@ -666,7 +669,8 @@ class ToolCall(Generic[ArgsT]):
                     now = clock[0] if clock else None
         except Exception as error:
             what = "record" if start else "read"
-            raise NothingSent(
+            failure = DatabaseUnavailable if _unreachable(error) else NothingSent
+            raise failure(
                 f"could not {what} {child_op!r} before sending ({type(error).__name__})"
             ) from error
         if row is not None:
@@ -732,6 +736,12 @@ class ToolCall(Generic[ArgsT]):
             "forgotten the key and a repeat could make a second effect",
             {**operation.evidence, "key_send_by": send_by.isoformat()},
         )
+
+
+def _unreachable(error: BaseException) -> bool:
+    """Whether a database failure means the server could not be reached (or the
+    connection was lost), rather than a refused statement."""
+    return isinstance(error, PoolTimeout | psycopg.OperationalError)
 
 
 def _generation_of(correlation: Mapping[str, Any]) -> int:

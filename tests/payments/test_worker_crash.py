@@ -9,11 +9,10 @@ ones the workflow reads, which is why every worker must get the same values.
 import asyncio
 import os
 import signal
-from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from onceflow_devstack.stripe_provider import Fault, ProviderControl, RunningProvider
+from onceflow_devstack.stripe_provider import Fault, ProviderControl
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client
@@ -23,86 +22,19 @@ from onceflow.retry_policy import RetryBudget
 from onceflow.task_api import DecisionRefused, TaskClient
 from onceflow.tools import derive_child_key
 from onceflow.workflows.task_models import ReconcileDecision, ReconcileInput, TaskState
-from tests.harness import REPO, eventually, onceflow_command, parked
+from tests.harness import eventually, parked
 
 from .conftest import (
     ACCOUNT,
-    API_KEY,
     TENANT,
     VISA_CHARGE,
+    WorkerProcess,
     operation_row,
     start_task,
     wait_for,
 )
 
 pytestmark = [pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")]
-
-READY = "onceflow worker ready"
-
-WorkerProcess = Callable[..., Awaitable[asyncio.subprocess.Process]]
-
-
-@pytest.fixture
-async def worker_process(
-    dev_server: WorkflowEnvironment, database: str, task_queue: str, provider: RunningProvider
-) -> AsyncIterator[WorkerProcess]:
-    """Starts ready ``onceflow worker`` processes with payments pointed at the provider."""
-    environment = {
-        **os.environ,
-        "TEMPORAL_ADDRESS": dev_server.client.service_client.config.target_host,
-        "DATABASE_URL": database,
-        "ONCEFLOW_TASK_QUEUE": task_queue,
-        "ONCEFLOW_SHUTDOWN_GRACE_SECONDS": "1",
-        "STRIPE_API_BASE": provider.base_url,
-        "STRIPE_API_KEY": API_KEY,
-        "ONCEFLOW_BUILTIN_TOOLS": "charge_payment,refund_payment",
-        "ONCEFLOW_STRIPE_ACCOUNT": ACCOUNT,
-        "ONCEFLOW_STRIPE_CONNECT_TIMEOUT": "PT0.5S",
-        "ONCEFLOW_STRIPE_REQUEST_TIMEOUT": "PT1S",
-        # Short, so the server gives up on the killed worker's attempt quickly.
-        "ONCEFLOW_PAYMENTS_ATTEMPT_TIMEOUT": "PT4S",
-    }
-    started: list[tuple[asyncio.subprocess.Process, asyncio.Task[None]]] = []
-
-    async def start(**settings: str) -> asyncio.subprocess.Process:
-        """Start a worker; ``settings`` are more environment variables for it."""
-        process = await asyncio.create_subprocess_exec(
-            *onceflow_command("worker"),
-            cwd=REPO,
-            env={**environment, **settings},
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
-        )
-        ready = asyncio.Event()
-        seen: list[str] = []
-
-        async def read_output() -> None:
-            # Keeps draining, so a chatty worker never blocks on a full pipe.
-            assert process.stdout is not None
-            async for raw in process.stdout:
-                seen.append(raw.decode(errors="replace").rstrip())
-                if READY in seen[-1]:
-                    ready.set()
-
-        reader = asyncio.create_task(read_output())
-        started.append((process, reader))
-        try:
-            await asyncio.wait_for(ready.wait(), timeout=60)
-        except TimeoutError:
-            raise AssertionError("worker never became ready:\n" + "\n".join(seen)) from None
-        return process
-
-    yield start
-    for process, reader in started:
-        if process.returncode is None:
-            process.send_signal(signal.SIGCONT)  # a test that failed while it was paused
-            process.terminate()
-            try:
-                await asyncio.wait_for(process.wait(), timeout=30)
-            except TimeoutError:
-                process.kill()
-                await process.wait()
-        reader.cancel()
 
 
 async def test_a_worker_killed_after_the_provider_committed_leaves_one_charge(

@@ -160,3 +160,53 @@ def test_succeeded_needs_no_decision() -> None:
 def test_an_inconsistent_budget_is_refused(fields: dict[str, object]) -> None:
     with pytest.raises(ValidationError):
         RetryBudget.model_validate(fields)
+
+
+@pytest.mark.parametrize("attempt_seconds", [0.05, 10.0])
+@pytest.mark.parametrize("fraction", [0.0, 0.5, 0.999])
+def test_the_default_budget_waits_out_a_30_second_database_outage(
+    attempt_seconds: float, fraction: float
+) -> None:
+    # Attempts fail fast (connection refused) or after the pool's 10 s wait, for 30 s,
+    # on a step and a task whose caps are already all but spent.
+    budget = RetryBudget()
+    elapsed, waits = timedelta(0), 0
+    while elapsed < timedelta(seconds=30):
+        elapsed += timedelta(seconds=attempt_seconds)
+        waits += 1
+        decision = decide_after_attempt(
+            budget,
+            OutcomeClass.TRANSIENT,
+            StepUsage(
+                task_attempts=budget.max_attempts_per_task - 1,
+                step_attempts=budget.max_attempts_per_step - 1,
+                elapsed=elapsed,
+                database_waits=waits,
+            ),
+            safe_repeat_window=None,
+            random_fraction=lambda: fraction,
+        )
+        assert isinstance(decision, RetryStep), (waits, decision)
+        assert decision.delay <= budget.backoff_cap(waits)
+        elapsed += decision.delay
+    # The same attempts charged to the caps would have ended the step at once.
+    charged = decide(
+        OutcomeClass.TRANSIENT,
+        task_attempts=budget.max_attempts_per_task,
+        step_attempts=budget.max_attempts_per_step,
+    )
+    assert isinstance(charged, FailStep)
+
+
+def test_waiting_for_the_database_stops_at_the_deadline() -> None:
+    budget = RetryBudget(deadline=timedelta(minutes=5))
+    decision = decide_after_attempt(
+        budget,
+        OutcomeClass.TRANSIENT,
+        StepUsage(
+            task_attempts=0, step_attempts=0, elapsed=timedelta(minutes=5), database_waits=40
+        ),
+        safe_repeat_window=None,
+        random_fraction=lambda: 0.5,
+    )
+    assert isinstance(decision, FailStep) and "deadline" in decision.reason

@@ -1,0 +1,127 @@
+"""Payment settings pinned per task, judged by the provider's ledger: a worker replaced
+by one configured differently finishes the task by the first worker's values, and time
+spent waiting for a person is not machine budget.
+
+Real ``onceflow worker`` processes, configured only through the environment.
+"""
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from onceflow_devstack.stripe_provider import Fault, ProviderControl, RequestRecord
+from temporalio.api.enums.v1 import EventType
+from temporalio.testing import WorkflowEnvironment
+
+from onceflow.retry_policy import OutcomeClass, RetryBudget
+from onceflow.task_api import TaskClient
+from onceflow.workflows.task_models import ApproveInput, TaskState, TaskStatus
+
+from .conftest import VISA_CHARGE, WorkerProcess, start_task, wait_for
+
+pytestmark = [pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")]
+
+REFUND = {"charge_step": "pay", "amount": 1500, "reason": "requested_by_customer"}
+"""15.00 of the 42.00 charge."""
+STRICT = {"ONCEFLOW_PAYMENTS_REFUND_APPROVAL_ABOVE": "1000"}
+"""A worker on which refunds above 10.00 wait for a person."""
+LAX = {"ONCEFLOW_PAYMENTS_REFUND_APPROVAL_ABOVE": "5000"}
+"""A worker on which they need nobody up to 50.00."""
+
+
+def awaiting_approval(status: TaskStatus) -> bool:
+    return status.state is TaskState.AWAITING_APPROVAL
+
+
+def refund_posts(log: list[RequestRecord]) -> list[RequestRecord]:
+    return [r for r in log if r.method == "POST" and r.path == "/v1/refunds"]
+
+
+def approval(status: TaskStatus) -> ApproveInput:
+    return ApproveInput(
+        step_id="refund",
+        approved=True,
+        approver="cfo@acme",
+        reason="the customer returned the goods",
+        arguments_digest=status.step("refund").arguments_digest,
+    )
+
+
+async def test_a_task_finishes_by_the_settings_it_started_with_on_a_differently_set_worker(
+    dev_server: WorkflowEnvironment,
+    worker_process: WorkerProcess,
+    tasks: TaskClient,
+    control: ProviderControl,
+) -> None:
+    strict = await worker_process(**STRICT)
+    workflow_id = await start_task(
+        tasks, ("pay", "charge_payment", VISA_CHARGE), ("refund", "refund_payment", REFUND)
+    )
+    await wait_for(tasks, workflow_id, awaiting_approval)
+    strict.terminate()
+    await strict.wait()
+
+    await worker_process(**LAX)
+    # The new worker replays the task from its first event: it still waits for a person,
+    # although a refund of 15.00 needs nobody on this worker.
+    waiting = await tasks.status(workflow_id)
+    assert awaiting_approval(waiting)
+    assert waiting.policies["refund_payment"].approval_above == 1000
+    assert [entry.kind for entry in await control.ledger()] == ["charge"]
+    assert refund_posts(await control.requests()) == []
+
+    await tasks.approve(workflow_id, approval(waiting))
+    result = await tasks.result(workflow_id)
+
+    assert result.state is TaskState.SUCCEEDED, result.failure_reason
+    charge, refund = await control.ledger()
+    assert (refund.kind, refund.amount, refund.payment_intent) == ("refund", 1500, charge.object_id)
+    history = await dev_server.client.get_workflow_handle(workflow_id).fetch_history()
+    failed = [
+        e for e in history.events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED
+    ]
+    assert failed == []  # no non-determinism on the other worker
+    # A task started now pins the new worker's values: no approval.
+    fresh = await start_task(
+        tasks, ("pay", "charge_payment", VISA_CHARGE), ("refund", "refund_payment", REFUND)
+    )
+    fresh_result = await tasks.result(fresh)
+    assert fresh_result.state is TaskState.SUCCEEDED and fresh_result.decisions == []
+    assert len(refund_posts(await control.requests())) == 2
+
+
+async def test_a_refund_approved_after_the_deadline_still_retries_a_rate_limit(
+    worker_process: WorkerProcess, tasks: TaskClient, control: ProviderControl
+) -> None:
+    await worker_process(**STRICT)
+    brief = RetryBudget(
+        deadline=timedelta(seconds=2),
+        initial_backoff=timedelta(milliseconds=100),
+        max_backoff=timedelta(milliseconds=200),
+    )
+    workflow_id = await start_task(
+        tasks,
+        ("pay", "charge_payment", VISA_CHARGE),
+        ("refund", "refund_payment", REFUND),
+        budget=brief,
+    )
+    waiting = await wait_for(tasks, workflow_id, awaiting_approval)
+    # The approver answers after the task's whole deadline has gone by (a wall-clock
+    # deadline: there is no event to wait on).
+    wait = (waiting.budget.deadline_at - datetime.now(UTC)).total_seconds() + 0.5
+    await asyncio.sleep(max(wait, 0))
+    await control.add_fault(Fault.RATE_LIMIT_429, path_prefix="/v1/refunds")
+
+    await tasks.approve(workflow_id, approval(waiting))
+    result = await tasks.result(workflow_id)
+
+    # The 429 is retried: the person's time did not use up the machine's deadline.
+    assert result.state is TaskState.SUCCEEDED, result.failure_reason
+    attempts = result.step("refund").attempts
+    assert [a.outcome for a in attempts] == [OutcomeClass.TRANSIENT, OutcomeClass.SUCCEEDED]
+    assert [r.status for r in refund_posts(await control.requests())] == [429, 200]
+    assert [(e.kind, e.amount) for e in await control.ledger()] == [
+        ("charge", 4200),
+        ("refund", 1500),
+    ]
+    assert result.budget.waited_for_people >= brief.deadline
