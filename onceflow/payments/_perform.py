@@ -253,6 +253,8 @@ async def _verify_claimed_charge(
         intent = await provider.retrieve_payment_intent(claimed)
     except PaymentProviderError as failure:
         looked["lookup_claimed"] = f"{claimed}: {failure.reason}"
+        if call.accept_unverified:
+            return await _record_unverified(operation, "payment_intent", claimed, looked)
         return _inconclusive(
             operation, f"PaymentIntent {claimed} could not be read: {failure.reason}", looked
         )
@@ -269,6 +271,9 @@ async def _verify_claimed_charge(
         problems.append(f"the step charges {arguments.amount} {arguments.currency}")
     if intent.status not in CHARGED:
         problems.append("no money moved on it")
+    if problems and call.accept_unverified:
+        looked["lookup_claimed"] = f"{seen}: " + "; ".join(problems)
+        return await _record_unverified(operation, "payment_intent", claimed, looked)
     if problems:
         return _inconclusive(operation, f"PaymentIntent {seen}: " + "; ".join(problems), looked)
     return await _succeed_charge(operation, intent, "lookup:operator", looked)
@@ -368,6 +373,8 @@ async def _verify_claimed_refund(
         refund = await provider.retrieve_refund(claimed)
     except PaymentProviderError as failure:
         looked["lookup_claimed"] = f"{claimed}: {failure.reason}"
+        if call.accept_unverified:
+            return await _record_unverified(operation, "refund", claimed, looked)
         return _inconclusive(
             operation, f"refund {claimed} could not be read: {failure.reason}", looked
         )
@@ -387,6 +394,9 @@ async def _verify_claimed_refund(
         problems.append(f"the step refunds {arguments.payment_intent}")
     if refund.status not in REFUNDED:
         problems.append("no money was returned")
+    if problems and call.accept_unverified:
+        looked["lookup_claimed"] = f"{seen}: " + "; ".join(problems)
+        return await _record_unverified(operation, "refund", claimed, looked)
     if problems:
         return _inconclusive(operation, f"refund {seen}: " + "; ".join(problems), looked)
     return await _succeed_refund(operation, refund, "lookup:operator", looked)
@@ -432,6 +442,14 @@ def _metadata(call: ToolCall[Any], operation: ChildOperation) -> dict[str, str]:
         "onceflow_workflow_id": call.workflow_id,
         "onceflow_step": call.step_id,
     }
+
+
+async def _record_unverified(
+    operation: ChildOperation, kind: str, claimed: str, looked: dict[str, str]
+) -> ToolAttemptResult:
+    """Record the resource an operator accepted unverified as the step's effect."""
+    result = {kind: claimed, "verified": False, "found_by": "operator:unverified"}
+    return await operation.succeeded(claimed, result, evidence=looked, **{kind: claimed})
 
 
 def _operation_ids(operation: ChildOperation) -> str:

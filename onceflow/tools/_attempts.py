@@ -46,6 +46,10 @@ class ToolCallInput(BaseModel):
     """Only in a look-up checking an operator's ``happened``: the resource the operator
     named. A look-up that verifies ids (``ToolContract.lookup_verifies_resource_ids``)
     reports ``succeeded`` with it only when it exists and belongs to this step."""
+    accept_unverified: bool = False
+    """Only with ``claimed_resource_id``: the operator accepted the resource unverified
+    (a charge made by hand carries no operation id); the look-up records it as the
+    step's effect whatever it finds, so later steps that read the record find it."""
 
 
 class ToolAttemptResult(BaseModel):

@@ -521,6 +521,13 @@ class ToolCall(Generic[ArgsT]):
         return self.identity.claimed_resource_id
 
     @property
+    def accept_unverified(self) -> bool:
+        """With ``claimed_resource_id``: the operator accepted that resource unverified.
+        Record it as the step's effect (``operation.succeeded``) even when the checks
+        fail, so steps that read the record (a refund by ``charge_step``) find it."""
+        return self.identity.accept_unverified
+
+    @property
     def attempt_timeout(self) -> timedelta:
         """How long this attempt may run in all: the limit Temporal enforces on it, else
         the contract's ``start_to_close_timeout``. Work that waits (polls a far side for

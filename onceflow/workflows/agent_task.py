@@ -90,6 +90,9 @@ KEY_GENERATIONS = "key-generations"
 """Patch id: ``did_not_happen`` on a step whose key can no longer be sent (past its
 send-by deadline, or holding a stored failure) authorises an attempt under the next key
 generation instead of the old key."""
+UNVERIFIED_RECORDED = "unverified-happened-recorded"
+"""Patch id: a ``happened`` accepted unverified is handed to the tool's look-up, which
+records the resource in the step's operation record (a later refund reads it)."""
 PIN_TIMEOUT = timedelta(seconds=10)
 """Longest the local activity pinning the task's policy may run (it reads memory only)."""
 
@@ -510,6 +513,7 @@ class AgentTaskWorkflow:
         status: StepStatus,
         *,
         claimed_resource_id: str | None = None,
+        accept_unverified: bool = False,
         why: str = "before parking",
     ) -> ToolAttemptResult | None:
         """Ask the provider (strongly consistent reads first) if it happened: before
@@ -529,6 +533,7 @@ class AgentTaskWorkflow:
             policy=self._policies.get(step.tool),
             key_generation=status.key_generation,
             claimed_resource_id=claimed_resource_id,
+            accept_unverified=accept_unverified,
         )
         try:
             found: ToolAttemptResult = await workflow.execute_activity(
@@ -670,7 +675,8 @@ class AgentTaskWorkflow:
             unchecked = decision.decision is ReconcileDecision.HAPPENED
             return _DecisionCheck(verified=False if unchecked else None)
         if decision.decision is ReconcileDecision.HAPPENED and (
-            decision.unverified or not policy.lookup_verifies_resource_ids
+            not policy.lookup_verifies_resource_ids
+            or (decision.unverified and not workflow.patched(UNVERIFIED_RECORDED))
         ):
             return _DecisionCheck(verified=False)
         claimed = decision.resource_id
@@ -681,10 +687,15 @@ class AgentTaskWorkflow:
                 policy,
                 status,
                 claimed_resource_id=claimed,
+                accept_unverified=decision.unverified,
                 why=f"to check {decision.operator}'s decision {decision.decision.value}",
             )
         finally:
             self._checking.discard(decision.step_id)
+        if decision.unverified:
+            # Accepted whatever the look-up found; it recorded the resource if it could.
+            finding = _describe_finding(found) if found else status.evidence.get("lookup")
+            return _DecisionCheck(verified=False, finding=finding)
         finding = _describe_finding(found) if found else status.evidence.get("lookup")
         if decision.decision is ReconcileDecision.DID_NOT_HAPPEN:
             if found is None:

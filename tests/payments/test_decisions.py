@@ -10,6 +10,7 @@ from onceflow_devstack.stripe_provider import Fault, ProviderControl, RequestRec
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from onceflow.payments import ChargeRequest, StripePaymentProvider
 from onceflow.task_api import DecisionRefused, TaskClient
 from onceflow.tools import derive_child_key
 from onceflow.workflows.task_models import (
@@ -107,7 +108,7 @@ async def test_happened_is_verified_and_recorded_so_a_refund_by_charge_step_refu
 
 
 async def test_happened_naming_an_unknown_or_foreign_id_is_refused_unless_unverified(
-    worker: Worker, tasks: TaskClient, control: ProviderControl
+    worker: Worker, tasks: TaskClient, control: ProviderControl, database: str
 ) -> None:
     workflow_id = await park_a_charge_that_happened(control, tasks)
     other = await start_task(tasks, ("pay", "charge_payment", VISA_CHARGE))
@@ -131,7 +132,52 @@ async def test_happened_naming_an_unknown_or_foreign_id_is_refused_unless_unveri
     assert result.step("pay").result == {"reconciled": True}
     [recorded] = result.decisions
     assert recorded.accepted and recorded.verified is False
+    assert "pi_does_not_exist" in (recorded.finding or result.step("pay").evidence["lookup"])
     assert len(posts(await control.requests())) == 2  # one per task, nothing more
+    # Kept where later steps read the step's charge, as the operator insisted.
+    assert operation_row(database, charge_key(workflow_id))[:2] == (  # type: ignore[index]
+        "succeeded",
+        "pi_does_not_exist",
+    )
+
+
+async def test_a_charge_made_by_hand_accepted_unverified_is_refunded_by_charge_step(
+    worker: Worker,
+    tasks: TaskClient,
+    control: ProviderControl,
+    payment_provider: StripePaymentProvider,
+) -> None:
+    # The step's key holds a stored 500 and nothing was charged; the operator charges
+    # the customer by hand in the dashboard (no onceflow operation id on it).
+    await control.add_fault(Fault.ERROR_500_BEFORE_COMMIT, path_prefix="/v1/payment_intents")
+    workflow_id = await start_task(
+        tasks, ("pay", "charge_payment", VISA_CHARGE), ("refund", "refund_payment", REFUND_BY_STEP)
+    )
+    await wait_for(tasks, workflow_id, parked)
+    by_hand = await payment_provider.create_payment_intent(
+        ChargeRequest(
+            amount=4200,
+            currency="eur",
+            customer="cus_alice",
+            payment_method="pm_card_visa",
+            description="charged by hand",
+        ),
+        idempotency_key="dashboard-1",
+    )
+
+    with pytest.raises(DecisionRefused, match="not this step's charge"):
+        await tasks.reconcile(workflow_id, decide(ReconcileDecision.HAPPENED, by_hand.id))
+    await tasks.reconcile(
+        workflow_id, decide(ReconcileDecision.HAPPENED, by_hand.id, unverified=True)
+    )
+
+    result = await tasks.result(workflow_id)
+    assert result.state is TaskState.SUCCEEDED, result.failure_reason
+    charge, refund = await control.ledger()
+    assert (charge.object_id, refund.kind, refund.amount) == (by_hand.id, "refund", 1500)
+    assert refund.payment_intent == by_hand.id
+    [decision] = [d for d in result.decisions if d.accepted]
+    assert decision.verified is False
 
 
 async def test_did_not_happen_on_an_existing_charge_is_refused_with_its_id_and_posts_nothing(

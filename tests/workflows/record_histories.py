@@ -221,6 +221,36 @@ async def _record(
     )
     await save("checked_did_not_happen_refused_then_happened", found)
 
+    # happened with an id the look-up cannot confirm: refused, then accepted unverified
+    # and handed to the look-up, which records it.
+    unverified = await start(
+        StepInput(
+            step_id="k",
+            tool="scripted_verified",
+            arguments={"label": script.plan("unv", KeyUnusable.STORED_FAILURE)},
+        )
+    )
+    await _until(env, unverified, TaskState.PARKED)
+    by_hand = ReconcileInput(
+        step_id="k",
+        decision=ReconcileDecision.HAPPENED,
+        resource_id="res-made-by-hand",
+        operator="ops",
+        reason="charged by hand",
+    )
+    try:
+        await unverified.execute_update(AgentTaskWorkflow.reconcile, by_hand)
+    except WorkflowUpdateFailedError:
+        pass
+    else:
+        raise RuntimeError("an id the look-up could not confirm was accepted")
+    await unverified.execute_update(
+        AgentTaskWorkflow.reconcile, by_hand.model_copy(update={"unverified": True})
+    )
+    if script.recorded.get("unv") != "res-made-by-hand":
+        raise RuntimeError("the look-up did not record the unverified resource")
+    await save("unverified_happened_recorded", unverified)
+
     # A did_not_happen on a key that can make no progress (a stored failure, then a
     # send-by refusal): the authorised attempt goes out under the next key generation.
     await parks_then(

@@ -63,7 +63,16 @@ PROVIDER_KEYED = _contract(
     retention_margin=timedelta(hours=1),
     lookup_activity=lookup_activity_name("scripted_provider"),
 )
-SCRIPTED_CONTRACTS = (SAFE, UNSAFE, NEEDS_APPROVAL, PROVIDER_KEYED)
+VERIFIED = _contract(
+    "scripted_verified",
+    DedupeStrategy.PROVIDER_IDEMPOTENCY_KEY,
+    provider_key_retention=timedelta(hours=24),
+    retention_margin=timedelta(hours=1),
+    lookup_activity=lookup_activity_name("scripted_verified"),
+    lookup_verifies_resource_ids=True,
+)
+"""Like ``scripted_provider``, with a look-up that checks an operator's resource id."""
+SCRIPTED_CONTRACTS = (SAFE, UNSAFE, NEEDS_APPROVAL, PROVIDER_KEYED, VERIFIED)
 
 
 def register_scripted_tools() -> None:
@@ -80,13 +89,16 @@ Planned = OutcomeClass | KeyUnusable
 
 class Script:
     """Outcomes per label, consumed in order; the last one repeats forever. Lookups
-    (``scripted_provider`` only) are inconclusive unless ``found`` names the label."""
+    (``scripted_provider`` and ``scripted_verified``) are inconclusive unless ``found``
+    names the label; ``scripted_verified``'s confirms an operator's id only when it is
+    the one it found, and records any id accepted unverified (in ``recorded``)."""
 
     def __init__(self) -> None:
         self._outcomes: dict[str, list[Planned]] = {}
         self.calls: dict[str, list[ToolCallInput]] = defaultdict(list)
         self.lookups: dict[str, int] = defaultdict(int)
         self.found: set[str] = set()
+        self.recorded: dict[str, str] = {}
 
     def plan(self, label: str, *outcomes: Planned) -> str:
         self._outcomes[label] = list(outcomes)
@@ -101,6 +113,7 @@ class Script:
         return [
             *(self._activity(contract.name) for contract in SCRIPTED_CONTRACTS),
             self._look_up(PROVIDER_KEYED.name),
+            self._look_up(VERIFIED.name),
             PolicyPinning().pin_task_policy,
         ]
 
@@ -109,6 +122,16 @@ class Script:
         async def look_up(call: ToolCallInput) -> ToolAttemptResult:
             label = ScriptedInput.model_validate(call.arguments).label
             self.lookups[label] += 1
+            claimed = call.claimed_resource_id
+            if claimed is not None and call.accept_unverified:
+                self.recorded[label] = claimed
+                return ToolAttemptResult(
+                    outcome=OutcomeClass.SUCCEEDED,
+                    resource_id=claimed,
+                    result={"label": label, "verified": False},
+                )
+            if claimed is not None and claimed != f"res-{label}-found":
+                return ToolAttemptResult(outcome=OutcomeClass.UNKNOWN, reason="scripted: not it")
             if label in self.found:
                 return ToolAttemptResult(
                     outcome=OutcomeClass.SUCCEEDED,

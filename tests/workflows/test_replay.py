@@ -22,6 +22,7 @@ from onceflow.workflows.agent_task import (
     MACHINE_TIME_DEADLINE,
     PINNED_POLICY,
     SEND_BY_ENFORCED,
+    UNVERIFIED_RECORDED,
 )
 from tests.telemetry.replay_spans import spans_emitted_by_replay
 
@@ -36,6 +37,7 @@ PATCHES = (
     MACHINE_TIME_DEADLINE,
     DECISIONS_CHECKED,
     KEY_GENERATIONS,
+    UNVERIFIED_RECORDED,
 )
 
 
