@@ -26,7 +26,9 @@ class RetryBudget(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     max_attempts_per_task: int = Field(default=12, ge=1, le=1000)
-    """Attempts across all steps of the task, operator-authorised ones excluded. Default 12."""
+    """Attempts across all steps of the task, operator-authorised ones excluded; in an
+    open task, whose calls are as many as the agent's model makes, only retries (every
+    attempt of a call after its first). Default 12."""
     max_attempts_per_step: int = Field(default=5, ge=1, le=100)
     """Attempts of any one step, operator-authorised ones excluded. Default 5."""
     deadline: timedelta = Field(default=timedelta(hours=1), gt=timedelta(0))

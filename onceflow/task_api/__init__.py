@@ -2,6 +2,7 @@
 
 from onceflow.task_api._connection import connect_temporal
 from onceflow.task_api._tasks import (
+    CallRefused,
     DecisionAnswer,
     DecisionConflict,
     DecisionRefused,
@@ -11,6 +12,7 @@ from onceflow.task_api._tasks import (
 )
 
 __all__ = [
+    "CallRefused",
     "DecisionAnswer",
     "DecisionConflict",
     "DecisionRefused",

@@ -10,7 +10,12 @@ from datetime import datetime
 from typing import Any
 
 from opentelemetry import trace
-from temporalio.client import Client, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.client import (
+    Client,
+    WithStartWorkflowOperation,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+)
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
@@ -21,6 +26,8 @@ from onceflow.workflows.agent_task import TRACE_ID_MEMO
 from onceflow.workflows.task_models import (
     AgentTaskInput,
     ApproveInput,
+    CallAnswer,
+    CallInput,
     DecisionRecord,
     DecisionResult,
     ReconcileDecision,
@@ -34,6 +41,11 @@ from onceflow.workflows.visibility import TASK_STATE, TASK_TENANT
 
 class DecisionRefused(Exception):
     """The task refused an approve or reconcile decision; nothing was recorded."""
+
+
+class CallRefused(Exception):
+    """An open task refused a call before anything was recorded (task closed, tool not
+    allowed, invalid arguments, budget spent, call id used for another call)."""
 
 
 class DecisionConflict(Exception):
@@ -69,7 +81,7 @@ class DecisionAnswer(DecisionResult):
     """With ``replayed``: the earlier decision as the task recorded it."""
 
 
-_TERMINAL = (TaskState.SUCCEEDED, TaskState.FAILED)
+_TERMINAL = (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CLOSED)
 
 
 @dataclass(frozen=True)
@@ -103,7 +115,6 @@ class TaskClient:
         gateway request's), so every task has one trace; its id goes into the memo as
         ``trace_id`` for an operator who finds the task in the Temporal UI.
         """
-        tools = ", ".join(step.tool for step in task.steps)
         # The tracer is looked up per start: the process installs its provider after import.
         with trace.get_tracer("onceflow.tasks").start_as_current_span(
             "StartTask",
@@ -119,22 +130,89 @@ class TaskClient:
                 memo = {**(memo or {}), TRACE_ID_MEMO: trace_id}
             try:
                 return await self._client.start_workflow(
-                    AgentTaskWorkflow.run,
-                    task,
-                    id=workflow_id,
-                    task_queue=self._task_queue,
-                    id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-                    id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-                    static_summary=f"{task.tenant}: {tools}",
-                    static_details=(
-                        f"Agent task of tenant `{task.tenant}` for principal "
-                        f"`{task.principal}`, {len(task.steps)} step(s): {tools}."
-                        + (f"\n\nTrace: `{trace_id}`" if trace_id else "")
-                    ),
-                    memo=memo,
+                    AgentTaskWorkflow.run, task, **self._start_options(task, workflow_id, memo)
                 )
             except WorkflowAlreadyStartedError:
                 return self._client.get_workflow_handle_for(AgentTaskWorkflow.run, workflow_id)
+
+    def _start_options(
+        self, task: AgentTaskInput, workflow_id: str, memo: Mapping[str, Any] | None
+    ) -> dict[str, Any]:
+        trace_id = (memo or {}).get(TRACE_ID_MEMO)
+        if task.open is not None:
+            what = "Open agent task"
+            summary = f"{task.tenant}: open task"
+        else:
+            tools = ", ".join(step.tool for step in task.steps)
+            what = f"Agent task, {len(task.steps)} step(s): {tools},"
+            summary = f"{task.tenant}: {tools}"
+        return {
+            "id": workflow_id,
+            "task_queue": self._task_queue,
+            "id_conflict_policy": WorkflowIDConflictPolicy.USE_EXISTING,
+            "id_reuse_policy": WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            "static_summary": summary,
+            "static_details": (
+                f"{what} of tenant `{task.tenant}` for principal `{task.principal}`."
+                + (f"\n\nTrace: `{trace_id}`" if trace_id else "")
+            ),
+            "memo": memo,
+        }
+
+    async def call(
+        self,
+        workflow_id: str,
+        request: CallInput,
+        *,
+        start: AgentTaskInput | None = None,
+        memo: Mapping[str, Any] | None = None,
+    ) -> CallAnswer:
+        """Send one call of an open task; the answer comes when the call ends, parks or
+        awaits approval (or only when it ends, with ``request.wait_until_ended``).
+
+        Args:
+            workflow_id: The open task.
+            request: The call. The same call id with the same tool and arguments is the
+                same call: sending it again answers with its status.
+            start: Start the open task with this input if it is not running yet
+                (Update-with-Start: the task and its first call in one request).
+            memo: With ``start``: the memo stored if this request starts the task.
+
+        Raises:
+            CallRefused: The task refused the call (or has ended); nothing was recorded.
+        """
+        try:
+            if start is None:
+                handle = self._client.get_workflow_handle_for(AgentTaskWorkflow.run, workflow_id)
+                return await handle.execute_update(AgentTaskWorkflow.call, request)
+            operation = WithStartWorkflowOperation(
+                AgentTaskWorkflow.run, start, **self._start_options(start, workflow_id, memo)
+            )
+            return await self._client.execute_update_with_start_workflow(
+                AgentTaskWorkflow.call, request, start_workflow_operation=operation
+            )
+        except WorkflowUpdateFailedError as failed:
+            raise CallRefused(_refusal(failed)) from None
+        except RPCError as error:
+            if error.status is not RPCStatusCode.NOT_FOUND:
+                raise
+            raise CallRefused("the task has ended: it takes no more calls") from None
+
+    async def close(self, workflow_id: str) -> TaskStatus:
+        """Close an open task: it takes no more calls and ends once its calls end.
+
+        Raises:
+            CallRefused: The task is a plan, or has already ended.
+        """
+        handle = self._client.get_workflow_handle_for(AgentTaskWorkflow.run, workflow_id)
+        try:
+            return await handle.execute_update(AgentTaskWorkflow.close)
+        except WorkflowUpdateFailedError as failed:
+            raise CallRefused(_refusal(failed)) from None
+        except RPCError as error:
+            if error.status is not RPCStatusCode.NOT_FOUND:
+                raise
+            return await self.status(workflow_id)
 
     async def status(self, workflow_id: str) -> TaskStatus:
         """The task's current status (works for running and closed tasks)."""

@@ -1,4 +1,5 @@
-"""``AgentTaskWorkflow``: one agent task, its steps run in order under one retry budget.
+"""``AgentTaskWorkflow``: one agent task, its steps run in order under one retry budget,
+or an open task whose calls arrive one by one (Update ``call``) under one budget.
 
 The workflow is the only retry owner: every activity runs with ``maximum_attempts=1``
 and after each attempt the workflow asks ``retry_policy`` what to do. An unknown outcome
@@ -9,14 +10,22 @@ It decides only from its pinned policy: the first workflow task resolves every t
 with other settings changes new tasks, never this one. A repeat under a key the
 provider forgets is checked against the key's send-by deadline after every backoff,
 bounded by it while it waits for a worker, and checked again by the attempt itself.
+
+Open tasks share the step machinery (one workflow keeps one budget, one decision path,
+one park): each call is a step run concurrently with the others; the repeat guard
+answers a call identical to an earlier one that has not failed from that call; the task
+continues as new (carrying the budget, the calls' outcomes and the guard) between calls,
+never while one is unfinished.
 """
 
+import asyncio
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeUpdate
-from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError, TimeoutType
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutType
+from temporalio.exceptions import TimeoutError as TemporalTimeout
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import BaseModel, ValidationError
@@ -49,6 +58,9 @@ with workflow.unsafe.imports_passed_through():
         ApproveInput,
         AttemptRecord,
         BudgetStatus,
+        CallAnswer,
+        CallInput,
+        CarriedCalls,
         DecisionRecord,
         DecisionResult,
         ReconcileDecision,
@@ -60,7 +72,13 @@ with workflow.unsafe.imports_passed_through():
         TaskState,
         TaskStatus,
     )
-    from onceflow.workflows.visibility import TASK_PARKED_AT, TASK_STATE, TASK_TENANT, TASK_TOOLS
+    from onceflow.workflows.visibility import (
+        TASK_KIND,
+        TASK_PARKED_AT,
+        TASK_STATE,
+        TASK_TENANT,
+        TASK_TOOLS,
+    )
 
 ONE_ATTEMPT = RetryPolicy(maximum_attempts=1)
 TRACE_ID_MEMO = "trace_id"
@@ -94,6 +112,14 @@ UNVERIFIED_RECORDED = "unverified-happened-recorded"
 """Patch id: a ``happened`` accepted unverified is handed to the tool's look-up, which
 records the resource in the step's operation record (a later refund reads it)."""
 PIN_TIMEOUT = timedelta(seconds=10)
+ENDED_STEP_STATES = frozenset(
+    {StepState.SUCCEEDED, StepState.FAILED, StepState.DENIED, StepState.ABANDONED}
+)
+"""States a step never leaves."""
+SETTLED_STEP_STATES = ENDED_STEP_STATES | {StepState.PARKED, StepState.AWAITING_APPROVAL}
+"""States a call's first answer waits for: ended, or waiting for a person."""
+NO_EFFECT_STEP_STATES = frozenset({StepState.FAILED, StepState.DENIED})
+"""Ended with no effect: an identical later call is a new call, not a repeat."""
 """Longest the local activity pinning the task's policy may run (it reads memory only)."""
 
 
@@ -142,9 +168,37 @@ class AgentTaskWorkflow:
         """Steps parked because no attempt may send under their key any more."""
         self._waited_for_people = timedelta(0)
         """Time spent awaiting approval or parked: not machine budget."""
+        # Open tasks only.
+        self._open = task.open
+        self._closing: str | None = None
+        self._last_call_at = self._started_at
+        self._repeat_of: dict[str, str] = {}
+        """A repeated call's id -> the earlier identical call that answers it."""
+        self._pinning: set[str] = set()
+        self._order: list[str] = []
+        """Call ids in arrival order, repeats included."""
+        self._calls_this_run = 0
+        self._runs = 1
+        self._changed = False
+        """Something the open task's main loop reacts to happened (a call, an end)."""
+        carried = task.carried
+        if carried is not None:
+            self._started_at = carried.started_at
+            self._last_call_at = carried.last_call_at
+            self._budgeted_attempts = carried.budgeted_attempts
+            self._operator_authorised_attempts = carried.operator_authorised_attempts
+            self._waited_for_people = carried.waited_for_people
+            self._steps = {call.step_id: call for call in carried.calls}
+            self._repeat_of = dict(carried.repeat_of)
+            self._order = list(carried.order)
+            self._decisions = list(carried.decisions)
+            self._policies = dict(carried.policies)
+            self._runs = carried.runs + 1
 
     @workflow.run
     async def run(self, task: AgentTaskInput) -> TaskStatus:
+        if task.open is not None:
+            return await self._run_open(task)
         workflow.upsert_search_attributes(
             [
                 TASK_TENANT.value_set(task.tenant),
@@ -156,7 +210,7 @@ class AgentTaskWorkflow:
         self._send_by_enforced = workflow.patched(SEND_BY_ENFORCED)
         self._decisions_checked = workflow.patched(DECISIONS_CHECKED)
         if workflow.patched(PINNED_POLICY):
-            self._policies = await self._pin_policies(task)
+            self._policies = await self._pin_policies(sorted({s.tool for s in task.steps}))
         try:
             for step in task.steps:
                 await self._run_step(step)
@@ -233,6 +287,269 @@ class AgentTaskWorkflow:
             )
             return
         self._accept_reconciliation(decision, via="signal", check=check)
+
+    @workflow.update
+    async def call(self, request: CallInput) -> CallAnswer:
+        """Run one tool call of an open task (the agent's model picked it).
+
+        Answers when the call ends, or as soon as it parks or awaits approval (send the
+        same call again with ``wait_until_ended`` to wait for the person's decision). The
+        same call id with the same tool and arguments is the same call; a new call
+        identical to an earlier one that has not failed is answered by that one
+        (``repeat_of``) unless it is a ``deliberate_repeat``.
+        """
+        self._last_call_at = workflow.now()
+        self._changed = True
+        if not self._known_call(request.call_id):
+            await self._pin_tool(request.tool)
+            # Another update with this call id may have been accepted while pinning.
+            problem = self._call_problem(request)
+            if problem:
+                raise ApplicationError(problem, type="CallRefused", non_retryable=True)
+            if not self._known_call(request.call_id):
+                self._accept_call(request)
+        original = self._steps[self._repeat_of.get(request.call_id, request.call_id)]
+        done = ENDED_STEP_STATES if request.wait_until_ended else SETTLED_STEP_STATES
+        await workflow.wait_condition(lambda: original.state in done)
+        return self._call_answer(request.call_id)
+
+    @call.validator
+    def _validate_call(self, request: CallInput) -> None:
+        problem = self._call_problem(request)
+        if problem:
+            raise ValueError(problem)
+
+    @workflow.update
+    def close(self) -> TaskStatus:
+        """Take no more calls: the task ends once its unfinished calls end."""
+        if self._closing is None:
+            self._closing = "closed by the agent"
+            self._changed = True
+        return self._status()
+
+    @close.validator
+    def _validate_close(self) -> None:
+        if self._open is None:
+            raise ValueError("this task is a plan: it ends with its last step")
+
+    # ── open tasks ──────────────────────────────────────────────────────────────────
+
+    async def _run_open(self, task: AgentTaskInput) -> TaskStatus:
+        options = task.open
+        assert options is not None
+        self._machine_time_deadline = workflow.patched(MACHINE_TIME_DEADLINE)
+        self._send_by_enforced = workflow.patched(SEND_BY_ENFORCED)
+        self._decisions_checked = workflow.patched(DECISIONS_CHECKED)
+        self._state = self._open_state()
+        tools = sorted({call.tool for call in self._steps.values()})
+        workflow.upsert_search_attributes(
+            [
+                TASK_TENANT.value_set(task.tenant),
+                TASK_KIND.value_set("open"),
+                TASK_STATE.value_set(self._state.value),
+                *([TASK_TOOLS.value_set(tools)] if tools else []),
+            ]
+        )
+        lifetime_ends = self._started_at + options.max_lifetime
+        while True:
+            self._changed = False
+            self._publish_state(self._open_state())
+            now = workflow.now()
+            unfinished = self._unfinished_calls()
+            if self._closing is None and now >= lifetime_ends:
+                self._closing = f"its maximum lifetime ({options.max_lifetime}) ended"
+            elif self._closing is None and not unfinished:
+                if now >= self._last_call_at + options.idle_timeout:
+                    self._closing = f"idle for {options.idle_timeout}"
+            if self._closing is not None and not unfinished:
+                break
+            if self._closing is None and not unfinished and self._should_continue_as_new():
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                if not self._unfinished_calls() and not self._changed:
+                    workflow.continue_as_new(self._carried(task))
+                continue
+            wake_at = lifetime_ends
+            if not unfinished and self._closing is None:
+                wake_at = min(wake_at, self._last_call_at + options.idle_timeout)
+            try:
+                await workflow.wait_condition(
+                    lambda: self._changed,
+                    timeout=max(wake_at - now, timedelta(milliseconds=1))
+                    if self._closing is None
+                    else None,
+                    timeout_summary="idle timeout or maximum lifetime",
+                )
+            except TimeoutError:
+                pass
+        self._publish_state(TaskState.CLOSED)
+        workflow.set_current_details(self._calls_summary())
+        if task.record_outcome:
+            await self._record_outcome()
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        return self._status()
+
+    def _call_problem(self, request: CallInput) -> str | None:
+        """Why a call cannot run, checked before anything is written; None if it can."""
+        if self._open is None:
+            return "this task is a plan: its steps were given when it started"
+        if self._known_call(request.call_id):
+            original = self._call_status(request.call_id)
+            if original.tool != request.tool or original.arguments_digest != digest_arguments(
+                request.tool, request.arguments
+            ):
+                return (
+                    f"call id {request.call_id!r} was used for another call "
+                    f"({original.tool} with arguments {original.arguments_digest}) in this task"
+                )
+            return None  # the same call again: answered with its status
+        if self._closing is not None:
+            return f"the task takes no more calls: {self._closing}"
+        allowed = self._open.allowed_tools
+        if allowed is not None and request.tool not in allowed:
+            return f"tool {request.tool!r} is not allowed in this task"
+        try:
+            contract = CATALOGUE.get(request.tool)
+            contract.input_model.model_validate(request.arguments)
+        except UnknownTool as unknown:
+            return str(unknown)
+        except ValidationError as invalid:
+            problems = "; ".join(
+                f"{'.'.join(str(part) for part in error['loc']) or 'arguments'}: {error['msg']}"
+                for error in invalid.errors()
+            )
+            return f"invalid arguments: {problems}"
+        budget = self._budget
+        if self._budgeted_attempts >= budget.max_attempts_per_task:
+            return (
+                f"the task's retry budget is spent ({self._budgeted_attempts} of "
+                f"{budget.max_attempts_per_task} attempts used)"
+            )
+        used = workflow.now() - self._started_at - self._people_time()
+        if used >= budget.deadline:
+            return f"the task's deadline ({budget.deadline} of machine time) has passed"
+        return None
+
+    def _accept_call(self, request: CallInput) -> None:
+        digest = digest_arguments(request.tool, request.arguments)
+        earlier = None if request.deliberate_repeat else self._identical_call(digest)
+        status = StepStatus(
+            step_id=request.call_id,
+            tool=request.tool,
+            arguments=request.arguments,
+            arguments_digest=digest,
+            deliberate_repeat=request.deliberate_repeat,
+        )
+        self._order.append(request.call_id)
+        if earlier is not None:
+            _count("onceflow_repeats_answered", tool=request.tool)
+            self._repeat_of[request.call_id] = earlier.step_id
+            return
+        self._steps[request.call_id] = status
+        self._calls_this_run += 1
+        if request.tool not in {call.tool for call in self._steps.values() if call is not status}:
+            workflow.upsert_search_attributes(
+                [TASK_TOOLS.value_set(sorted({call.tool for call in self._steps.values()}))]
+            )
+        step = StepInput(step_id=request.call_id, tool=request.tool, arguments=request.arguments)
+        asyncio.create_task(self._run_call(step))
+
+    def _identical_call(self, digest: str) -> StepStatus | None:
+        """The earliest call with the same tool and arguments that has not ended with
+        no effect: the one a repeat is answered by."""
+        for call in self._steps.values():
+            if call.arguments_digest == digest and call.state not in NO_EFFECT_STEP_STATES:
+                return call
+        return None
+
+    async def _run_call(self, step: StepInput) -> None:
+        try:
+            await self._run_step(step)
+        except _StepStopped:
+            pass  # the call's own state says how it ended; the task goes on
+        finally:
+            self._changed = True
+
+    async def _pin_tool(self, tool: str) -> None:
+        """Pin a tool's policy the first time a call uses it (recorded in history)."""
+        if tool in self._policies:
+            return
+        if tool in self._pinning:
+            await workflow.wait_condition(lambda: tool in self._policies)
+            return
+        self._pinning.add(tool)
+        try:
+            self._policies.update(await self._pin_policies([tool]))
+        finally:
+            self._pinning.discard(tool)
+
+    def _known_call(self, call_id: str) -> bool:
+        return call_id in self._steps or call_id in self._repeat_of
+
+    def _unfinished_calls(self) -> list[StepStatus]:
+        return [call for call in self._steps.values() if call.state not in ENDED_STEP_STATES]
+
+    def _open_state(self) -> TaskState:
+        states = {call.state for call in self._unfinished_calls()}
+        if StepState.PARKED in states:
+            return TaskState.PARKED
+        if StepState.AWAITING_APPROVAL in states:
+            return TaskState.AWAITING_APPROVAL
+        return TaskState.RUNNING
+
+    def _should_continue_as_new(self) -> bool:
+        assert self._open is not None
+        per_run = self._open.calls_per_run
+        if per_run is not None and self._calls_this_run >= per_run:
+            return True
+        return workflow.info().is_continue_as_new_suggested()
+
+    def _carried(self, task: AgentTaskInput) -> AgentTaskInput:
+        calls = [
+            call.model_copy(update={"attempts": [], "evidence": {}, "arguments": {}})
+            for call in self._steps.values()
+        ]
+        carried = CarriedCalls(
+            started_at=self._started_at,
+            last_call_at=self._last_call_at,
+            budgeted_attempts=self._budgeted_attempts,
+            operator_authorised_attempts=self._operator_authorised_attempts,
+            waited_for_people=self._waited_for_people,
+            calls=calls,
+            order=self._order,
+            repeat_of=self._repeat_of,
+            decisions=self._decisions,
+            policies=self._policies,
+            runs=self._runs,
+        )
+        return task.model_copy(update={"carried": carried})
+
+    def _call_answer(self, call_id: str) -> CallAnswer:
+        repeat_of = self._repeat_of.get(call_id)
+        return CallAnswer(
+            task_id=workflow.info().workflow_id,
+            task_state=self._open_state() if self._state is not TaskState.CLOSED else self._state,
+            call=self._call_status(call_id),
+            repeat_of=repeat_of,
+        )
+
+    def _call_status(self, call_id: str) -> StepStatus:
+        repeat_of = self._repeat_of.get(call_id)
+        if repeat_of is None:
+            return self._steps[call_id]
+        return self._steps[repeat_of].model_copy(
+            update={"step_id": call_id, "attempts": [], "repeat_of": repeat_of}
+        )
+
+    def _calls_summary(self) -> str:
+        lines = [
+            f"- {call.step_id}: {call.tool} {call.state.value}"
+            + (f" (repeat of {self._repeat_of[call.step_id]})" if call.repeat_of else "")
+            for call in (self._call_status(call_id) for call_id in self._call_order())
+        ]
+        return f"Open task: {len(lines)} calls" + ("\n" + "\n".join(lines[-20:]) if lines else "")
+
+    def _call_order(self) -> list[str]:
+        return self._order
 
     # ── application logic ───────────────────────────────────────────────────────────
 
@@ -334,10 +651,10 @@ class AgentTaskWorkflow:
             )
         return False
 
-    async def _pin_policies(self, task: AgentTaskInput) -> dict[str, ToolPolicy]:
-        """Resolve every tool's policy once, in the first workflow task: Temporal records
-        the local activity's answer, and every replay reads it from history."""
-        tools = sorted({step.tool for step in task.steps})
+    async def _pin_policies(self, tools: list[str]) -> dict[str, ToolPolicy]:
+        """Resolve the tools' policies once (a plan's in its first workflow task, an open
+        task's as calls bring them): Temporal records the local activity's answer, and
+        every replay reads it from history."""
         try:
             pinned: TaskPolicy = await workflow.execute_local_activity(
                 PIN_TASK_POLICY,
@@ -488,7 +805,9 @@ class AgentTaskWorkflow:
         _count("onceflow_attempts", tool=step.tool, outcome=result.outcome.value)
         if operator_authorised:
             self._operator_authorised_attempts += 1
-        elif not result.database_unavailable:
+        elif not result.database_unavailable and (self._open is None or attempt > 1):
+            # An open task's calls are as many as the model makes: only their retries
+            # spend the task's attempts.
             self._budgeted_attempts += 1
         status.attempts.append(
             AttemptRecord(
@@ -668,8 +987,8 @@ class AgentTaskWorkflow:
         """
         if not self._decisions_checked:
             return _DecisionCheck()
-        step = next(s for s in self._task.steps if s.step_id == decision.step_id)
         status = self._steps[decision.step_id]
+        step = StepInput(step_id=status.step_id, tool=status.tool, arguments=status.arguments)
         policy = self._policy(step.tool)
         if policy.lookup_activity is None or decision.decision is ReconcileDecision.ABANDON:
             unchecked = decision.decision is ReconcileDecision.HAPPENED
@@ -816,11 +1135,13 @@ class AgentTaskWorkflow:
     def _finish_step(
         self, status: StepStatus, resource_id: str | None, result: dict[str, Any]
     ) -> None:
+        self._changed = True
         status.state = StepState.SUCCEEDED
         status.resource_id = resource_id
         status.result = result
 
     def _stop_step(self, status: StepStatus, state: StepState, reason: str) -> None:
+        self._changed = True
         status.state = state
         status.failure_reason = reason
         raise _StepStopped(reason)
@@ -856,6 +1177,14 @@ class AgentTaskWorkflow:
         return next((a for a in status.attempts if a.key_generation == status.key_generation), None)
 
     def _set_state(self, state: TaskState) -> None:
+        if self._open is not None and state is not TaskState.CLOSED:
+            # Calls run side by side: the task is as its calls are (parked wins), which
+            # the open task's loop publishes.
+            self._changed = True
+            return
+        self._publish_state(state)
+
+    def _publish_state(self, state: TaskState) -> None:
         if state is not self._state:
             # One upsert per change: the parked-at time rides along, adding no command.
             updates: list[SearchAttributeUpdate[Any]] = [TASK_STATE.value_set(state.value)]
@@ -872,7 +1201,11 @@ class AgentTaskWorkflow:
             tenant=self._task.tenant,
             principal=self._task.principal,
             state=self._state,
-            steps=list(self._steps.values()),
+            steps=(
+                [self._call_status(call_id) for call_id in self._order]
+                if self._open is not None
+                else list(self._steps.values())
+            ),
             budget=BudgetStatus(
                 budget=self._budget,
                 attempts_used=self._budgeted_attempts,
@@ -884,6 +1217,9 @@ class AgentTaskWorkflow:
             decisions=self._decisions,
             policies=self._policies,
             failure_reason=self._failure_reason,
+            open=self._open is not None,
+            closing=self._closing,
+            runs=self._runs,
         )
 
 
@@ -925,7 +1261,7 @@ def _not_registered(failure: ActivityError) -> bool:
 def _not_started_in_time(failure: ActivityError) -> bool:
     # Temporal's own timeout: no worker picked the attempt up, so nothing ran.
     cause = failure.cause
-    return isinstance(cause, TimeoutError) and cause.type is TimeoutType.SCHEDULE_TO_START
+    return isinstance(cause, TemporalTimeout) and cause.type is TimeoutType.SCHEDULE_TO_START
 
 
 def _describe_activity_failure(failure: ActivityError) -> str:

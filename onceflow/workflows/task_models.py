@@ -12,6 +12,11 @@ State machine of a step::
 
 The task's state follows its active step: running, awaiting_approval or parked, and
 ends succeeded (every step succeeded) or failed (a step failed, was denied or abandoned).
+
+An open task takes its calls one by one (Update ``call``); it is running, awaiting
+approval or parked as its calls are (parked wins), and ends ``closed`` (closed by the
+agent, idle, or at its maximum lifetime) once every call has ended, whatever each call's
+own outcome.
 """
 
 from datetime import datetime, timedelta
@@ -34,6 +39,8 @@ class TaskState(StrEnum):
     PARKED = "parked"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
+    CLOSED = "closed"
+    """An open task that ended: every call ended (see each call's own state)."""
 
 
 class StepState(StrEnum):
@@ -61,6 +68,45 @@ class StepInput(BaseModel):
     arguments: dict[str, Any] = Field(default_factory=dict)
 
 
+class OpenTaskOptions(BaseModel):
+    """How an open task lives: its calls arrive one by one as the agent's model picks
+    them, until the agent closes it, it idles out, or its lifetime ends."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    idle_timeout: timedelta = Field(default=timedelta(minutes=30), gt=timedelta(0))
+    """The task closes after this long without a call while none is unfinished."""
+    max_lifetime: timedelta = Field(default=timedelta(days=1), gt=timedelta(0))
+    """No call is accepted after this long; the task closes once its calls end."""
+    allowed_tools: list[str] | None = None
+    """The tools calls may use (the principal's); None: any catalogued tool."""
+    calls_per_run: int | None = Field(default=None, ge=1)
+    """Continue as new after this many calls in one workflow run, besides whenever
+    Temporal suggests it; None: only when Temporal suggests it."""
+
+
+class CarriedCalls(BaseModel):
+    """What an open task carries into its next run when it continues as new."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    started_at: datetime
+    last_call_at: datetime
+    budgeted_attempts: int
+    operator_authorised_attempts: int
+    waited_for_people: timedelta
+    calls: list["StepStatus"]
+    """Every ended call so far, without its attempts' details (the earlier runs' history
+    keeps those): ids, states, results, and the digests the repeat guard matches."""
+    order: list[str] = Field(default_factory=list)
+    """Call ids in arrival order, repeats included."""
+    repeat_of: dict[str, str] = Field(default_factory=dict)
+    decisions: list["DecisionRecord"] = Field(default_factory=list)
+    policies: dict[str, ToolPolicy] = Field(default_factory=dict)
+    runs: int = 1
+    """Workflow runs so far, this one included."""
+
+
 class AgentTaskInput(BaseModel):
     """Everything a task needs: who asked, which tool calls, and how much retrying."""
 
@@ -68,19 +114,57 @@ class AgentTaskInput(BaseModel):
 
     tenant: str = Field(pattern=NAME_PATTERN)
     principal: str = Field(pattern=NAME_PATTERN)
-    steps: list[StepInput] = Field(min_length=1, max_length=50)
+    steps: list[StepInput] = Field(default_factory=list, max_length=50)
+    """A plan's tool calls, in order (at least one); empty for an open task."""
     budget: RetryBudget | None = None
     """The task's retry budget; None takes ``RetryBudget()``'s defaults."""
     record_outcome: bool = False
     """Write the terminal result back to the boundary's idempotency record (set by the
     gateway), so a repeated request can be answered even if the gateway died."""
 
+    open: OpenTaskOptions | None = None
+    """Set for an open task: no steps up front, one Update ``call`` per tool call."""
+    carried: CarriedCalls | None = None
+    """Only in a continued open task: what its earlier runs did."""
+
     @model_validator(mode="after")
     def _step_ids_are_unique(self) -> "AgentTaskInput":
         step_ids = [step.step_id for step in self.steps]
         if len(set(step_ids)) != len(step_ids):
             raise ValueError("step ids must be unique within a task")
+        if self.open is None and not step_ids:
+            raise ValueError("a task needs at least one step (or open options)")
+        if self.open is not None and step_ids:
+            raise ValueError("an open task takes its calls one by one, not as steps")
         return self
+
+
+class CallInput(BaseModel):
+    """One tool call of an open task (Update ``call``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    call_id: str = Field(pattern=NAME_PATTERN)
+    """The call's step id, stable across the caller's retries (e.g. the model's tool-call
+    id): the same id with the same tool and arguments is the same call."""
+    tool: str = Field(pattern=NAME_PATTERN)
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    deliberate_repeat: bool = False
+    """Run even when an earlier call of this task had the same tool and arguments (a
+    second identical effect, on purpose); recorded in the call's status."""
+    wait_until_ended: bool = False
+    """Answer only once the call has ended; by default the answer comes as soon as the
+    call ends, parks or awaits approval."""
+
+
+class CallAnswer(BaseModel):
+    """The answer to a call: the call's status now, and the task's."""
+
+    task_id: str
+    task_state: TaskState
+    call: "StepStatus"
+    repeat_of: str | None = None
+    """Set when the repeat guard answered: the earlier identical call, never run again."""
 
 
 class AttemptRecord(BaseModel):
@@ -210,6 +294,10 @@ class StepStatus(BaseModel):
     """The generation of the step's derived child keys: raised when an operator decides
     ``did_not_happen`` while the old key can no longer be sent (the provider may have
     forgotten it, or it holds a stored failure). Look-ups search every generation."""
+    repeat_of: str | None = None
+    """In an open task: the earlier identical call that answers this one (never run)."""
+    deliberate_repeat: bool = False
+    """In an open task: the caller asked for a second identical effect on purpose."""
 
 
 class BudgetStatus(BaseModel):
@@ -241,6 +329,12 @@ class TaskStatus(BaseModel):
     """Each tool's policy as pinned when the task started (empty for a task started
     before policies were pinned): what the task decides from, whatever the workers'
     settings are now."""
+    open: bool = False
+    """An open task: calls arrive one by one (``steps`` lists them in arrival order)."""
+    closing: str | None = None
+    """An open task that takes no more calls: why (closed by the agent, idle, lifetime)."""
+    runs: int = 1
+    """Workflow runs of an open task so far (it continues as new when long)."""
 
     def step(self, step_id: str) -> StepStatus:
         """The status of one step; raises ``KeyError`` when the task has no such step."""
@@ -251,6 +345,8 @@ class TaskStatus(BaseModel):
 
 
 TaskOutcomeInput.model_rebuild()
+CarriedCalls.model_rebuild()
+CallAnswer.model_rebuild()
 
 RECORD_TASK_OUTCOME = "record_task_outcome"
 """Name of the activity that writes a task's terminal result to the boundary's record."""

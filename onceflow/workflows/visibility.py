@@ -3,7 +3,7 @@
 A production namespace must have them registered once (the embedded stack and the tests
 register them), e.g.
 ``temporal operator search-attribute create --name OnceflowState --type Keyword``;
-README's "Operate it" lists all four.
+README's "Operate it" lists them all.
 """
 
 from temporalio.common import SearchAttributeKey
@@ -18,4 +18,7 @@ TASK_PARKED_AT = SearchAttributeKey.for_datetime("OnceflowParkedAt")
 """When the task last parked; unset again once a decision resumes it. Set in the same
 upsert as ``OnceflowState``, so parking adds no workflow command."""
 
-ALL_SEARCH_ATTRIBUTES = (TASK_STATE, TASK_TENANT, TASK_TOOLS, TASK_PARKED_AT)
+TASK_KIND = SearchAttributeKey.for_keyword("OnceflowKind")
+"""``open`` (an agent's open task: calls arrive one by one) or ``plan`` (fixed steps)."""
+
+ALL_SEARCH_ATTRIBUTES = (TASK_STATE, TASK_TENANT, TASK_TOOLS, TASK_PARKED_AT, TASK_KIND)

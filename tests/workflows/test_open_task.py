@@ -1,0 +1,247 @@
+"""Open tasks on the Temporal dev server: calls arrive one by one as Updates, each a step
+under the task's one budget, with the repeat guard, parking, closing and continue-as-new.
+
+The scripted tools decide how each attempt ends and count the attempts that ran: the
+far side's record for these tests.
+"""
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from datetime import timedelta
+
+import pytest
+from temporalio.api.enums.v1 import EventType
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from onceflow.retry_policy import OutcomeClass, RetryBudget
+from onceflow.task_api import CallRefused, TaskClient
+from onceflow.workflows import AgentTaskWorkflow
+from onceflow.workflows.task_models import (
+    AgentTaskInput,
+    CallInput,
+    OpenTaskOptions,
+    ReconcileDecision,
+    ReconcileInput,
+    StepState,
+    TaskState,
+)
+
+from .scripted_tools import Script, register_scripted_tools
+
+S, T, U = OutcomeClass.SUCCEEDED, OutcomeClass.TRANSIENT, OutcomeClass.UNKNOWN
+QUICK = RetryBudget(
+    max_attempts_per_task=6,
+    max_attempts_per_step=3,
+    initial_backoff=timedelta(milliseconds=20),
+    max_backoff=timedelta(milliseconds=50),
+)
+
+
+@pytest.fixture
+def script() -> Script:
+    register_scripted_tools()
+    return Script()
+
+
+@pytest.fixture
+async def worker(
+    dev_server: WorkflowEnvironment, task_queue: str, script: Script
+) -> AsyncIterator[Worker]:
+    async with Worker(
+        dev_server.client,
+        task_queue=task_queue,
+        workflows=[AgentTaskWorkflow],
+        activities=script.activities(),
+    ) as running:
+        yield running
+
+
+@pytest.fixture
+def tasks(dev_server: WorkflowEnvironment, task_queue: str) -> TaskClient:
+    return TaskClient(dev_server.client, task_queue=task_queue)
+
+
+def open_task(budget: RetryBudget = QUICK, **options: object) -> AgentTaskInput:
+    return AgentTaskInput(
+        tenant="acme",
+        principal="agent-1",
+        budget=budget,
+        open=OpenTaskOptions.model_validate(options),
+    )
+
+
+def call(call_id: str, label: str, tool: str = "scripted_safe", **more: object) -> CallInput:
+    return CallInput.model_validate(
+        {"call_id": call_id, "tool": tool, "arguments": {"label": label}, **more}
+    )
+
+
+async def started(tasks: TaskClient, **options: object) -> str:
+    workflow_id = f"open-{uuid.uuid4().hex}"
+    await tasks.start(open_task(**options), workflow_id=workflow_id)  # type: ignore[arg-type]
+    return workflow_id
+
+
+async def test_calls_run_one_by_one_under_one_budget_and_a_repeat_is_answered_not_run(
+    worker: Worker, tasks: TaskClient, script: Script
+) -> None:
+    workflow_id = f"open-{uuid.uuid4().hex}"
+    # The first call starts the task (Update-with-Start).
+    first = await tasks.call(workflow_id, call("c1", script.plan("a", T, S)), start=open_task())
+    assert first.call.state is StepState.SUCCEEDED and first.repeat_of is None
+    assert [a.outcome for a in first.call.attempts] == [T, S]
+
+    # The model picks the same tool with the same arguments again, under a new call id.
+    again = await tasks.call(workflow_id, call("c2", "a"))
+    assert again.repeat_of == "c1" and again.call.state is StepState.SUCCEEDED
+    assert again.call.result == first.call.result and again.call.step_id == "c2"
+    # The caller resends its own call (its answer was lost): the same call, not a new one.
+    resent = await tasks.call(workflow_id, call("c1", "a"))
+    assert resent.call.attempts == first.call.attempts
+    assert script.attempts("a") == 2  # T then S: nothing ran for c2 or the resend
+    # A deliberate repeat runs, and says so.
+    deliberate = await tasks.call(workflow_id, call("c3", "a", deliberate_repeat=True))
+    assert deliberate.repeat_of is None and deliberate.call.deliberate_repeat
+    assert script.attempts("a") == 3
+    # The same call id for another call is refused before anything is recorded.
+    with pytest.raises(CallRefused, match="was used for another call"):
+        await tasks.call(workflow_id, call("c1", "other"))
+    # Unknown tools and invalid arguments are refused too.
+    with pytest.raises(CallRefused, match="no_such_tool"):
+        await tasks.call(workflow_id, call("c4", "x", tool="no_such_tool"))
+    with pytest.raises(CallRefused, match="invalid arguments"):
+        await tasks.call(
+            workflow_id, CallInput(call_id="c4", tool="scripted_safe", arguments={"nope": 1})
+        )
+
+    closed = await tasks.close(workflow_id)
+    assert closed.closing == "closed by the agent"
+    result = await tasks.result(workflow_id)
+    assert result.state is TaskState.CLOSED and result.open
+    assert [(c.step_id, c.repeat_of) for c in result.steps] == [
+        ("c1", None),
+        ("c2", "c1"),
+        ("c3", None),
+    ]
+    assert result.budget.attempts_used == 1  # one budget: c1's retry (first attempts are free)
+    with pytest.raises(CallRefused, match="ended|no more calls"):
+        await tasks.call(workflow_id, call("c5", "b"))
+
+
+async def test_a_spent_budget_refuses_further_calls_with_the_reason(
+    worker: Worker, tasks: TaskClient, script: Script
+) -> None:
+    budget = QUICK.model_copy(update={"max_attempts_per_task": 3})
+    workflow_id = f"open-{uuid.uuid4().hex}"
+    # A provider that keeps failing: the task's retries go, whichever calls spend them.
+    failing = await tasks.call(
+        workflow_id, call("c1", script.plan("down", T)), start=open_task(budget)
+    )
+    assert failing.call.state is StepState.FAILED
+    assert "3 of 3 attempts per step" in (failing.call.failure_reason or "")
+    second = await tasks.call(workflow_id, call("c2", script.plan("down2", T)))
+    assert "3 of 3 attempts per task" in (second.call.failure_reason or "")
+    with pytest.raises(CallRefused, match="retry budget is spent"):
+        await tasks.call(workflow_id, call("c3", script.plan("other", S)))
+    assert script.attempts("down") == 3 and script.attempts("down2") == 2
+    assert script.attempts("other") == 0
+    status = await tasks.status(workflow_id)
+    assert [c.state for c in status.steps] == [StepState.FAILED] * 2
+    await tasks.close(workflow_id)
+    assert (await tasks.result(workflow_id)).state is TaskState.CLOSED
+
+
+async def test_a_failed_call_does_not_block_an_identical_new_one(
+    worker: Worker, tasks: TaskClient, script: Script
+) -> None:
+    workflow_id = f"open-{uuid.uuid4().hex}"
+    first = await tasks.call(
+        workflow_id, call("c1", script.plan("flaky", T, T, T, S)), start=open_task()
+    )
+    assert first.call.state is StepState.FAILED
+    second = await tasks.call(workflow_id, call("c2", "flaky"))
+    assert second.repeat_of is None and second.call.state is StepState.SUCCEEDED
+    await tasks.close(workflow_id)
+
+
+async def test_a_parked_call_answers_at_once_and_the_waiting_call_gets_the_decision(
+    worker: Worker, tasks: TaskClient, script: Script
+) -> None:
+    workflow_id = await started(tasks)
+    parked = await tasks.call(workflow_id, call("pay", script.plan("p", U), tool="scripted_unsafe"))
+    assert parked.call.state is StepState.PARKED and parked.task_state is TaskState.PARKED
+    assert parked.call.reconcile_command and "--step pay" in parked.call.reconcile_command
+    # Meanwhile the agent goes on with other calls.
+    other = await tasks.call(workflow_id, call("look", script.plan("l", S)))
+    assert other.call.state is StepState.SUCCEEDED and other.task_state is TaskState.PARKED
+    # The agent waits for the person; the operator decides.
+    waiting = asyncio.create_task(
+        tasks.call(
+            workflow_id,
+            call("pay", "p", tool="scripted_unsafe", wait_until_ended=True),
+        )
+    )
+    await tasks.reconcile(
+        workflow_id,
+        ReconcileInput(
+            step_id="pay",
+            decision=ReconcileDecision.HAPPENED,
+            resource_id="res-by-hand",
+            operator="ops",
+            reason="found it",
+        ),
+    )
+    decided = await asyncio.wait_for(waiting, timeout=20)
+    assert decided.call.state is StepState.SUCCEEDED
+    assert decided.call.resource_id == "res-by-hand"
+    assert script.attempts("p") == 1
+    await tasks.close(workflow_id)
+    assert (await tasks.result(workflow_id)).state is TaskState.CLOSED
+
+
+async def test_parallel_calls_run_side_by_side_and_an_idle_task_closes(
+    worker: Worker, tasks: TaskClient, script: Script
+) -> None:
+    workflow_id = await started(tasks, idle_timeout=timedelta(seconds=1))
+    answers = await asyncio.gather(
+        *(tasks.call(workflow_id, call(f"c{n}", script.plan(f"p{n}", S))) for n in range(4))
+    )
+    assert [a.call.state for a in answers] == [StepState.SUCCEEDED] * 4
+    result = await asyncio.wait_for(tasks.result(workflow_id), timeout=20)
+    assert result.state is TaskState.CLOSED and result.closing == "idle for 0:00:01"
+    assert sorted(c.step_id for c in result.steps) == ["c0", "c1", "c2", "c3"]
+    assert all(script.attempts(f"p{n}") == 1 for n in range(4))
+
+
+async def test_a_long_task_continues_as_new_without_losing_a_call_or_its_guard(
+    dev_server: WorkflowEnvironment, worker: Worker, tasks: TaskClient, script: Script
+) -> None:
+    workflow_id = await started(tasks, calls_per_run=3)
+    answers = []
+    for n in range(7):
+        answers.append(await tasks.call(workflow_id, call(f"c{n}", script.plan(f"l{n}", S))))
+    # Calls sent side by side while the task is due to continue as new.
+    answers += await asyncio.gather(
+        *(tasks.call(workflow_id, call(f"p{n}", script.plan(f"q{n}", S))) for n in range(3))
+    )
+    # The guard remembers a call of the first run.
+    repeat = await tasks.call(workflow_id, call("again", "l0"))
+    assert repeat.repeat_of == "c0"
+    await tasks.close(workflow_id)
+    result = await tasks.result(workflow_id)
+
+    assert result.runs >= 3
+    ids = [c.step_id for c in result.steps]
+    assert ids[:7] == [f"c{n}" for n in range(7)] and ids[-1] == "again"
+    assert sorted(ids[7:10]) == ["p0", "p1", "p2"]
+    assert all(c.state is StepState.SUCCEEDED for c in result.steps)
+    assert all(script.attempts(f"l{n}") == 1 for n in range(7))
+    assert all(script.attempts(f"q{n}") == 1 for n in range(3))
+    assert result.budget.attempts_used == 0  # no call needed a retry
+    handle = dev_server.client.get_workflow_handle(workflow_id, run_id=None)
+    history = await handle.fetch_history()
+    assert not any(
+        e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED for e in history.events
+    )
