@@ -14,25 +14,35 @@ STATE_STYLES = {
     "parked": "bold yellow",
     "awaiting_approval": "cyan",
     "running": "blue",
+    "closed": "green",
 }
 
 
 def render_status(console: Console, status: TaskStatus) -> None:
     """A task's status: one row per step, then what an operator must do, if anything."""
     style = STATE_STYLES.get(status.state.value, "")
+    kind = ""
+    if status.open:
+        closing = f", closing: {status.closing}" if status.closing else ""
+        kind = f"  open task, {len(status.steps)} call(s), run {status.runs}{closing}"
     console.print(
         f"[bold]{status.workflow_id}[/]  tenant {status.tenant}  "
         f"state [{style}]{status.state.value}[/]  "
-        f"budget {status.budget.attempts_used} used / {status.budget.attempts_left} left",
+        f"budget {status.budget.attempts_used} used / {status.budget.attempts_left} left"
+        f"{kind}",
         soft_wrap=True,
     )
-    headers = ("step", "tool", "state", "attempts", "resource", "notes")
+    headers = ("call" if status.open else "step", "tool", "state", "attempts", "resource", "notes")
     table = Table(
         *(Column(header, no_wrap=header != "notes", overflow="fold") for header in headers)
     )
     cells: list[tuple[str, ...]] = [headers[:-1]]
     for step in status.steps:
         notes = step.failure_reason or step.park_reason or ""
+        if step.repeat_of:
+            notes = f"repeat of {step.repeat_of}: answered by it, not run"
+        elif step.deliberate_repeat:
+            notes = f"deliberate repeat; {notes}" if notes else "deliberate repeat"
         attempts = ", ".join(attempt.outcome.value for attempt in step.attempts) or "-"
         resource = step.resource_id or "-"
         table.add_row(
@@ -65,15 +75,21 @@ def render_status(console: Console, status: TaskStatus) -> None:
 
 def render_task_list(console: Console, tasks: list[TaskSummary]) -> None:
     """A table of tasks from the visibility store, every id in full whatever the width."""
-    headers = ("task id", "state", "tenant", "started")
+    headers = ("task id", "kind", "state", "tenant", "started")
     rows = [
-        (task.workflow_id, task.state, task.tenant, f"{task.started_at:%Y-%m-%d %H:%M:%S}")
+        (
+            task.workflow_id,
+            task.kind,
+            task.state,
+            task.tenant,
+            f"{task.started_at:%Y-%m-%d %H:%M:%S}",
+        )
         for task in tasks
     ]
     table = Table(*(Column(header, no_wrap=True) for header in headers))
-    for workflow_id, state, tenant, started in rows:
+    for workflow_id, kind, state, tenant, started in rows:
         style = STATE_STYLES.get(state, "")
-        table.add_row(workflow_id, f"[{style}]{state}[/]", tenant, started)
+        table.add_row(workflow_id, kind, f"[{style}]{state}[/]", tenant, started)
     _print_uncut(console, table, [headers, *rows])
     console.print(f"{len(tasks)} task(s)")
 
@@ -84,6 +100,7 @@ def task_list_json(tasks: list[TaskSummary]) -> str:
         [
             {
                 "task_id": task.workflow_id,
+                "kind": task.kind,
                 "state": task.state,
                 "tenant": task.tenant,
                 "started_at": task.started_at.isoformat(),

@@ -286,6 +286,9 @@ def status(
 def tasks(
     state: Annotated[TaskState | None, typer.Option(help="Only tasks in this state.")] = None,
     tenant: Annotated[str | None, typer.Option(help="Only this tenant's tasks.")] = None,
+    open_only: Annotated[
+        bool, typer.Option("--open", help="Only open tasks (an agent's calls one by one).")
+    ] = False,
     limit: Annotated[int, typer.Option(min=1, max=1000)] = 50,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the tasks as a JSON list.")
@@ -296,7 +299,12 @@ def tasks(
 
     async def body() -> None:
         client = await _task_client(temporal_address)
-        found = [task async for task in client.list(state=state, tenant=tenant, limit=limit)]
+        found = [
+            task
+            async for task in client.list(
+                state=state, tenant=tenant, open_only=open_only, limit=limit
+            )
+        ]
         if as_json:
             console.print_json(task_list_json(found))
         else:

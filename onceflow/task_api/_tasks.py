@@ -36,7 +36,7 @@ from onceflow.workflows.task_models import (
     TaskState,
     TaskStatus,
 )
-from onceflow.workflows.visibility import TASK_STATE, TASK_TENANT
+from onceflow.workflows.visibility import TASK_KIND, TASK_STATE, TASK_TENANT
 
 
 class DecisionRefused(Exception):
@@ -92,6 +92,8 @@ class TaskSummary:
     state: str
     tenant: str
     started_at: datetime
+    kind: str = "plan"
+    """``open`` (an agent's open task) or ``plan`` (fixed steps)."""
 
 
 class TaskClient:
@@ -265,7 +267,12 @@ class TaskClient:
         return settle_decision(status, decision, refusal=refusal)
 
     async def list(
-        self, *, state: TaskState | None = None, tenant: str | None = None, limit: int = 100
+        self,
+        *,
+        state: TaskState | None = None,
+        tenant: str | None = None,
+        open_only: bool = False,
+        limit: int = 100,
     ) -> AsyncIterator[TaskSummary]:
         """Tasks from the visibility store, newest first, optionally filtered."""
         clauses = ["WorkflowType = 'AgentTaskWorkflow'"]
@@ -273,6 +280,8 @@ class TaskClient:
             clauses.append(f"{TASK_STATE.name} = '{state.value}'")
         if tenant is not None:
             clauses.append(f"{TASK_TENANT.name} = '{_quoted(tenant)}'")
+        if open_only:
+            clauses.append(f"{TASK_KIND.name} = 'open'")
         async for execution in self._client.list_workflows(" AND ".join(clauses), limit=limit):
             attributes = execution.typed_search_attributes
             yield TaskSummary(
@@ -280,6 +289,7 @@ class TaskClient:
                 state=attributes.get(TASK_STATE) or "unknown",
                 tenant=attributes.get(TASK_TENANT) or "",
                 started_at=execution.start_time,
+                kind=attributes.get(TASK_KIND) or "plan",
             )
 
 

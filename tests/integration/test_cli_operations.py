@@ -20,7 +20,14 @@ from onceflow.storage import build_pool
 from onceflow.task_api import TaskClient
 from onceflow.tools import tool_activities
 from onceflow.workflows import AgentTaskWorkflow
-from onceflow.workflows.task_models import AgentTaskInput, StepInput, StepState, TaskState
+from onceflow.workflows.task_models import (
+    AgentTaskInput,
+    CallInput,
+    OpenTaskOptions,
+    StepInput,
+    StepState,
+    TaskState,
+)
 from tests.harness import REPO, eventually, onceflow_command, wait_for
 from tests.tool_configuration import builtin
 from tests.workflows.scripted_tools import Script, register_scripted_tools
@@ -255,3 +262,45 @@ async def test_call_wait_returns_when_the_task_awaits_a_person_and_decisions_rep
     assert [(task["task_id"], task["tenant"]) for task in json.loads(out)] == [(task_id, tenant)]
     code, out, err = await cli("status", task_id, "--json")
     assert code == 0 and json.loads(out)["workflow_id"] == task_id, err
+
+
+async def test_the_cli_lists_open_tasks_shows_their_calls_and_decides_a_parked_call(
+    cli: Cli, dev_server: WorkflowEnvironment, task_queue: str
+) -> None:
+    tasks = TaskClient(dev_server.client, task_queue=task_queue)
+    workflow_id = f"open-{uuid.uuid4().hex}"
+    opened = AgentTaskInput(tenant="acme", principal="agent-1", open=OpenTaskOptions())
+    first = CallInput(call_id="look", tool="scripted_safe", arguments={"label": "cli-l"})
+    await tasks.call(workflow_id, first, start=opened)
+    await tasks.call(workflow_id, first.model_copy(update={"call_id": "look-again"}))
+    plan = cli.script.plan("cli-p", OutcomeClass.UNKNOWN)
+    pay = CallInput(call_id="pay", tool="scripted_unsafe", arguments={"label": plan})
+    assert (await tasks.call(workflow_id, pay)).call.state is StepState.PARKED
+
+    code, out, _ = await cli("tasks", "--open", "--json")
+    assert code == 0
+    [listed] = [task for task in json.loads(out) if task["task_id"] == workflow_id]
+    assert (listed["kind"], listed["state"]) == ("open", "parked")
+    code, out, _ = await cli("status", workflow_id)
+    assert code == 0
+    assert "open task, 3 call(s)" in out and "repeat of look" in out
+    assert f"onceflow reconcile {workflow_id} --step pay" in out
+
+    code, out, err = await cli(
+        "reconcile",
+        workflow_id,
+        "--step",
+        "pay",
+        "--decision",
+        "happened",
+        "--resource-id",
+        "res-cli",
+        "--reason",
+        "found it",
+    )
+    assert code == 0, err
+    decided = await tasks.call(workflow_id, pay.model_copy(update={"wait_until_ended": True}))
+    assert (decided.call.state, decided.call.resource_id) == (StepState.SUCCEEDED, "res-cli")
+    assert cli.script.attempts("cli-l") == 1 and cli.script.attempts("cli-p") == 1
+    await tasks.close(workflow_id)
+    assert (await tasks.result(workflow_id)).state is TaskState.CLOSED
