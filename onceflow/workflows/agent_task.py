@@ -168,6 +168,8 @@ class AgentTaskWorkflow:
         """Steps parked because no attempt may send under their key any more."""
         self._waited_for_people = timedelta(0)
         """Time spent awaiting approval or parked: not machine budget."""
+        self._waiting_for_people = 0
+        self._waiting_since = self._started_at
         # Open tasks only.
         self._open = task.open
         self._closing: str | None = None
@@ -354,6 +356,7 @@ class AgentTaskWorkflow:
         while True:
             self._changed = False
             self._publish_state(self._open_state())
+            workflow.set_current_details(self._open_details())
             now = workflow.now()
             unfinished = self._unfinished_calls()
             if self._closing is None and now >= lifetime_ends:
@@ -382,7 +385,7 @@ class AgentTaskWorkflow:
             except TimeoutError:
                 pass
         self._publish_state(TaskState.CLOSED)
-        workflow.set_current_details(self._calls_summary())
+        workflow.set_current_details(self._open_details())
         if task.record_outcome:
             await self._record_outcome()
         await workflow.wait_condition(workflow.all_handlers_finished)
@@ -900,17 +903,12 @@ class AgentTaskWorkflow:
     async def _await_approval(self, status: StepStatus) -> None:
         status.state = StepState.AWAITING_APPROVAL
         self._set_state(TaskState.AWAITING_APPROVAL)
-        workflow.set_current_details(
-            f"Step {status.step_id} ({status.tool}) awaits approval of arguments "
-            f"{status.arguments_digest}.\n\n"
-            f"`onceflow approve {workflow.info().workflow_id} --step {status.step_id} "
-            f"--approve|--deny --reason TEXT`"
-        )
-        since = workflow.now()
+        self._show_details(_approval_details(status))
+        self._begin_waiting_for_people()
         await workflow.wait_condition(lambda: status.step_id in self._approvals)
-        self._waited_for_people += workflow.now() - since
+        self._end_waiting_for_people()
         approval = self._approvals[status.step_id]
-        workflow.set_current_details("")
+        self._show_details("")
         if not approval.approved:
             self._stop_step(
                 status,
@@ -929,25 +927,42 @@ class AgentTaskWorkflow:
         )
         self._set_state(TaskState.PARKED)
         _count("onceflow_tasks_parked", tool=status.tool)
-        evidence = "\n".join(
-            f"- {name}: {value}" for name, value in sorted(status.evidence.items())
-        )
-        trace_id = workflow.memo_value(TRACE_ID_MEMO, default=None, type_hint=str)
-        trace = f"\n\nTrace: `{trace_id}`" if trace_id else ""
-        workflow.set_current_details(
-            f"Parked at step {status.step_id} ({status.tool}): {reason}\n\n"
-            f"Evidence:\n{evidence or '- none'}\n\nDecide with:\n`{status.reconcile_command}`"
-            f"{trace}"
-        )
-        since = workflow.now()
+        self._show_details(_park_details(status))
+        self._begin_waiting_for_people()
         await workflow.wait_condition(lambda: status.step_id in self._reconciliations)
-        self._waited_for_people += workflow.now() - since
+        self._end_waiting_for_people()
         finding = self._reconciliations.pop(status.step_id)
         status.park_reason = None
         status.reconcile_command = None
-        workflow.set_current_details("")
+        self._show_details("")
         self._set_state(TaskState.RUNNING)
         return finding
+
+    def _begin_waiting_for_people(self) -> None:
+        # Calls of an open task may wait side by side: people time is the time at least
+        # one of them waits, counted once.
+        if self._waiting_for_people == 0:
+            self._waiting_since = workflow.now()
+        self._waiting_for_people += 1
+
+    def _end_waiting_for_people(self) -> None:
+        self._waiting_for_people -= 1
+        if self._waiting_for_people == 0:
+            self._waited_for_people += workflow.now() - self._waiting_since
+
+    def _show_details(self, details: str) -> None:
+        """The Temporal UI's current details: a plan's waiting step; an open task's
+        calls and every waiting one (its loop composes them)."""
+        if self._open is None:
+            workflow.set_current_details(details)
+
+    def _open_details(self) -> str:
+        waiting = [
+            _park_details(call) if call.state is StepState.PARKED else _approval_details(call)
+            for call in self._steps.values()
+            if call.state in (StepState.PARKED, StepState.AWAITING_APPROVAL)
+        ]
+        return "\n\n".join([self._calls_summary(), *waiting])
 
     def _approval_problem(self, decision: ApproveInput) -> str | None:
         status = self._steps.get(decision.step_id)
@@ -1232,6 +1247,26 @@ class _DecisionCheck(BaseModel):
     """For ``happened``: whether the look-up confirmed the resource."""
     finding: str | None = None
     """What the look-up found, in words (ids, amounts)."""
+
+
+def _approval_details(status: StepStatus) -> str:
+    return (
+        f"Step {status.step_id} ({status.tool}) awaits approval of arguments "
+        f"{status.arguments_digest}.\n\n"
+        f"`onceflow approve {workflow.info().workflow_id} --step {status.step_id} "
+        f"--approve|--deny --reason TEXT`"
+    )
+
+
+def _park_details(status: StepStatus) -> str:
+    evidence = "\n".join(f"- {name}: {value}" for name, value in sorted(status.evidence.items()))
+    trace_id = workflow.memo_value(TRACE_ID_MEMO, default=None, type_hint=str)
+    trace = f"\n\nTrace: `{trace_id}`" if trace_id else ""
+    return (
+        f"Parked at step {status.step_id} ({status.tool}): {status.park_reason}\n\n"
+        f"Evidence:\n{evidence or '- none'}\n\nDecide with:\n`{status.reconcile_command}`"
+        f"{trace}"
+    )
 
 
 def _describe_finding(found: ToolAttemptResult) -> str:

@@ -12,6 +12,7 @@ from datetime import timedelta
 
 import pytest
 from temporalio.api.enums.v1 import EventType
+from temporalio.api.sdk.v1 import WorkflowMetadata
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
@@ -27,6 +28,7 @@ from onceflow.workflows.task_models import (
     StepState,
     TaskState,
 )
+from onceflow.workflows.visibility import TASK_KIND, TASK_STATE
 
 from .scripted_tools import Script, register_scripted_tools
 
@@ -167,7 +169,7 @@ async def test_a_failed_call_does_not_block_an_identical_new_one(
 
 
 async def test_a_parked_call_answers_at_once_and_the_waiting_call_gets_the_decision(
-    worker: Worker, tasks: TaskClient, script: Script
+    dev_server: WorkflowEnvironment, worker: Worker, tasks: TaskClient, script: Script
 ) -> None:
     workflow_id = await started(tasks)
     parked = await tasks.call(workflow_id, call("pay", script.plan("p", U), tool="scripted_unsafe"))
@@ -176,6 +178,16 @@ async def test_a_parked_call_answers_at_once_and_the_waiting_call_gets_the_decis
     # Meanwhile the agent goes on with other calls.
     other = await tasks.call(workflow_id, call("look", script.plan("l", S)))
     assert other.call.state is StepState.SUCCEEDED and other.task_state is TaskState.PARKED
+    # What the Temporal UI shows: the calls so far, and the parked one's evidence and
+    # the exact command; search attributes tell an open task and its state.
+    handle = dev_server.client.get_workflow_handle(workflow_id)
+    metadata = await handle.query("__temporal_workflow_metadata", result_type=WorkflowMetadata)
+    details = metadata.current_details
+    assert details.startswith("Open task: 2 calls\n- pay: scripted_unsafe parked")
+    assert "- look: scripted_safe succeeded" in details
+    assert f"`onceflow reconcile {workflow_id} --step pay --decision" in details
+    attributes = (await handle.describe()).typed_search_attributes
+    assert attributes.get(TASK_KIND) == "open" and attributes.get(TASK_STATE) == "parked"
     # The agent waits for the person; the operator decides.
     waiting = asyncio.create_task(
         tasks.call(
