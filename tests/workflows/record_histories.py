@@ -34,6 +34,8 @@ from onceflow.workflows import AgentTaskWorkflow
 from onceflow.workflows.task_models import (
     AgentTaskInput,
     ApproveInput,
+    CallInput,
+    OpenTaskOptions,
     ReconcileDecision,
     ReconcileInput,
     StepInput,
@@ -250,6 +252,57 @@ async def _record(
     if script.recorded.get("unv") != "res-made-by-hand":
         raise RuntimeError("the look-up did not record the unverified resource")
     await save("unverified_happened_recorded", unverified)
+
+    # An open task: a call retried, the model's repeat answered by it, a call parked
+    # and decided, then closed by the agent.
+    async def open_task(**options: int) -> Handle:
+        return await env.client.start_workflow(
+            AgentTaskWorkflow.run,
+            AgentTaskInput(
+                tenant="acme", principal="agent", budget=BUDGET, open=OpenTaskOptions(**options)
+            ),
+            id=f"history-{uuid.uuid4().hex[:8]}",
+            task_queue=queue,
+        )
+
+    def calling(call_id: str, tool: str, label: str) -> CallInput:
+        return CallInput(call_id=call_id, tool=tool, arguments={"label": label})
+
+    opened = await open_task()
+    await opened.execute_update(
+        AgentTaskWorkflow.call, calling("c1", "scripted_safe", script.plan("o1", T, S))
+    )
+    await opened.execute_update(AgentTaskWorkflow.call, calling("c2", "scripted_safe", "o1"))
+    await opened.execute_update(
+        AgentTaskWorkflow.call, calling("c3", "scripted_unsafe", script.plan("o3", U))
+    )
+    await opened.execute_update(
+        AgentTaskWorkflow.reconcile,
+        ReconcileInput(
+            step_id="c3",
+            decision=ReconcileDecision.HAPPENED,
+            resource_id="res-o3",
+            operator="ops",
+            reason="found it",
+        ),
+    )
+    await opened.execute_update(AgentTaskWorkflow.close)
+    await save("open_task_calls_repeat_park_close", opened)
+
+    # A long open task continues as new between calls (the first run's history).
+    continued = await open_task(calls_per_run=2)
+    for number in range(3):
+        await continued.execute_update(
+            AgentTaskWorkflow.call, calling(f"c{number}", "scripted_safe", f"cont-{number}")
+        )
+    await continued.execute_update(AgentTaskWorkflow.close)
+    await save("open_task_continued_run", continued)  # the last run: carried state
+    first_run = env.client.get_workflow_handle(
+        continued.id, run_id=continued.first_execution_run_id
+    )
+    if not only or "open_task_continued_as_new" in only:
+        history = await first_run.fetch_history()
+        (HISTORIES / "open_task_continued_as_new.json").write_text(history.to_json())
 
     # A did_not_happen on a key that can make no progress (a stored failure, then a
     # send-by refusal): the authorised attempt goes out under the next key generation.
