@@ -82,6 +82,10 @@ class ToolContract:
     """Longest silence between an attempt's heartbeats before Temporal ends the attempt
     (its outcome then counts as unknown), so a dead or paused worker is noticed long
     before ``start_to_close_timeout``. None: no heartbeats expected. Default None."""
+    deliberate_repeats: bool = True
+    """Whether a call of an open task may ask for a second effect identical to an
+    earlier call's (``CallInput.deliberate_repeat``); with False such a call is refused
+    and only the repeat guard's answer is given. Default True."""
     version: str = "1"
     """The contract's version, pinned with the rest of its policy by every task that
     starts with it; bump it when the tool's behaviour changes. Default ``"1"``."""

@@ -421,6 +421,11 @@ class AgentTaskWorkflow:
                 for error in invalid.errors()
             )
             return f"invalid arguments: {problems}"
+        if request.deliberate_repeat and not contract.deliberate_repeats:
+            return (
+                f"tool {request.tool!r} does not allow deliberate repeats: an identical "
+                "earlier call answers this one"
+            )
         budget = self._budget
         if self._budgeted_attempts >= budget.max_attempts_per_task:
             return (

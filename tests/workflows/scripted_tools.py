@@ -72,7 +72,9 @@ VERIFIED = _contract(
     lookup_verifies_resource_ids=True,
 )
 """Like ``scripted_provider``, with a look-up that checks an operator's resource id."""
-SCRIPTED_CONTRACTS = (SAFE, UNSAFE, NEEDS_APPROVAL, PROVIDER_KEYED, VERIFIED)
+ONCE_ONLY = _contract("scripted_once_only", DedupeStrategy.NATURAL_KEY, deliberate_repeats=False)
+"""A tool whose contract forbids deliberate repeats."""
+SCRIPTED_CONTRACTS = (SAFE, UNSAFE, NEEDS_APPROVAL, PROVIDER_KEYED, VERIFIED, ONCE_ONLY)
 
 
 def register_scripted_tools() -> None:

@@ -107,6 +107,13 @@ async def test_calls_run_one_by_one_under_one_budget_and_a_repeat_is_answered_no
     deliberate = await tasks.call(workflow_id, call("c3", "a", deliberate_repeat=True))
     assert deliberate.repeat_of is None and deliberate.call.deliberate_repeat
     assert script.attempts("a") == 3
+    # A tool may forbid deliberate repeats.
+    once = await tasks.call(workflow_id, call("o1", script.plan("once", S), "scripted_once_only"))
+    assert once.call.state is StepState.SUCCEEDED
+    with pytest.raises(CallRefused, match="does not allow deliberate repeats"):
+        await tasks.call(
+            workflow_id, call("o2", "once", "scripted_once_only", deliberate_repeat=True)
+        )
     # The same call id for another call is refused before anything is recorded.
     with pytest.raises(CallRefused, match="was used for another call"):
         await tasks.call(workflow_id, call("c1", "other"))
@@ -126,6 +133,7 @@ async def test_calls_run_one_by_one_under_one_budget_and_a_repeat_is_answered_no
         ("c1", None),
         ("c2", "c1"),
         ("c3", None),
+        ("o1", None),
     ]
     assert result.budget.attempts_used == 1  # one budget: c1's retry (first attempts are free)
     with pytest.raises(CallRefused, match="ended|no more calls"):
