@@ -117,6 +117,9 @@ RETURNING child_key
 DEFAULT_HEARTBEAT_EVERY = timedelta(seconds=10)
 """How often ``keep_alive`` heartbeats when the contract sets no ``heartbeat_timeout``."""
 DEFAULT_LEASE_TTL = timedelta(seconds=30)
+STALE_ATTEMPT_MARGIN = timedelta(seconds=10)
+"""At most this long before Temporal gives an attempt up, ``begin`` no longer sends
+(a quarter of the attempt's timeout when that is shorter)."""
 """How long a ``fenced_lease`` outlives a holder that stopped extending it."""
 
 LocalWrite = Callable[[AsyncConnection[Any]], Awaitable[None]]
@@ -578,8 +581,9 @@ class ToolCall(Generic[ArgsT]):
                 (its first send + retention - margin, the task's pinned policy) has
                 passed; nothing was sent, and the workflow looks the effect up, then
                 parks. A tool need not catch it.
-            NothingSent: The record could not be read or written; as nothing was sent,
-                the attempt ends as ``transient``.
+            NothingSent: The record could not be read or written, or Temporal gives this
+                attempt up within ``STALE_ATTEMPT_MARGIN`` (a paused or backlogged worker
+                woke after its timeout): nothing was sent, the attempt ends ``transient``.
         """
         return await self._load(child_op, provider_account, start=True)
 
@@ -667,13 +671,16 @@ class ToolCall(Generic[ArgsT]):
                     if not own:
                         return operation
                 if start:
+                    clock = await (await conn.execute(_CLOCK)).fetchone()
+                    now = clock[0] if clock else None
+                    if now is not None:
+                        self._refuse_given_up_attempt(child_op, now)
                     await conn.execute(_START, {**params, "ids": Jsonb(operation.correlation)})
                 if sends:
                     await conn.execute(_MARK_FIRST_SEND, params)
                 row = await (await conn.execute(_READ, params)).fetchone()
-                if sends:
-                    clock = await (await conn.execute(_CLOCK)).fetchone()
-                    now = clock[0] if clock else None
+        except NothingSent:
+            raise
         except Exception as error:
             what = "record" if start else "read"
             failure = DatabaseUnavailable if _unreachable(error) else NothingSent
@@ -682,9 +689,32 @@ class ToolCall(Generic[ArgsT]):
             ) from error
         if row is not None:
             operation._load_row(row)
-        if now is not None and operation.state != "succeeded":
+        if sends and now is not None and operation.state != "succeeded":
             self._refuse_past_send_by(operation, now)
         return operation
+
+    def _refuse_given_up_attempt(self, child_op: str, now: datetime) -> None:
+        """Send nothing from an attempt Temporal has given up on (or nearly): a worker
+        that was paused or backlogged past the attempt's timeout still runs it when it
+        wakes, while the workflow may already have looked the effect up, parked it, or
+        moved the step to a new key generation. Checked where the key leaves."""
+        if not activity.in_activity():
+            return
+        info = activity.info()
+        limits = [t for t in (info.start_to_close_timeout, info.heartbeat_timeout) if t]
+        if not limits:
+            return
+        limit = min(limits)
+        given_up_at = info.started_time + limit
+        # Leave the send time to arrive before Temporal gives the attempt up.
+        if now < given_up_at - min(limit / 4, STALE_ATTEMPT_MARGIN):
+            return
+        raise NothingSent(
+            f"not sent: this attempt started at {info.started_time.isoformat(timespec='seconds')}"
+            f" and Temporal gives it up at {given_up_at.isoformat(timespec='seconds')} (its "
+            f"timeout {limit}); the worker was paused or backlogged, and a {child_op!r} sent "
+            "now could race the workflow's next decision"
+        )
 
     def _operation(
         self, child_op: str, provider_account: str, step_id: str, generation: int, *, bound: bool

@@ -4,11 +4,11 @@ exists-check, makes one issuance per user and coupon."""
 import uuid
 
 import psycopg
-from temporalio.testing import ActivityEnvironment
 
 from onceflow.coupons import coupon_tools
 from onceflow.storage import build_pool
 from onceflow.tools import ToolCallInput, tool_activities
+from tests.harness import attempt_environment
 
 
 def call(arguments: dict[str, object], *, workflow_id: str = "wf-1") -> ToolCallInput:
@@ -31,7 +31,7 @@ async def test_issue_coupon_reports_an_existing_issuance_instead_of_a_second_row
     [issue_coupon] = coupon_tools()
     async with build_pool(database) as pool:
         [perform] = tool_activities(issue_coupon, pool, None)
-        env = ActivityEnvironment()
+        env = attempt_environment()
         mine = await env.run(perform, call(arguments))
         my_repeat = await env.run(perform, call(arguments))
         theirs = await env.run(perform, call(arguments, workflow_id="wf-2"))

@@ -9,7 +9,6 @@ from typing import Any
 import psycopg
 from onceflow_devstack.deploy_target import RunningTarget
 from psycopg_pool import AsyncConnectionPool
-from temporalio.testing import ActivityEnvironment
 
 from onceflow.deployments import (
     DeploymentToolSettings,
@@ -20,6 +19,7 @@ from onceflow.deployments import (
 from onceflow.retry_policy import OutcomeClass
 from onceflow.storage._schema import MIGRATIONS
 from onceflow.tools import ToolAttemptResult, ToolCallInput, tool_activities
+from tests.harness import attempt_environment
 
 from .conftest import RELEASE, deployment_id, deployment_rows, writes
 
@@ -47,7 +47,7 @@ def start_deployment(pool: AsyncConnectionPool, client: HttpDeployTarget | None)
 
 def run(perform: Activity, number: int) -> "asyncio.Task[ToolAttemptResult]":
     heartbeats: list[object] = []
-    env = ActivityEnvironment()
+    env = attempt_environment()
     env.on_heartbeat = heartbeats.append
     return asyncio.create_task(env.run(perform, attempt(number)))
 
@@ -88,7 +88,7 @@ async def test_a_stale_owner_is_refused_by_the_target_and_by_the_local_commit(
 async def test_without_a_target_every_deployment_is_rejected_with_a_reason(
     pool: AsyncConnectionPool, database: str
 ) -> None:
-    result = await ActivityEnvironment().run(start_deployment(pool, None), attempt(1))
+    result = await attempt_environment().run(start_deployment(pool, None), attempt(1))
     assert result.outcome is OutcomeClass.REJECTED
     assert "DEPLOY_TARGET_URL" in (result.reason or "")
     assert deployment_rows(database) == []
@@ -111,7 +111,7 @@ async def test_a_deployment_under_way_before_the_lease_moved_keeps_its_token(
         )
         conn.execute(upgrade.encode())
 
-    resumed = await ActivityEnvironment().run(start_deployment(pool, deploy_client), attempt(4))
+    resumed = await attempt_environment().run(start_deployment(pool, deploy_client), attempt(4))
 
     assert resumed.outcome is OutcomeClass.SUCCEEDED
     assert resumed.result["fencing_token"] == 4

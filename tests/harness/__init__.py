@@ -12,6 +12,7 @@ for a while, an agent's retry cadence) and says so on its line; ``env.sleep(...)
 Temporal's time-skipping server advances its clock and is a scenario step too.
 """
 
+from ._attempts import attempt_environment
 from ._eventually import eventually, eventually_blocking
 from ._processes import (
     REPO,
@@ -27,6 +28,7 @@ from ._tasks import parked, wait_for
 
 __all__ = [
     "REPO",
+    "attempt_environment",
     "eventually",
     "eventually_blocking",
     "log_line",

@@ -4,12 +4,12 @@ a repeat of the step returns the first order, a race of two attempts makes one."
 import asyncio
 
 import psycopg
-from temporalio.testing import ActivityEnvironment
 
 from onceflow.orders import order_tools
 from onceflow.retry_policy import OutcomeClass
 from onceflow.storage import build_pool
 from onceflow.tools import ToolCallInput, tool_activities
+from tests.harness import attempt_environment
 
 ARGUMENTS = {
     "customer_id": "c-9",
@@ -36,7 +36,7 @@ async def test_a_repeated_create_order_attempt_returns_the_first_order(database:
     [create_order] = order_tools()
     async with build_pool(database) as pool:
         [perform] = tool_activities(create_order, pool, None)
-        env = ActivityEnvironment()
+        env = attempt_environment()
         first = await env.run(perform, call(ARGUMENTS))
         repeat = await env.run(perform, call(ARGUMENTS))
         other_step = await env.run(perform, call(ARGUMENTS, step_id="t"))
@@ -59,7 +59,7 @@ async def test_two_attempts_racing_make_one_order_and_report_the_same_one(databa
     async with build_pool(database) as pool:
         [perform] = tool_activities(create_order, pool, None)
         results = await asyncio.gather(
-            *(ActivityEnvironment().run(perform, call(ARGUMENTS)) for _ in range(4))
+            *(attempt_environment().run(perform, call(ARGUMENTS)) for _ in range(4))
         )
 
     assert {result.outcome for result in results} == {OutcomeClass.SUCCEEDED}
@@ -78,7 +78,7 @@ async def test_an_order_the_database_refuses_is_rejected_and_leaves_nothing(data
         with psycopg.connect(database, autocommit=True) as conn:
             conn.execute("ALTER TABLE orders ADD CONSTRAINT probe_small CHECK (total_cents < 10)")
         try:
-            refused = await ActivityEnvironment().run(perform, call(ARGUMENTS))
+            refused = await attempt_environment().run(perform, call(ARGUMENTS))
         finally:
             with psycopg.connect(database, autocommit=True) as conn:
                 conn.execute("ALTER TABLE orders DROP CONSTRAINT probe_small")

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 from onceflow_devstack.stripe_provider import ProviderControl
 from psycopg_pool import AsyncConnectionPool
-from temporalio.testing import ActivityEnvironment
 
 from onceflow.payments import (
     ChargeRequest,
@@ -25,6 +24,7 @@ from onceflow.payments import (
 from onceflow.retry_policy import OutcomeClass
 from onceflow.settings import InvalidSettings
 from onceflow.tools import ToolCallInput, derive_child_key, key_digest, tool_activities
+from tests.harness import attempt_environment
 
 from .conftest import (
     ACCOUNT,
@@ -104,7 +104,7 @@ async def test_search_finds_a_charge_whose_answer_was_lost(
     database: str,
 ) -> None:
     intent = await charge_as_an_earlier_attempt(payment_provider)
-    found = await ActivityEnvironment().run(
+    found = await attempt_environment().run(
         activities.look_up_charge, call("charge_payment", VISA_CHARGE)
     )
     assert found.outcome is OutcomeClass.SUCCEEDED
@@ -133,14 +133,14 @@ async def test_a_search_miss_is_inconclusive_and_a_known_id_is_read_directly(
     await control.configure(search_lag_seconds=3600)
     intent = await charge_as_an_earlier_attempt(payment_provider)
 
-    missed = await ActivityEnvironment().run(
+    missed = await attempt_environment().run(
         activities.look_up_charge, call("charge_payment", VISA_CHARGE)
     )
     assert missed.outcome is OutcomeClass.UNKNOWN
     assert "eventually consistent" in missed.evidence["lookup_search"]
     assert missed.evidence["child_key_digest"].startswith("sha256:")
 
-    known = await ActivityEnvironment().run(
+    known = await attempt_environment().run(
         activities.look_up_charge, call("charge_payment", VISA_CHARGE, payment_intent=intent.id)
     )
     assert known.outcome is OutcomeClass.SUCCEEDED
@@ -153,7 +153,7 @@ async def test_a_refund_without_a_known_id_is_inconclusive_with_the_charges_refu
     payment_provider: StripePaymentProvider,
 ) -> None:
     intent = await charge_as_an_earlier_attempt(payment_provider)
-    looked = await ActivityEnvironment().run(
+    looked = await attempt_environment().run(
         activities.look_up_refund,
         call("refund_payment", {"payment_intent": intent.id, "amount": 100}),
     )
@@ -165,7 +165,7 @@ async def test_without_a_stripe_key_payment_tools_reject_with_a_clear_reason(
     pool: AsyncConnectionPool,
 ) -> None:
     unconfigured = PaymentActivities.of(pool, None)
-    result = await ActivityEnvironment().run(
+    result = await attempt_environment().run(
         unconfigured.charge_payment, call("charge_payment", VISA_CHARGE)
     )
     assert result.outcome is OutcomeClass.REJECTED

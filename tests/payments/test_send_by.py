@@ -4,12 +4,12 @@ first send + retention - margin) the attempt sends nothing, whatever the workflo
 decided; the provider's request log is the judge."""
 
 import uuid
-from datetime import timedelta
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 from onceflow_devstack.stripe_provider import ProviderControl
 from psycopg_pool import AsyncConnectionPool
-from temporalio.testing import ActivityEnvironment
 
 from onceflow.payments import PaymentToolSettings, StripePaymentProvider, charge_payment_contract
 from onceflow.retry_policy import OutcomeClass
@@ -20,6 +20,7 @@ from onceflow.tools import (
     derive_child_key,
     tool_activities,
 )
+from tests.harness import attempt_environment
 
 from .conftest import ACCOUNT, CHARGE_PAYMENT, TENANT, VISA_CHARGE
 
@@ -57,7 +58,7 @@ async def test_an_attempt_past_its_keys_send_by_deadline_sends_nothing(
         provider_account=ACCOUNT,
     )
     [perform, _] = tool_activities(CHARGE_PAYMENT, pool, payment_provider)
-    env = ActivityEnvironment()
+    env = attempt_environment()
 
     first = await env.run(perform, attempt(workflow_id, 1))
     assert first.outcome is OutcomeClass.SUCCEEDED
@@ -81,4 +82,36 @@ async def test_an_attempt_past_its_keys_send_by_deadline_sends_nothing(
     assert "retention 2:00:00 - margin 0:30:00" in (refused.reason or "")
     assert refused.evidence["key_send_by"]
     assert len([r for r in await control.requests() if r.method == "POST"]) == posts_before
+    assert len(await control.ledger()) == 1
+
+
+async def test_an_attempt_temporal_has_given_up_sends_nothing_even_its_first_send(
+    pool: AsyncConnectionPool,
+    payment_provider: StripePaymentProvider,
+    control: ProviderControl,
+    database: str,
+) -> None:
+    # A worker paused past the attempt's timeout runs it when it wakes: the workflow may
+    # already have looked the charge up, parked it, or moved it to a new key generation.
+    workflow_id = f"task-{uuid.uuid4().hex}"
+    [perform, _] = tool_activities(CHARGE_PAYMENT, pool, payment_provider)
+    env = attempt_environment(timeout=timedelta(seconds=60))
+    env.info = replace(env.info, started_time=datetime.now(UTC) - timedelta(seconds=61))
+
+    stale = await env.run(perform, attempt(workflow_id, 1))
+
+    assert stale.outcome is OutcomeClass.TRANSIENT
+    assert (stale.reason or "").startswith("not sent: this attempt started at")
+    assert [r for r in await control.requests() if r.method == "POST"] == []
+    with psycopg.connect(database) as conn:
+        rows = conn.execute(
+            "SELECT count(*) FROM operations WHERE workflow_id = %s", (workflow_id,)
+        ).fetchone()
+    assert rows == (0,)  # no first send recorded either
+    # Near the end of its time (within a quarter of it) an attempt sends nothing too;
+    # with its time ahead, it sends.
+    env.info = replace(env.info, started_time=datetime.now(UTC) - timedelta(seconds=52))
+    assert (await env.run(perform, attempt(workflow_id, 2))).outcome is OutcomeClass.TRANSIENT
+    env.info = replace(env.info, started_time=datetime.now(UTC))
+    assert (await env.run(perform, attempt(workflow_id, 3))).outcome is OutcomeClass.SUCCEEDED
     assert len(await control.ledger()) == 1

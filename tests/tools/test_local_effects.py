@@ -7,7 +7,6 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import AsyncConnection
-from temporalio.testing import ActivityEnvironment
 
 from onceflow.storage import build_pool
 from onceflow.tools import (
@@ -18,6 +17,7 @@ from onceflow.tools import (
     ToolCallInput,
     tool_activities,
 )
+from tests.harness import attempt_environment
 from tests.tools import sample_tools
 
 
@@ -64,7 +64,7 @@ async def test_a_fenced_write_commits_only_while_the_lease_holds(shelf: str) -> 
         [perform] = tool_activities(
             Tool(contract=sample_tools.CONTRACT, perform=write_twice), pool, None
         )
-        fenced_out = await ActivityEnvironment().run(perform, attempt())
+        fenced_out = await attempt_environment().run(perform, attempt())
 
     assert fenced_out.outcome is OutcomeClass.UNKNOWN
     assert fenced_out.reason == "write_note raised LeaseLost; the effect may have happened"
@@ -97,7 +97,7 @@ async def test_a_local_effect_and_its_success_commit_together_and_a_later_step_r
     tool = Tool(contract=sample_tools.CONTRACT, perform=shelve)
     async with build_pool(shelf) as pool:
         [perform] = tool_activities(tool, pool, None)
-        env = ActivityEnvironment()
+        env = attempt_environment()
         first = await env.run(perform, attempt())
         repeat = await env.run(perform, attempt(number=2))
         later_step = await env.run(perform, attempt(step_id="s2"))

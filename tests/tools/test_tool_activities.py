@@ -6,7 +6,6 @@ from dataclasses import replace
 from datetime import timedelta
 
 import psycopg
-from temporalio.testing import ActivityEnvironment
 
 from onceflow.storage import build_pool
 from onceflow.tools import (
@@ -18,7 +17,7 @@ from onceflow.tools import (
     ToolCallInput,
     tool_activities,
 )
-from tests.harness import eventually
+from tests.harness import attempt_environment, eventually
 from tests.tools import sample_tools
 
 
@@ -39,7 +38,7 @@ async def test_a_repeat_replays_the_recorded_success_with_its_correlation_ids(
 ) -> None:
     async with build_pool(database) as pool:
         [perform] = tool_activities(sample_tools.SOUND, pool, None)
-        env = ActivityEnvironment()
+        env = attempt_environment()
         first = await env.run(perform, attempt({"text": "hello"}))
         repeat = await env.run(perform, attempt({"text": "hello"}, number=2))
 
@@ -58,7 +57,7 @@ async def test_a_repeat_replays_the_recorded_success_with_its_correlation_ids(
 async def test_bad_arguments_are_rejected_before_the_tool_runs(database: str) -> None:
     async with build_pool(database) as pool:
         [perform] = tool_activities(sample_tools.SOUND, pool, None)
-        result = await ActivityEnvironment().run(perform, attempt({"txt": "typo"}))
+        result = await attempt_environment().run(perform, attempt({"txt": "typo"}))
     assert result.outcome is OutcomeClass.REJECTED
     assert result.reason == "invalid arguments: text: Field required"
     with psycopg.connect(database) as conn:
@@ -77,7 +76,7 @@ async def test_an_exception_is_unknown_and_nothing_sent_is_transient(database: s
     crashing = Tool(contract=sample_tools.CONTRACT, perform=crash_after_sending)
     refusing = Tool(contract=sample_tools.CONTRACT, perform=refuse_before_sending)
     async with build_pool(database) as pool:
-        env = ActivityEnvironment()
+        env = attempt_environment()
         [crash] = tool_activities(crashing, pool, None)
         [refuse] = tool_activities(refusing, pool, None)
         crashed = await env.run(crash, attempt({"text": "x"}))
@@ -114,7 +113,7 @@ async def test_a_lookup_finds_the_recorded_operation_and_keep_alive_heartbeats(
     tool = Tool(contract=contract, perform=slow_write, look_up=look_up)
     heartbeats: list[object] = []
     async with build_pool(database) as pool:
-        env = ActivityEnvironment()
+        env = attempt_environment()
         env.on_heartbeat = lambda *details: heartbeats.append(details)
         perform, run_look_up = tool_activities(tool, pool, None)
         unknown = await env.run(perform, attempt({"text": "x"}))
@@ -149,9 +148,9 @@ async def test_a_fenced_lease_lets_one_attempt_work_at_a_time(database: str) -> 
     writes: list[tuple[str, int]] = []
     async with build_pool(database) as pool:
         [perform] = tool_activities(leased_writer(writes, hold=0.6), pool, None)
-        first = asyncio.create_task(ActivityEnvironment().run(perform, attempt({"text": "a"})))
+        first = asyncio.create_task(attempt_environment().run(perform, attempt({"text": "a"})))
         await eventually(lambda: writes, what="the first attempt writes under its lease")
-        second = await ActivityEnvironment().run(perform, attempt({"text": "b"}, number=2))
+        second = await attempt_environment().run(perform, attempt({"text": "b"}, number=2))
         await first
 
     assert second.outcome is OutcomeClass.UNKNOWN
@@ -163,11 +162,11 @@ async def test_a_stalled_holder_is_fenced_out_and_stopped(database: str) -> None
     writes: list[tuple[str, int]] = []
     async with build_pool(database) as pool:
         [perform] = tool_activities(leased_writer(writes, hold=3.0), pool, None)
-        stalled = asyncio.create_task(ActivityEnvironment().run(perform, attempt({"text": "a"})))
+        stalled = asyncio.create_task(attempt_environment().run(perform, attempt({"text": "a"})))
         await eventually(lambda: writes, what="the holder writes under its lease")
         async with pool.connection() as conn:  # the holder's lease lapses (a long GC pause)
             await conn.execute("UPDATE operations SET lease_expires_at = now()")
-        taken_over = await ActivityEnvironment().run(perform, attempt({"text": "b"}, number=2))
+        taken_over = await attempt_environment().run(perform, attempt({"text": "b"}, number=2))
         fenced_out = await stalled
 
     assert fenced_out.outcome is OutcomeClass.UNKNOWN
