@@ -104,6 +104,10 @@ DECISIONS_CHECKED = "operator-decisions-checked"
 """Patch id: a reconcile decision is checked with the tool's look-up before it acts
 (``did_not_happen`` refused when the effect is found, ``happened`` verified where the
 look-up verifies resource ids and recorded where later steps read it)."""
+DATABASE_WAITS = "database-outage-attempts-are-free"
+"""Patch id: an attempt that ended because onceflow's database was unreachable is not
+charged to the attempt caps (a worker before this patch counted it, even when a newer
+worker's activity reported it)."""
 KEY_GENERATIONS = "key-generations"
 """Patch id: ``did_not_happen`` on a step whose key can no longer be sent (past its
 send-by deadline, or holding a stored failure) authorises an attempt under the next key
@@ -811,9 +815,10 @@ class AgentTaskWorkflow:
                     ),
                 )
         _count("onceflow_attempts", tool=step.tool, outcome=result.outcome.value)
+        waited_for_database = result.database_unavailable and workflow.patched(DATABASE_WAITS)
         if operator_authorised:
             self._operator_authorised_attempts += 1
-        elif not result.database_unavailable and (self._open is None or attempt > 1):
+        elif not waited_for_database and (self._open is None or attempt > 1):
             # An open task's calls are as many as the model makes: only their retries
             # spend the task's attempts.
             self._budgeted_attempts += 1
@@ -827,7 +832,7 @@ class AgentTaskWorkflow:
                 reason=result.reason,
                 evidence=result.evidence,
                 key_generation=status.key_generation,
-                database_unavailable=result.database_unavailable,
+                database_unavailable=waited_for_database,
             )
         )
         status.evidence.update(result.evidence)

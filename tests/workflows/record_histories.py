@@ -43,7 +43,7 @@ from onceflow.workflows.task_models import (
     TaskStatus,
 )
 
-from .scripted_tools import Script, register_scripted_tools
+from .scripted_tools import DATABASE_DOWN, Script, register_scripted_tools
 
 HISTORIES = Path(__file__).parent / "histories"
 NONDETERMINISTIC = HISTORIES / "nondeterministic"
@@ -252,6 +252,16 @@ async def _record(
     if script.recorded.get("unv") != "res-made-by-hand":
         raise RuntimeError("the look-up did not record the unverified resource")
     await save("unverified_happened_recorded", unverified)
+
+    # onceflow's database down for two attempts: waited out, not charged to the caps.
+    waited = await start(
+        StepInput(
+            step_id="d",
+            tool="scripted_safe",
+            arguments={"label": script.plan("dbw", DATABASE_DOWN, DATABASE_DOWN, T, S)},
+        )
+    )
+    await save("database_outage_waited_out", waited)
 
     # An open task: a call retried, the model's repeat answered by it, a call parked
     # and decided, then closed by the agent.

@@ -84,9 +84,12 @@ def register_scripted_tools() -> None:
             CATALOGUE.register(contract)
 
 
-Planned = OutcomeClass | KeyUnusable
-"""An attempt's scripted end: an outcome, or a key no attempt may send under any more
-(``SEND_BY_PASSED`` as the tool API reports it, ``STORED_FAILURE`` as a payment tool does)."""
+DATABASE_DOWN = "database_down"
+"""A scripted end: onceflow's database was unreachable (``DatabaseUnavailable``)."""
+Planned = OutcomeClass | KeyUnusable | str
+"""An attempt's scripted end: an outcome, a key no attempt may send under any more
+(``SEND_BY_PASSED`` as the tool API reports it, ``STORED_FAILURE`` as a payment tool
+does), or ``DATABASE_DOWN``."""
 
 
 class Script:
@@ -151,6 +154,12 @@ class Script:
             self.calls[label].append(call)
             planned = self._outcomes.get(label) or [OutcomeClass.SUCCEEDED]
             outcome = planned.pop(0) if len(planned) > 1 else planned[0]
+            if outcome == DATABASE_DOWN:
+                return ToolAttemptResult(
+                    outcome=OutcomeClass.TRANSIENT,
+                    reason="scripted: onceflow's database is unreachable",
+                    database_unavailable=True,
+                )
             if isinstance(outcome, KeyUnusable):
                 stored = outcome is KeyUnusable.STORED_FAILURE
                 return ToolAttemptResult(

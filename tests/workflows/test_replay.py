@@ -17,6 +17,7 @@ from temporalio.workflow import NondeterminismError
 
 from onceflow.workflows import AgentTaskWorkflow
 from onceflow.workflows.agent_task import (
+    DATABASE_WAITS,
     DECISIONS_CHECKED,
     KEY_GENERATIONS,
     MACHINE_TIME_DEADLINE,
@@ -38,6 +39,7 @@ PATCHES = (
     DECISIONS_CHECKED,
     KEY_GENERATIONS,
     UNVERIFIED_RECORDED,
+    DATABASE_WAITS,
 )
 
 
