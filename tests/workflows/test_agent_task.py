@@ -31,7 +31,8 @@ from onceflow.workflows.task_models import (
 )
 from tests.harness import eventually
 
-from .scripted_tools import NEEDS_APPROVAL, SAFE, Script, register_scripted_tools
+from .conftest import scripted_worker
+from .scripted_tools import NEEDS_APPROVAL, SAFE, Script
 
 S, R, T, U = (
     OutcomeClass.SUCCEEDED,
@@ -50,21 +51,10 @@ Handle = WorkflowHandle[AgentTaskWorkflow, TaskStatus]
 
 
 @pytest.fixture
-def script() -> Script:
-    register_scripted_tools()
-    return Script()
-
-
-@pytest.fixture
 async def worker(
     time_skipping_env: WorkflowEnvironment, task_queue: str, script: Script
 ) -> AsyncIterator[Worker]:
-    async with Worker(
-        time_skipping_env.client,
-        task_queue=task_queue,
-        workflows=[AgentTaskWorkflow],
-        activities=script.activities(),
-    ) as running:
+    async with scripted_worker(time_skipping_env, task_queue, script) as running:
         yield running
 
 
@@ -538,15 +528,6 @@ async def test_backoff_timers_follow_the_budget(
 
 
 # ── pinned policy, send-by deadline, machine-time deadline, stored failures ──────────
-
-
-def scripted_worker(env: WorkflowEnvironment, task_queue: str, script: Script) -> Worker:
-    return Worker(
-        env.client,
-        task_queue=task_queue,
-        workflows=[AgentTaskWorkflow],
-        activities=script.activities(),
-    )
 
 
 @pytest.mark.parametrize("unusable", list(KeyUnusable))

@@ -18,7 +18,6 @@ from temporalio.worker import Worker
 
 from onceflow.retry_policy import OutcomeClass, RetryBudget
 from onceflow.task_api import CallRefused, TaskClient
-from onceflow.workflows import AgentTaskWorkflow
 from onceflow.workflows.task_models import (
     AgentTaskInput,
     CallInput,
@@ -30,7 +29,8 @@ from onceflow.workflows.task_models import (
 )
 from onceflow.workflows.visibility import TASK_KIND, TASK_STATE
 
-from .scripted_tools import Script, register_scripted_tools
+from .conftest import scripted_worker
+from .scripted_tools import Script
 
 S, T, U = OutcomeClass.SUCCEEDED, OutcomeClass.TRANSIENT, OutcomeClass.UNKNOWN
 QUICK = RetryBudget(
@@ -42,21 +42,10 @@ QUICK = RetryBudget(
 
 
 @pytest.fixture
-def script() -> Script:
-    register_scripted_tools()
-    return Script()
-
-
-@pytest.fixture
 async def worker(
     dev_server: WorkflowEnvironment, task_queue: str, script: Script
 ) -> AsyncIterator[Worker]:
-    async with Worker(
-        dev_server.client,
-        task_queue=task_queue,
-        workflows=[AgentTaskWorkflow],
-        activities=script.activities(),
-    ) as running:
+    async with scripted_worker(dev_server, task_queue, script) as running:
         yield running
 
 
