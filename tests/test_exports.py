@@ -84,9 +84,12 @@ TOOLS = [
     "tool_activities",
 ]
 CLIENT = [
+    "CallRefused",
+    "CallResult",
     "IdempotencyKeyReused",
     "OnceflowClient",
     "OnceflowError",
+    "OpenTask",
     "RequestInProgress",
     "TaskResult",
     "new_idempotency_key",

@@ -5,19 +5,33 @@ alone. Exception tree::
 
     OnceflowError                 any problem+json answer (``status``, ``problem_type``)
     ├── IdempotencyKeyReused      422: the key names a different earlier request
-    └── RequestInProgress         409: another request with the key is starting the task
+    ├── RequestInProgress         409: another request with the key is starting the task
+    └── CallRefused               409: an open task refused a call (``reason``), or the
+                                  task is a plan, not an open task
+
+An open task (``OnceflowClient.open_task``) is one task for an agent's whole loop: each
+``OpenTask.call`` is a step under the task's one retry budget, sent with a key of its own
+that the client reuses for that call's retries, so a lost answer never makes a second call.
 """
 
 import asyncio
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from datetime import timedelta
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 import httpx
 
-TERMINAL_STATES = frozenset({"succeeded", "failed"})
+TERMINAL_STATES = frozenset({"succeeded", "failed", "closed"})
+ENDED_CALL_STATES = frozenset({"succeeded", "failed", "denied", "abandoned"})
+"""States a call of an open task never leaves."""
 _PROBLEM = "urn:onceflow:problem:"
+_RETRIED_PROBLEMS = frozenset({"request-in-progress", "backend-unavailable", "key-quota-exceeded"})
+"""Answers a retry with the same key may turn into a result (after ``Retry-After``)."""
+_LONGEST_RETRY_AFTER = 30.0
 
 
 def new_idempotency_key() -> str:
@@ -52,6 +66,17 @@ class RequestInProgress(OnceflowError):
         return float(self.problem.get("retry_after_seconds", 1))
 
 
+class CallRefused(OnceflowError):
+    """An open task refused a call before anything was recorded (it is closed or closing,
+    its budget or deadline is spent, the call id names another call), or the task is a
+    plan. Send a corrected call with a new key; this key keeps the refusal."""
+
+    @property
+    def reason(self) -> str:
+        """The task's reason, in its own words."""
+        return str(self.problem.get("reason") or self.problem.get("detail", ""))
+
+
 @dataclass(frozen=True)
 class TaskResult:
     """A task as the gateway answered it."""
@@ -78,6 +103,226 @@ class TaskResult:
     def result(self) -> dict[str, Any]:
         """The last step's result (the tool's result for a tool call)."""
         return self.steps[-1].get("result", {}) if self.steps else {}
+
+
+@dataclass(frozen=True)
+class CallResult:
+    """One call of an open task as the gateway answered it.
+
+    A call that has not ``ended`` (parked, awaiting approval, still running) is not its
+    final answer: ``OpenTask.wait`` asks again, with the same key, until it ends.
+    """
+
+    task_id: str
+    step_id: str
+    """The call's step id in the task: what an operator's approve or reconcile names."""
+    tool: str
+    state: str
+    """succeeded, failed, denied, abandoned (ended); parked, awaiting_approval, running,
+    backing_off, pending (not yet)."""
+    body: dict[str, Any] = field(repr=False)
+    status_code: int
+    replayed: bool
+    """True when no new request reached the task for this answer: the stored answer of
+    an earlier request with the key, or the call's state asked for again."""
+    idempotency_key: str = field(repr=False)
+    """The call's key: every retry and every ``wait`` of this call sends it."""
+    request: dict[str, Any] = field(repr=False)
+    """The call's body as sent, so asking again sends exactly the same call."""
+
+    @property
+    def ended(self) -> bool:
+        """Whether the call's state is final."""
+        return self.state in ENDED_CALL_STATES
+
+    @property
+    def succeeded(self) -> bool:
+        """Whether the call succeeded (or the earlier call answering it did)."""
+        return self.state == "succeeded"
+
+    @property
+    def waiting_for_person(self) -> bool:
+        """Whether a person must decide first: the call is parked or awaits approval."""
+        return self.state in ("parked", "awaiting_approval")
+
+    @property
+    def result(self) -> dict[str, Any]:
+        """The tool's result once the call succeeded."""
+        result: dict[str, Any] = self.body.get("result") or {}
+        return result
+
+    @property
+    def resource_id(self) -> str | None:
+        """Identity of the effect (order, PaymentIntent…) once it exists."""
+        value = self.body.get("resource_id")
+        return str(value) if value is not None else None
+
+    @property
+    def repeat_of(self) -> str | None:
+        """Set when the task's repeat guard answered: the earlier identical call, whose
+        state and result this is. Nothing ran for this call."""
+        value = self.body.get("repeat_of")
+        return str(value) if value is not None else None
+
+    @property
+    def deliberate_repeat(self) -> bool:
+        """Whether the call asked for a second identical effect on purpose."""
+        return bool(self.body.get("deliberate_repeat"))
+
+    @property
+    def failure_reason(self) -> str | None:
+        """Why the call failed, when it did."""
+        value = self.body.get("failure_reason")
+        return str(value) if value is not None else None
+
+    @property
+    def park_reason(self) -> str | None:
+        """Why the call is parked, while it is."""
+        value = self.body.get("park_reason")
+        return str(value) if value is not None else None
+
+    @property
+    def task_state(self) -> str:
+        """The task's state when the answer was made."""
+        return str(self.body.get("task_state", ""))
+
+
+class OpenTask:
+    """An open task: call its tools one by one as the model picks them, then close it.
+
+    Made by ``OnceflowClient.open_task`` (which closes it when its block ends) or
+    ``OnceflowClient.create_open_task``.
+    """
+
+    def __init__(self, client: "OnceflowClient", created: TaskResult) -> None:
+        self._client = client
+        self.created = created
+        """The gateway's answer to the task's creation."""
+
+    @property
+    def task_id(self) -> str:
+        """The task's id (its workflow id)."""
+        return self.created.task_id
+
+    async def call(
+        self,
+        tool: str,
+        arguments: dict[str, Any] | None = None,
+        *,
+        call_id: str | None = None,
+        deliberate_repeat: bool = False,
+        wait: Literal["settled", "ended"] = "settled",
+        timeout: float = 300.0,
+        idempotency_key: str | None = None,
+        retries: int = 2,
+    ) -> CallResult:
+        """Call one tool in the task; a new key is made for it unless one is given, and
+        reused for each of its retries (lost answers, 503, 429, a request in progress).
+
+        Args:
+            tool: The tool's name.
+            arguments: The tool's arguments.
+            call_id: The call's id in the task (e.g. the model's tool-call id). Default:
+                derived by the gateway from the key.
+            deliberate_repeat: Run even when an earlier call of the task had the same
+                tool and arguments (a second identical effect, on purpose). Default False:
+                the task answers such a call with the earlier one (``repeat_of``).
+            wait: ``settled`` (default) returns when the call ends, parks or awaits
+                approval; ``ended`` returns only once it has ended (see ``wait``).
+            timeout: With ``wait="ended"``: seconds to wait before ``TimeoutError``.
+            idempotency_key: The call's key, when the caller keeps its own (e.g. to
+                resend a call after a restart); default a new one.
+            retries: Retries of each request with the same key.
+
+        Raises:
+            CallRefused: The task refused the call, with its ``reason``.
+            OnceflowError: The gateway refused the request (``status``, ``problem``).
+        """
+        body: dict[str, Any] = {
+            "tool": tool,
+            "arguments": dict(arguments or {}),
+            "deliberate_repeat": deliberate_repeat,
+        }
+        if call_id is not None:
+            body["call_id"] = call_id
+        answer = await self._send(
+            body, idempotency_key or new_idempotency_key(), wait=wait, retries=retries
+        )
+        if wait == "ended":
+            return await self.wait(answer, timeout=timeout, retries=retries)
+        return answer
+
+    async def wait(
+        self,
+        answer: CallResult,
+        *,
+        timeout: float = 300.0,
+        poll_interval: float = 1.0,
+        retries: int = 2,
+    ) -> CallResult:
+        """Ask again for a call until it has ended: a parked call or one awaiting
+        approval ends with a person's decision. Each ask sends the same call with the
+        same key (the gateway holds it open for a bounded time), so it never runs twice.
+
+        Raises:
+            TimeoutError: The call had not ended after ``timeout`` seconds.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        current = answer
+        while not current.ended:
+            left = deadline - loop.time()
+            if left <= 0:
+                raise TimeoutError(f"call {answer.step_id} is still {current.state}")
+            asked_at = loop.time()
+            current = await self._send(
+                answer.request, answer.idempotency_key, wait="ended", retries=retries
+            )
+            if not current.ended and loop.time() - asked_at < poll_interval:
+                # The gateway did not hold the request open: do not spin on it.
+                await asyncio.sleep(min(poll_interval, max(deadline - loop.time(), 0)))
+        return current
+
+    async def status(self) -> dict[str, Any]:
+        """The task's full status: every call in arrival order, repeats included."""
+        return await self._client.status(self.task_id)
+
+    async def close(self) -> dict[str, Any]:
+        """Close the task: it takes no more calls and ends once its unfinished calls end.
+        Safe to repeat; returns the task's status."""
+        response = await self._client._post_keyed(
+            f"/v1/tasks/{self.task_id}/close", None, None, retries=2
+        )
+        status: dict[str, Any] = response.json()
+        return status
+
+    async def _send(
+        self,
+        body: dict[str, Any],
+        idempotency_key: str,
+        *,
+        wait: Literal["settled", "ended"],
+        retries: int,
+    ) -> CallResult:
+        response = await self._client._post_keyed(
+            f"/v1/tasks/{self.task_id}/calls",
+            body,
+            idempotency_key,
+            retries=retries,
+            params={"wait": wait} if wait != "settled" else None,
+        )
+        answer: dict[str, Any] = response.json()
+        return CallResult(
+            task_id=str(answer["task_id"]),
+            step_id=str(answer["step_id"]),
+            tool=str(answer["tool"]),
+            state=str(answer["state"]),
+            body=answer,
+            status_code=response.status_code,
+            replayed=response.headers.get("Idempotent-Replayed") == "true",
+            idempotency_key=idempotency_key,
+            request=body,
+        )
 
 
 class OnceflowClient:
@@ -139,6 +384,74 @@ class OnceflowClient:
             body["budget"] = budget
         return await self._post_task("/v1/tasks", body, idempotency_key, retries)
 
+    @asynccontextmanager
+    async def open_task(
+        self,
+        *,
+        budget: dict[str, Any] | None = None,
+        idle_timeout: timedelta | float | str | None = None,
+        max_lifetime: timedelta | float | str | None = None,
+        idempotency_key: str | None = None,
+        retries: int = 2,
+    ) -> AsyncIterator[OpenTask]:
+        """An open task for the block: ``async with onceflow.open_task() as task:``, then
+        ``await task.call(tool, arguments)`` as the model picks tools. The task is closed
+        when the block ends (it takes no more calls; calls still running finish).
+
+        Args and raises: as ``create_open_task``.
+        """
+        task = await self.create_open_task(
+            budget=budget,
+            idle_timeout=idle_timeout,
+            max_lifetime=max_lifetime,
+            idempotency_key=idempotency_key,
+            retries=retries,
+        )
+        try:
+            yield task
+        except BaseException:
+            # Close anyway, without hiding why the block ended.
+            try:
+                await task.close()
+            except (OnceflowError, httpx.HTTPError):
+                pass
+            raise
+        await task.close()
+
+    async def create_open_task(
+        self,
+        *,
+        budget: dict[str, Any] | None = None,
+        idle_timeout: timedelta | float | str | None = None,
+        max_lifetime: timedelta | float | str | None = None,
+        idempotency_key: str | None = None,
+        retries: int = 2,
+    ) -> OpenTask:
+        """Create an open task; close it with ``OpenTask.close`` (or let it idle out).
+
+        Args:
+            budget: The task's one retry budget for all its calls (``RetryBudget``
+                fields); default the gateway's.
+            idle_timeout: The task closes after this long without a call (a
+                ``timedelta``, seconds, or an ISO 8601 duration); default 30 minutes.
+            max_lifetime: No call is accepted after this long; default 1 day.
+            idempotency_key: The creation's key; default a new one (reused for its
+                retries).
+            retries: Retries with the same key (lost answers, 503, 429).
+        """
+        options: dict[str, Any] = {}
+        if idle_timeout is not None:
+            options["idle_timeout"] = _duration(idle_timeout)
+        if max_lifetime is not None:
+            options["max_lifetime"] = _duration(max_lifetime)
+        body: dict[str, Any] = {"open": options}
+        if budget is not None:
+            body["budget"] = budget
+        response = await self._post_keyed(
+            "/v1/tasks", body, idempotency_key or new_idempotency_key(), retries=retries
+        )
+        return OpenTask(self, _task_result(response))
+
     async def status(self, task_id: str) -> dict[str, Any]:
         """The task's full status (every step's arguments, attempts and evidence)."""
         response = await self._http.get(f"/v1/tasks/{task_id}")
@@ -171,6 +484,37 @@ class OnceflowClient:
             )
         return current
 
+    async def _post_keyed(
+        self,
+        path: str,
+        body: dict[str, Any] | None,
+        idempotency_key: str | None,
+        *,
+        retries: int,
+        params: dict[str, str] | None = None,
+    ) -> httpx.Response:
+        """POST, retried with the same key on a lost answer and on the answers a retry
+        may turn into a result (a request in progress, 503, 429), after ``Retry-After``."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key is not None else {}
+        for attempt in range(retries + 1):
+            try:
+                response = await self._http.post(path, json=body, headers=headers, params=params)
+            except httpx.TransportError:
+                # The request may have reached the gateway: only the same key is safe.
+                if attempt == retries:
+                    raise
+                await asyncio.sleep(0.5 * 2**attempt)
+                continue
+            try:
+                _raise_for_problem(response)
+            except OnceflowError as problem:
+                if attempt == retries or problem.problem_type not in _RETRIED_PROBLEMS:
+                    raise
+                await asyncio.sleep(_retry_after(problem))
+                continue
+            return response
+        raise AssertionError("unreachable")
+
     async def _post_task(
         self, path: str, body: dict[str, Any], idempotency_key: str, retries: int
     ) -> TaskResult:
@@ -192,15 +536,34 @@ class OnceflowClient:
                     raise
                 await asyncio.sleep(busy.retry_after)
                 continue
-            answer: dict[str, Any] = response.json()
-            return TaskResult(
-                task_id=str(answer["task_id"]),
-                state=str(answer["state"]),
-                body=answer,
-                status_code=response.status_code,
-                replayed=response.headers.get("Idempotent-Replayed") == "true",
-            )
+            return _task_result(response)
         raise AssertionError("unreachable")
+
+
+def _task_result(response: httpx.Response) -> TaskResult:
+    answer: dict[str, Any] = response.json()
+    return TaskResult(
+        task_id=str(answer["task_id"]),
+        state=str(answer["state"]),
+        body=answer,
+        status_code=response.status_code,
+        replayed=response.headers.get("Idempotent-Replayed") == "true",
+    )
+
+
+def _duration(value: timedelta | float | str) -> float | str:
+    """A duration as the gateway reads it: seconds, or an ISO 8601 string as given."""
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    return value
+
+
+def _retry_after(problem: OnceflowError) -> float:
+    try:
+        seconds = float(problem.problem.get("retry_after_seconds", 1))
+    except (TypeError, ValueError):
+        seconds = 1.0
+    return min(max(seconds, 0.1), _LONGEST_RETRY_AFTER)
 
 
 def _raise_for_problem(response: httpx.Response) -> None:
@@ -218,5 +581,7 @@ def _raise_for_problem(response: httpx.Response) -> None:
     error_class: type[OnceflowError] = {
         "idempotency-key-reused": IdempotencyKeyReused,
         "request-in-progress": RequestInProgress,
+        "call-refused": CallRefused,
+        "task-not-open": CallRefused,
     }.get(kind, OnceflowError)
     raise error_class(response.status_code, problem)

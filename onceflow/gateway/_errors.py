@@ -18,11 +18,13 @@ into MCP tool errors). No message ever repeats a raw idempotency key or a reques
     ├── RequestInProgress                409  another request holds the key's claim
     ├── DecisionRefused                  409  the task refused an approve/reconcile
     ├── DecisionConflict                 409  the step was decided otherwise, or the task ended
+    ├── CallRefused                      409  an open task refused a call (closed, budget spent…)
+    ├── TaskNotOpen                      409  a call or close aimed at a plan, not an open task
     ├── QuotaExceeded                    429  too many new keys in this window
     └── BackendUnavailable               503  Temporal or PostgreSQL could not be reached
 
-A decision refusal stored in a key's record comes back from ``replayed_problem`` as the
-same class and document, flagged ``replayed``.
+A decision or call refusal stored in a key's record comes back from ``replayed_problem``
+as the same class and document, flagged ``replayed``.
 """
 
 from collections.abc import Mapping
@@ -177,6 +179,25 @@ class DecisionConflict(BoundaryError):
     title = "The task is past this decision"
 
 
+class CallRefused(BoundaryError):
+    """An open task refused a call before anything was recorded; ``reason`` says why."""
+
+    # The task's own words are the detail and ``reason``: the task is closed or closing,
+    # its budget or deadline is spent, or the call id names another call.
+
+    status = 409
+    slug = "call-refused"
+    title = "Call refused by the task"
+
+
+class TaskNotOpen(BoundaryError):
+    """A call or close aimed at a plan, whose steps were all given when it started."""
+
+    status = 409
+    slug = "task-not-open"
+    title = "The task is a plan, not an open task"
+
+
 class QuotaExceeded(BoundaryError):
     """The principal created more new idempotency keys than its quota allows."""
 
@@ -204,8 +225,8 @@ class BackendUnavailable(BoundaryError):
 def replayed_problem(problem: Mapping[str, Any]) -> BoundaryError:
     """The refusal a stored problem document records, flagged ``replayed``.
 
-    A keyed decision the task refused keeps that refusal as its result, so every retry
-    with the key gets the same document back, as a replay.
+    A keyed decision or call the task refused keeps that refusal as its result, so every
+    retry with the key gets the same document back, as a replay.
 
     Raises:
         ValueError: The document is not one of the refusals a record can hold.
@@ -224,5 +245,5 @@ def replayed_problem(problem: Mapping[str, Any]) -> BoundaryError:
     return error
 
 
-_STORED_REFUSALS: tuple[type[BoundaryError], ...] = (DecisionRefused, DecisionConflict)
+_STORED_REFUSALS: tuple[type[BoundaryError], ...] = (DecisionRefused, DecisionConflict, CallRefused)
 """The refusals an idempotency record keeps as its result: the task's own answers."""

@@ -23,6 +23,18 @@ decided::
                           │        task keeps one decision per step)
                           └── release (no answer from the task, e.g. 503)
 
+A keyed call of an open task starts nothing either: its owner sends the call and
+completes the record with the task's first answer (or its refusal), or releases it when
+the task service could not be reached. An answer that is not final (the call is parked,
+awaits approval or still runs) is refreshed by later requests with the same key, which
+ask the task again; the first final answer replaces it (``refresh``), compared and set
+on the stored body so two refreshes never overwrite a final answer::
+
+    (none) ──claim──▶ processing[lease] ──complete──▶ succeeded (200 ended | 202 not yet)
+                                                          │ refresh (202 → 200, once)
+                                                          ▼
+                                                      succeeded (200)
+
 Every time comparison uses the database clock, so gateways with skewed clocks agree on
 who owns a lease. Every write after the claim names the fencing token (or the task's
 run) it expects, so a slow former owner can no longer change the record.
@@ -233,6 +245,18 @@ WHERE scope = %(scope)s AND idempotency_key = %(idempotency_key)s
   AND fencing_token = %(fencing_token)s AND owner_token = %(owner_token)s
 """
 
+# A stored call answer that was not final, replaced by a later one: only when the body is
+# still the one the refresher read, so the first final answer stays.
+_REFRESH = """
+UPDATE idempotency_records
+SET state = %(state)s, status_code = %(status_code)s, response_body = %(response_body)s,
+    result_expires_at = statement_timestamp() + result_retention,
+    updated_at = statement_timestamp()
+WHERE scope = %(scope)s AND idempotency_key = %(idempotency_key)s
+  AND state <> 'processing' AND request_hash = %(request_hash)s
+  AND response_body = %(expected_body)s
+"""
+
 # Fenced by the task itself: only the record naming this workflow id, still processing,
 # and not bound to another run of it, takes the result.
 _RECORD_OUTCOME = """
@@ -370,6 +394,39 @@ class IdempotencyStore:
             response_body=Jsonb(response_body),
             resource_id=resource_id,
         )
+
+    async def refresh(
+        self,
+        record: IdempotencyRecord,
+        *,
+        state: RecordState,
+        status_code: int,
+        response_body: Any,
+    ) -> bool:
+        """Replace the stored answer of a completed record with a newer one (a call that
+        has ended since its first answer); False when the stored body is no longer the
+        one ``record`` holds (another request refreshed it first). The result's expiry
+        starts again: the answer became final now."""
+        if state is RecordState.PROCESSING or not record.is_terminal:
+            raise ValueError("only a completed record's answer can be refreshed")
+
+        async def write() -> bool:
+            async with self._pool.connection() as conn:
+                cursor = await conn.execute(
+                    _REFRESH,
+                    {
+                        "scope": record.scope,
+                        "idempotency_key": record.idempotency_key,
+                        "request_hash": record.request_hash,
+                        "expected_body": Jsonb(record.response_body),
+                        "state": state.value,
+                        "status_code": status_code,
+                        "response_body": Jsonb(response_body),
+                    },
+                )
+                return cursor.rowcount == 1
+
+        return await _retry_serialization(write)
 
     async def _fenced(self, sql: str, record: IdempotencyRecord, **extra: Any) -> bool:
         params = {

@@ -14,6 +14,19 @@ The workflow writes its own terminal result into the record (``record_task_outco
 so a replay works even when the gateway that started it died; if the record is still
 processing when the workflow has closed, the workflow's result is used and stored.
 
+An open task (``POST /v1/tasks`` with ``open``) is created the same way, but answered
+as soon as it runs (201): it ends only when it is closed. Each call of it (``POST
+/v1/tasks/{id}/calls``) is claimed like a decision: in the scope of its principal and
+route, with the task id in its fingerprint, under a record that starts no workflow. The
+claim's owner sends the call to the task (an Update, answered when the call ends, parks
+or awaits approval) and stores the task's answer, a refusal included, as the key's result;
+it releases the claim when the task service could not be reached. A call sent without a
+call id gets one derived from its key, so a resend whose answer was lost is the same call
+in the task too, which answers it by its id and never runs it twice. A stored answer that
+is not final (the call had not ended) is not what a later request with the key gets: it
+asks the task again with the same call and gets the call's current state, and the first
+final answer replaces the stored one.
+
 A decision (approve, reconcile) sent with a key is claimed the same way, in the scope
 of its principal and route, with the task id in its fingerprint; the claim's owner sends
 the decision and stores the task's answer (a refusal included) as the key's result, or
@@ -23,11 +36,14 @@ straight to the task, which answers a repeat with the decision it already took.
 """
 
 import asyncio
+import hashlib
 import logging
 import math
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -39,6 +55,7 @@ from temporalio.client import (
     WorkflowExecutionStatus,
     WorkflowFailureError,
     WorkflowQueryFailedError,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
 )
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -46,6 +63,7 @@ from onceflow.gateway._errors import (
     KEY_REUSED_DETAIL,
     BackendUnavailable,
     BoundaryError,
+    CallRefused,
     DecisionConflict,
     DecisionRefused,
     DecisionsNotAllowed,
@@ -55,12 +73,13 @@ from onceflow.gateway._errors import (
     MissingIdempotencyKey,
     RequestInProgress,
     TaskNotFound,
+    TaskNotOpen,
     ToolNotAllowed,
     UnknownToolRequested,
     replayed_problem,
 )
 from onceflow.gateway._fingerprint import request_fingerprint
-from onceflow.gateway._principals import Principal, PrincipalStore
+from onceflow.gateway._principals import ALL_TOOLS, Principal, PrincipalStore
 from onceflow.gateway._records import (
     AlreadyClaimed,
     Claimed,
@@ -70,8 +89,12 @@ from onceflow.gateway._records import (
     RecordState,
 )
 from onceflow.gateway._responses import (
+    CREATED_STATUS_CODE,
     IN_PROGRESS_STATUS_CODE,
+    CallView,
     TaskView,
+    call_status_code,
+    call_view,
     is_terminal,
     stored_outcome,
     task_status_url,
@@ -79,6 +102,7 @@ from onceflow.gateway._responses import (
 )
 from onceflow.gateway._settings import GatewaySettings
 from onceflow.retry_policy import RetryBudget
+from onceflow.task_api import CallRefused as TaskRefusedCall
 from onceflow.task_api import DecisionAnswer, TaskClient
 from onceflow.task_api import DecisionConflict as TaskDecisionConflict
 from onceflow.task_api import DecisionRefused as TaskRefusedDecision
@@ -88,6 +112,7 @@ from onceflow.tools import (
     Catalogue,
     ToolContract,
     UnknownTool,
+    arguments_digest,
     check_idempotency_key,
     derive_task_workflow_id,
     key_digest,
@@ -97,9 +122,14 @@ from onceflow.workflows.task_models import (
     NAME_PATTERN,
     AgentTaskInput,
     ApproveInput,
+    CallAnswer,
+    CallInput,
+    OpenTaskOptions,
     ReconcileDecision,
     ReconcileInput,
     StepInput,
+    StepState,
+    StepStatus,
     TaskState,
     TaskStatus,
 )
@@ -113,6 +143,8 @@ TOOL_CALL_STEP_ID = "1"
 _POLL_FIRST, _POLL_MAX = 0.02, 0.25
 STATUS_QUERY_TIMEOUT = 5.0
 """Seconds a status query may take; a task whose workers are all down never answers."""
+_TASK_KINDS_KEPT = 10_000
+"""Tasks whose tenant and kind one boundary process remembers (see ``_task_kinds``)."""
 
 
 class TaskStepRequest(BaseModel):
@@ -136,6 +168,60 @@ class CreateTaskRequest(BaseModel):
     budget: RetryBudget | None = None
     """The task's retry budget; omitted takes the defaults. Its longest retry window must
     be shorter than the gateway's result retention."""
+
+
+_LONGEST_OPEN_TASK = timedelta(days=365)
+
+
+class OpenTaskRequest(BaseModel):
+    """How an open task lives: ``open`` in the body of ``POST /v1/tasks``."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    idle_timeout: timedelta = Field(
+        default=timedelta(minutes=30), gt=timedelta(0), le=_LONGEST_OPEN_TASK
+    )
+    """The task closes after this long without a call while none is unfinished (ISO 8601
+    duration such as ``PT30M``, or seconds). Default 30 minutes."""
+    max_lifetime: timedelta = Field(
+        default=timedelta(days=1), gt=timedelta(0), le=_LONGEST_OPEN_TASK
+    )
+    """No call is accepted after this long; the task closes once its calls end (ISO 8601
+    duration such as ``P1D``, or seconds). Default 1 day."""
+
+
+class CreateOpenTaskRequest(BaseModel):
+    """Body of ``POST /v1/tasks`` for an open task: no steps; the agent sends its calls one
+    by one (``POST /v1/tasks/{id}/calls``) under the task's one retry budget, then closes
+    it (``POST /v1/tasks/{id}/close``). Its calls may use the tools the creating principal
+    is allowed now."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    open: OpenTaskRequest
+    """The open task's timeouts; ``{}`` takes the defaults."""
+    budget: RetryBudget | None = None
+    """The task's one retry budget for all its calls; omitted takes the defaults. Its
+    longest retry window must be shorter than the gateway's result retention. In an open
+    task only retries spend ``max_attempts_per_task``; its ``deadline`` counts the task's
+    machine time from its creation."""
+
+
+class CallRequest(BaseModel):
+    """Body of ``POST /v1/tasks/{id}/calls``: one tool call of an open task."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    call_id: str | None = Field(default=None, pattern=NAME_PATTERN)
+    """The call's step id in the task (e.g. the model's tool-call id). Omitted: derived
+    from the Idempotency-Key, so a resend of the same request is the same call."""
+    tool: str = Field(pattern=NAME_PATTERN)
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    """The tool's arguments, validated against the tool's input model."""
+    deliberate_repeat: bool = False
+    """Run even when an earlier call of this task had the same tool and arguments (a
+    second identical effect, on purpose; recorded in the task). Default false: such a
+    call is answered by the earlier one (``repeat_of``) and never runs."""
 
 
 class ApproveRequest(BaseModel):
@@ -169,17 +255,23 @@ class BoundaryAnswer:
     """The boundary's answer to a task or tool-call request."""
 
     status_code: int
-    """200 for an ended task (stored and replayable), 202 while it is still going."""
+    """200 for an ended task or call (stored and replayable), 202 while it is still going,
+    201 for an open task that was created (or is still open, on a replay)."""
     body: dict[str, Any] = field(repr=False)
-    """A ``TaskView`` as JSON data."""
+    """A ``TaskView`` (a task) or a ``CallView`` (a call of an open task) as JSON data."""
     task_id: str
     replayed: bool
     """Whether this request was answered from an earlier request's execution."""
 
     @property
     def in_progress(self) -> bool:
-        """Whether the task had not ended when the bounded wait was over."""
+        """Whether the task (or the call) had not ended when the bounded wait was over."""
         return self.status_code == IN_PROGRESS_STATUS_CODE
+
+    @property
+    def created(self) -> bool:
+        """Whether this answers the creation of an open task that is still open."""
+        return self.status_code == CREATED_STATUS_CODE
 
     @property
     def status_url(self) -> str:
@@ -239,6 +331,9 @@ class BoundaryService:
         self._settings = settings
         self._catalogue = catalogue
         self._after_claim = after_claim
+        self._task_kinds: OrderedDict[str, tuple[str, bool]] = OrderedDict()
+        """Tenant and open-ness of tasks seen lately, by task id: both are fixed for the
+        task's life, and a task id is never reused, so they need asking only once."""
 
     @property
     def catalogue(self) -> Catalogue:
@@ -298,12 +393,62 @@ class BoundaryService:
     async def create_task(
         self, principal: Principal, body: Any, idempotency_key: str | None
     ) -> BoundaryAnswer:
-        """Run a multi-step task, at most once per key and fingerprint."""
+        """Run a multi-step task, or create an open task (a body with ``open``), at most
+        once per key and fingerprint."""
+        if isinstance(body, dict) and "open" in body:
+            return await self.open_task(principal, body, idempotency_key)
         attributes = _request_attributes(
             principal, _scope(principal, "task", "create"), idempotency_key
         )
         with boundary_span("tasks.create", attributes):
             return _annotated(await self._create_task(principal, body, idempotency_key))
+
+    async def open_task(
+        self, principal: Principal, body: Any, idempotency_key: str | None
+    ) -> BoundaryAnswer:
+        """Create an open task (``CreateOpenTaskRequest``), at most once per key and
+        fingerprint; answered 201 as soon as it runs (the same key answers with the same
+        task: 201 while it is open, its stored final view once it closed)."""
+        attributes = _request_attributes(
+            principal, _scope(principal, "task", "create"), idempotency_key
+        )
+        with boundary_span("tasks.open", attributes):
+            return _annotated(await self._open_task(principal, body, idempotency_key))
+
+    async def _open_task(
+        self, principal: Principal, body: Any, idempotency_key: str | None
+    ) -> BoundaryAnswer:
+        request = _parsed(CreateOpenTaskRequest, body)
+        key = _checked_key(idempotency_key)
+        self._check_budget(request.budget)
+        # The principal's tools as they are now: the task keeps them for its whole life,
+        # and each call is also checked against the caller's tools when it arrives.
+        allowed = None if ALL_TOOLS in principal.allowed_tools else sorted(principal.allowed_tools)
+        scope = _scope(principal, "task", "create")
+        normalized = {
+            "open": request.open.model_dump(mode="json"),
+            "budget": request.budget.model_dump(mode="json") if request.budget else None,
+        }
+        submission = _Submission(
+            principal=principal,
+            scope=scope,
+            idempotency_key=key,
+            fingerprint=request_fingerprint(
+                operation="tasks.create", scope=scope, route="POST /v1/tasks", body=normalized
+            ),
+            task=AgentTaskInput(
+                tenant=principal.tenant,
+                principal=principal.name,
+                budget=request.budget,
+                open=OpenTaskOptions(
+                    idle_timeout=request.open.idle_timeout,
+                    max_lifetime=request.open.max_lifetime,
+                    allowed_tools=allowed,
+                ),
+                record_outcome=True,
+            ),
+        )
+        return await self._submit(submission)
 
     async def _create_task(
         self, principal: Principal, body: Any, idempotency_key: str | None
@@ -332,14 +477,7 @@ class BoundaryService:
             )
             for index, (step, contract) in enumerate(zip(request.steps, contracts, strict=True))
         ]
-        if request.budget is not None:
-            window = request.budget.longest_retry_window
-            if window >= self._settings.result_retention:
-                raise InvalidRequest(
-                    f"the budget's retry window ({window.total_seconds():g} s) must be shorter "
-                    f"than the result retention ({self._settings.result_retention_seconds:g} s)",
-                    errors=[{"loc": ["budget"], "msg": "retry window outlives result retention"}],
-                )
+        self._check_budget(request.budget)
         scope = _scope(principal, "task", "create")
         normalized = {
             "steps": [step.model_dump(mode="json") for step in steps],
@@ -383,6 +521,340 @@ class BoundaryService:
         if status.tenant != principal.tenant:
             raise TaskNotFound("no such task")
         return status
+
+    # ── calls of open tasks ─────────────────────────────────────────────────────────
+
+    async def call_in_task(
+        self,
+        principal: Principal,
+        task_id: str,
+        body: Any,
+        idempotency_key: str | None,
+        *,
+        wait_until_ended: bool = False,
+    ) -> BoundaryAnswer:
+        """Send one call (``CallRequest``) to an open task, at most once per key and
+        fingerprint.
+
+        Answers 200 with the call's ``CallView`` when it has ended, 202 when it parked,
+        awaits approval or was still running when the bounded wait was over (or, with
+        ``wait_until_ended``, had not ended by then). The same key and body answer again
+        with the stored final answer, or, while the call has not ended, with its current
+        state (asked of the task with the same call); both flagged ``replayed``.
+
+        Raises:
+            CallRefused: The task refused the call (closed or closing, budget or deadline
+                spent, the call id names another call); stored as the key's answer.
+            TaskNotOpen: The task is a plan; nothing was reserved.
+            KeyReusedWithDifferentRequest: The key was used for another call or task.
+        """
+        attributes = _request_attributes(
+            principal, _scope(principal, "task", "call"), idempotency_key
+        )
+        attributes["onceflow.workflow_id"] = task_id[:1000]
+        with boundary_span("tasks.call", attributes):
+            return _annotated(
+                await self._call_in_task(
+                    principal, task_id, body, idempotency_key, wait_until_ended
+                )
+            )
+
+    async def _call_in_task(
+        self,
+        principal: Principal,
+        task_id: str,
+        body: Any,
+        idempotency_key: str | None,
+        wait_until_ended: bool,
+    ) -> BoundaryAnswer:
+        request = _parsed(CallRequest, body)
+        contract = self._allowed_tool(principal, request.tool)
+        trace.get_current_span().set_attribute("onceflow.tool", request.tool)
+        key = _checked_key(idempotency_key)
+        arguments = _validated_arguments(
+            contract.input_model, request.arguments, location=("arguments",)
+        )
+        scope = _scope(principal, "task", "call")
+        call = CallInput(
+            call_id=request.call_id or derive_call_id(scope, key),
+            tool=request.tool,
+            arguments=arguments,
+            deliberate_repeat=request.deliberate_repeat,
+            wait_until_ended=wait_until_ended,
+        )
+        # How long to wait for the answer is not part of what the call does: the same
+        # call sent again with ``?wait=ended`` is the same request.
+        normalized = call.model_dump(mode="json", exclude={"wait_until_ended"})
+        claim = self._new_claim(
+            principal,
+            scope=scope,
+            idempotency_key=key,
+            fingerprint=request_fingerprint(
+                operation="tasks.call",
+                scope=scope,
+                route=f"POST /v1/tasks/{task_id}/calls",
+                body=normalized,
+            ),
+            # The record's own identity: no workflow is ever started under it.
+            workflow_id=derive_task_workflow_id(
+                tenant=principal.tenant, scope=scope, idempotency_key=key
+            ),
+        )
+        # Only an open task of the principal's tenant takes calls; any other task reserves
+        # nothing. A key used before is answered from its record even when the task
+        # cannot be asked (no worker answers), so the task is asked only for a new key.
+        earlier = None
+        if task_id in self._task_kinds:
+            self._check_open_task(principal, task_id)
+        else:
+            async with _backend_errors():
+                earlier = await self._records.get(scope, key)
+            if earlier is None:
+                status = await self.task_status(principal, task_id)
+                self._remember_task(task_id, tenant=status.tenant, is_open=status.open)
+                self._check_open_task(principal, task_id)
+        return await self._claim_call(claim, task_id, call, earlier)
+
+    def _remember_task(self, task_id: str, *, tenant: str, is_open: bool) -> None:
+        self._task_kinds[task_id] = (tenant, is_open)
+        self._task_kinds.move_to_end(task_id)
+        while len(self._task_kinds) > _TASK_KINDS_KEPT:
+            self._task_kinds.popitem(last=False)
+
+    def _check_open_task(self, principal: Principal, task_id: str) -> None:
+        tenant, is_open = self._task_kinds[task_id]
+        if tenant != principal.tenant:
+            # Another tenant's task is reported exactly like a missing one.
+            raise TaskNotFound("no such task")
+        if not is_open:
+            raise TaskNotOpen(
+                "this task is a plan: its steps were given when it started; "
+                "create an open task (POST /v1/tasks with open) to send calls",
+                task_id=task_id,
+            )
+
+    async def _claim_call(
+        self,
+        claim: NewClaim,
+        task_id: str,
+        call: CallInput,
+        earlier: IdempotencyRecord | None,
+    ) -> BoundaryAnswer:
+        digest = key_digest(claim.idempotency_key)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._settings.replay_wait_seconds
+        pause = _POLL_FIRST
+        async with _backend_errors():
+            outcome: Claimed | AlreadyClaimed = (
+                AlreadyClaimed(earlier) if earlier is not None else await self._records.claim(claim)
+            )
+            while True:
+                if isinstance(outcome, Claimed):
+                    log.info("claimed key %s in %s for task %s", digest, claim.scope, task_id)
+                    return await self._call_claimed(outcome.record, task_id, call, deadline)
+                record = outcome.record
+                if record.request_hash != claim.request_hash:
+                    log.info(
+                        "refused key %s in %s: reused for another request", digest, claim.scope
+                    )
+                    raise KeyReusedWithDifferentRequest(KEY_REUSED_DETAIL, key_digest=digest)
+                if record.is_terminal:
+                    log.info("replaying key %s in %s (task %s)", digest, claim.scope, task_id)
+                    return await self._replayed_call(record, task_id, call, deadline)
+                if record.lease_expired:
+                    taken = await self._records.take_over(record, lease=claim.lease)
+                    if taken is not None:
+                        log.warning(
+                            "took over key %s in %s after its claim's lease expired "
+                            "(fencing token %d)",
+                            digest,
+                            claim.scope,
+                            taken.fencing_token,
+                        )
+                        return await self._call_claimed(taken, task_id, call, deadline)
+                left = deadline - loop.time()
+                if left <= 0:
+                    # The owner answers within its own bounded wait, unless it died: then
+                    # the lease's end is when a retry may take the claim over.
+                    owner_answers_in = (
+                        self._settings.replay_wait_seconds
+                        + STATUS_QUERY_TIMEOUT
+                        - (record.read_at - record.created_at).total_seconds()
+                    )
+                    retry_after = min(record.lease_left.total_seconds(), owner_answers_in)
+                    raise RequestInProgress(
+                        "another request with this Idempotency-Key is sending this call; "
+                        "retry with the same key and body",
+                        retry_after_seconds=max(1, math.ceil(retry_after)),
+                        key_digest=digest,
+                    )
+                await asyncio.sleep(min(pause, left))
+                pause = min(pause * 2, _POLL_MAX)
+                current = await self._records.get(claim.scope, claim.idempotency_key)
+                # Gone (released after a failure) means nobody holds the key: claim it anew.
+                outcome = (
+                    AlreadyClaimed(current)
+                    if current is not None
+                    else await self._records.claim(claim)
+                )
+
+    async def _call_claimed(
+        self, record: IdempotencyRecord, task_id: str, call: CallInput, deadline: float
+    ) -> BoundaryAnswer:
+        try:
+            view = await self._ask_task(task_id, call, deadline)
+        except CallRefused as refused:
+            # The task's own, definitive answer: the key keeps it. It recorded nothing,
+            # so a corrected call under a new key is not blocked by it.
+            await self._complete_call(record, task_id, refused)
+            raise
+        except Exception:
+            # No answer came (the task service or the database failed). The claim may
+            # go: the call was sent under its call id, so a retry with the key sends the
+            # same call again and the task answers it by that id, never running it twice.
+            await self._release_claim(record)
+            raise
+        answer = BoundaryAnswer(
+            status_code=call_status_code(view),
+            body=view.model_dump(mode="json"),
+            task_id=task_id,
+            replayed=False,
+        )
+        await self._complete_call(record, task_id, answer)
+        return answer
+
+    async def _replayed_call(
+        self, record: IdempotencyRecord, task_id: str, call: CallInput, deadline: float
+    ) -> BoundaryAnswer:
+        """The key's stored answer when it is final; else the call's state now."""
+        trace.get_current_span().set_attribute("onceflow.replayed", True)
+        if record.state is not RecordState.SUCCEEDED:
+            raise replayed_problem(record.response_body)
+        stored = CallView.model_validate(record.response_body)
+        if stored.ended:
+            return _replay(record)
+        # Parked, awaiting approval or running when it was stored: the call may have been
+        # decided or have ended since. The task answers the same call by its id.
+        try:
+            view = await self._ask_task(task_id, call, deadline)
+        except CallRefused as refused:
+            # The task has ended since (only then is a call it knows refused): its status
+            # still lists the call. One it never took (its first request gave up before
+            # the task answered) gets the refusal, as its first request would have.
+            status = await self._status_or_none(task_id)
+            if status is None:
+                raise BackendUnavailable(
+                    "the task did not answer its status query (is a worker running?)"
+                ) from None
+            view = call_view(_answer_from(task_id, status, call))
+            if view.state is StepState.PENDING:
+                if await self._records.refresh(
+                    record,
+                    state=RecordState.FAILED,
+                    status_code=refused.status,
+                    response_body=refused.problem(),
+                ):
+                    raise
+                return await self._stored_call_answer(record, task_id)
+        if view.ended:
+            body = view.model_dump(mode="json")
+            if not await self._records.refresh(
+                record,
+                state=RecordState.SUCCEEDED,
+                status_code=call_status_code(view),
+                response_body=body,
+            ):
+                # Another request stored the final answer first: every replay gets that one.
+                return await self._stored_call_answer(record, task_id)
+        return BoundaryAnswer(
+            status_code=call_status_code(view),
+            body=view.model_dump(mode="json"),
+            task_id=task_id,
+            replayed=True,
+        )
+
+    async def _stored_call_answer(self, record: IdempotencyRecord, task_id: str) -> BoundaryAnswer:
+        current = await self._records.get(record.scope, record.idempotency_key)
+        if current is None or not current.is_terminal:
+            # Pruned in between: answer with what was read.
+            current = record
+        if current.state is not RecordState.SUCCEEDED:
+            raise replayed_problem(current.response_body)
+        return _replay(current)
+
+    async def _ask_task(self, task_id: str, call: CallInput, deadline: float) -> CallView:
+        """Send the call and return the task's answer; when the bounded wait is over
+        first, the call's state as the task's status shows it (``pending`` if the task
+        has not taken it yet: sending it again is then what makes it run)."""
+        left = max(deadline - asyncio.get_running_loop().time(), 0.0)
+        async with _backend_errors():
+            try:
+                answer: CallAnswer = await asyncio.wait_for(self._tasks.call(task_id, call), left)
+            # Temporal's client turns the cancelled wait into its own error.
+            except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError):
+                answer = await self._call_now(task_id, call)
+            except TaskRefusedCall as refused:
+                raise CallRefused(str(refused), reason=str(refused), task_id=task_id) from None
+        return call_view(answer)
+
+    async def _call_now(self, task_id: str, call: CallInput) -> CallAnswer:
+        return _answer_from(task_id, await self._status_or_none(task_id), call)
+
+    async def _status_or_none(self, task_id: str) -> TaskStatus | None:
+        """The task's status, or None when no worker answered the query in time."""
+        try:
+            return await asyncio.wait_for(self._tasks.status(task_id), STATUS_QUERY_TIMEOUT)
+        except (TimeoutError, RPCError, WorkflowQueryFailedError):
+            return None
+
+    async def _complete_call(
+        self, record: IdempotencyRecord, task_id: str, answer: BoundaryAnswer | BoundaryError
+    ) -> None:
+        if isinstance(answer, BoundaryAnswer):
+            state, status_code, body = RecordState.SUCCEEDED, answer.status_code, answer.body
+        else:
+            state, status_code, body = RecordState.FAILED, answer.status, answer.problem()
+        stored = await self._records.complete(
+            record, state=state, status_code=status_code, response_body=body, resource_id=task_id
+        )
+        if not stored:
+            log.warning(
+                "claim of key %s in %s was taken over while calling task %s",
+                key_digest(record.idempotency_key),
+                record.scope,
+                task_id,
+            )
+
+    async def close_task(self, principal: Principal, task_id: str) -> TaskStatus:
+        """Close an open task of the principal's tenant: it takes no more calls and ends
+        once its unfinished calls end. Idempotent: closing a closing or closed task
+        answers with its status.
+
+        Raises:
+            TaskNotOpen: The task is a plan.
+        """
+        attributes: dict[str, AttributeValue] = {
+            "onceflow.tenant": principal.tenant,
+            "onceflow.principal": principal.name,
+            "onceflow.workflow_id": task_id[:1000],
+        }
+        with boundary_span("tasks.close", attributes):
+            status = await self.task_status(principal, task_id)
+            if not status.open:
+                raise TaskNotOpen(
+                    "this task is a plan: it ends with its last step", task_id=task_id
+                )
+            async with _backend_errors():
+                try:
+                    return await asyncio.wait_for(self._tasks.close(task_id), STATUS_QUERY_TIMEOUT)
+                except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError):
+                    raise BackendUnavailable(
+                        "the task did not answer (is a worker running?); closing again is safe"
+                    ) from None
+                except TaskRefusedCall as refused:
+                    raise TaskNotOpen(str(refused), task_id=task_id) from None
+
+    # ── decisions ───────────────────────────────────────────────────────────────────
 
     async def approve(
         self, principal: Principal, task_id: str, body: Any, idempotency_key: str | None = None
@@ -550,7 +1022,7 @@ class BoundaryService:
             # No answer came (the task service or the database failed). Unlike a task
             # start, the claim may go: whether or not the task took the decision, a retry
             # with the key sends it again and the task answers with its one decision.
-            await self._release_decision(record)
+            await self._release_claim(record)
             raise
         reply = _decision_reply(answer)
         await self._complete_decision(record, task_id, reply)
@@ -574,7 +1046,7 @@ class BoundaryService:
                 task_id,
             )
 
-    async def _release_decision(self, record: IdempotencyRecord) -> None:
+    async def _release_claim(self, record: IdempotencyRecord) -> None:
         try:
             await self._records.release(record)
         except (psycopg.Error, PoolTimeout) as error:
@@ -645,6 +1117,8 @@ class BoundaryService:
                     log.info("replaying key %s in %s (task %s)", digest, claim.scope, workflow_id)
                     return _replay(record)
                 if record.task_started:
+                    if submission.task.open is not None:
+                        return await self._open_task_answer(record, replayed=True)
                     return await self._answer_when_done(record, deadline, replayed=True)
                 if record.lease_expired:
                     taken = await self._records.take_over(record, lease=claim.lease)
@@ -716,12 +1190,66 @@ class BoundaryService:
             raise KeyReusedWithDifferentRequest(
                 KEY_REUSED_DETAIL, key_digest=key_digest(record.idempotency_key)
             )
-        if not await self._records.mark_started(record, run_id=described.run_id):
+        # An open task continues as new when it grows long, and then writes its outcome
+        # from a later run: its record is not bound to the first run (the workflow id,
+        # which is never reused, still fences it).
+        run_id = described.run_id if submission.task.open is None else None
+        if not await self._records.mark_started(record, run_id=run_id):
             log.warning("claim on task %s was taken over while starting it", record.workflow_id)
         # A task that had already closed (a retry after its record was pruned) answers
         # with its earlier result: this request executed nothing.
         already_closed = described.status is not WorkflowExecutionStatus.RUNNING
+        if submission.task.open is not None:
+            if already_closed:
+                return await self._open_task_answer(record, replayed=True)
+            self._remember_task(record.workflow_id, tenant=record.tenant, is_open=True)
+            # Nothing has happened in the task yet: no need to ask it.
+            view = TaskView(
+                task_id=record.workflow_id,
+                state=TaskState.RUNNING,
+                steps=[],
+                status_url=task_status_url(record.workflow_id),
+                open=True,
+            )
+            return BoundaryAnswer(
+                status_code=CREATED_STATUS_CODE,
+                body=view.model_dump(mode="json"),
+                task_id=record.workflow_id,
+                replayed=False,
+            )
         return await self._answer_when_done(record, deadline, replayed=already_closed)
+
+    async def _open_task_answer(
+        self, record: IdempotencyRecord, *, replayed: bool
+    ) -> BoundaryAnswer:
+        """An open task's creation answered again: 201 and its view while it is open;
+        once it closed, its final view, stored (the workflow stores it itself when it
+        closes; this covers a close whose write did not reach the record)."""
+        try:
+            status: TaskStatus | None = await asyncio.wait_for(
+                self._tasks.status(record.workflow_id), STATUS_QUERY_TIMEOUT
+            )
+        except (TimeoutError, RPCError, WorkflowQueryFailedError):
+            status = None
+        if status is None or not is_terminal(status):
+            view = (
+                task_view(status)
+                if status is not None
+                else TaskView(
+                    task_id=record.workflow_id,
+                    state=TaskState.RUNNING,
+                    steps=[],
+                    status_url=task_status_url(record.workflow_id),
+                    open=True,
+                )
+            )
+            return BoundaryAnswer(
+                status_code=CREATED_STATUS_CODE,
+                body=view.model_dump(mode="json"),
+                task_id=record.workflow_id,
+                replayed=replayed,
+            )
+        return await self._store_ended(record, status, replayed=replayed)
 
     async def _answer_when_done(
         self, record: IdempotencyRecord, deadline: float, *, replayed: bool
@@ -759,6 +1287,11 @@ class BoundaryService:
             status = current
         except WorkflowFailureError as failure:
             status = await self._closed_abnormally(record.workflow_id, failure)
+        return await self._store_ended(record, status, replayed=replayed)
+
+    async def _store_ended(
+        self, record: IdempotencyRecord, status: TaskStatus, *, replayed: bool
+    ) -> BoundaryAnswer:
         stored = await self._records.get(record.scope, record.idempotency_key)
         if stored is not None and stored.is_terminal:
             return _replay(stored, replayed=replayed)
@@ -788,6 +1321,17 @@ class BoundaryService:
 
     # ── checks ──────────────────────────────────────────────────────────────────────
 
+    def _check_budget(self, budget: RetryBudget | None) -> None:
+        if budget is None:
+            return
+        window = budget.longest_retry_window
+        if window >= self._settings.result_retention:
+            raise InvalidRequest(
+                f"the budget's retry window ({window.total_seconds():g} s) must be shorter "
+                f"than the result retention ({self._settings.result_retention_seconds:g} s)",
+                errors=[{"loc": ["budget"], "msg": "retry window outlives result retention"}],
+            )
+
     def check_tool(self, principal: Principal, tool: str) -> None:
         """Raise ``UnknownToolRequested`` or ``ToolNotAllowed`` before a body is read."""
         self._allowed_tool(principal, tool)
@@ -807,6 +1351,14 @@ class BoundaryService:
             raise DecisionsNotAllowed(
                 f"principal {principal.name!r} may not approve or reconcile tasks"
             )
+
+
+def derive_call_id(scope: str, idempotency_key: str) -> str:
+    """The call id of a call sent without one: derived from its key (and the key's scope),
+    so a resend of the same request is the same call in the task too. The key itself
+    never reaches the task's history."""
+    digest = hashlib.sha256(f"v1\x00{scope}\x00{idempotency_key}".encode()).hexdigest()
+    return f"key-{digest[:32]}"
 
 
 def _scope(principal: Principal, target: str, operation: str) -> str:
@@ -880,6 +1432,29 @@ def _decision_attributes(
         attributes["onceflow.scope"] = _scope(principal, "task", operation)
         attributes["onceflow.key_digest"] = key_digest(idempotency_key)
     return attributes
+
+
+def _answer_from(task_id: str, status: TaskStatus | None, call: CallInput) -> CallAnswer:
+    """The call as the task's status lists it; ``pending`` when the task has not taken
+    it (or its status is unknown)."""
+    task_state = status.state if status is not None else TaskState.RUNNING
+    for step in status.steps if status is not None else []:
+        if step.step_id == call.call_id:
+            return CallAnswer(
+                task_id=task_id, task_state=task_state, call=step, repeat_of=step.repeat_of
+            )
+    return CallAnswer(
+        task_id=task_id,
+        task_state=task_state,
+        call=StepStatus(
+            step_id=call.call_id,
+            tool=call.tool,
+            state=StepState.PENDING,
+            arguments={},
+            arguments_digest=arguments_digest(call.tool, call.arguments),
+            deliberate_repeat=call.deliberate_repeat,
+        ),
+    )
 
 
 def _decision_reply(answer: DecisionAnswer) -> DecisionReply:

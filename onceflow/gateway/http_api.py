@@ -5,13 +5,16 @@ answered from its idempotency record with ``Idempotent-Replayed: true``. The Ope
 document is served at ``/openapi.json`` (and rendered at ``/docs``).
 """
 
+import ast
+import inspect
 import json
 import logging
+import textwrap
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from fastapi import Depends, FastAPI, Header, Path, Request
+from fastapi import Depends, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
@@ -28,18 +31,20 @@ from onceflow.gateway._errors import (
     RequestTooLarge,
 )
 from onceflow.gateway._fingerprint import API_VERSION
-from onceflow.gateway._responses import TaskView
+from onceflow.gateway._responses import CallView, TaskView
 from onceflow.gateway._service import (
     ApproveRequest,
     BoundaryAnswer,
     BoundaryService,
+    CallRequest,
+    CreateOpenTaskRequest,
     CreateTaskRequest,
     DecisionReply,
     ReconcileRequest,
 )
 from onceflow.task_api import DecisionAnswer
 from onceflow.tools import CATALOGUE, IDEMPOTENCY_KEY_MAX_LENGTH, Catalogue
-from onceflow.workflows.task_models import NAME_PATTERN, TaskStatus
+from onceflow.workflows.task_models import NAME_PATTERN, StepStatus, TaskStatus
 
 log = logging.getLogger("onceflow.gateway")
 
@@ -114,6 +119,8 @@ def _answer_response(answer: BoundaryAnswer) -> Response:
     if answer.in_progress:
         headers["Location"] = answer.status_url
         headers["Retry-After"] = "1"
+    if answer.created:
+        headers["Location"] = answer.status_url
     return SortedJSONResponse(answer.body, status_code=answer.status_code, headers=headers)
 
 
@@ -125,10 +132,13 @@ _PROBLEMS: dict[int | str, dict[str, Any]] = {
         403: "The principal may not call this tool (or decide tasks).",
         404: "Unknown tool or task.",
         409: "Another request with this key is starting the task or sending the decision "
-        "(see Retry-After); "
+        "or call (`request-in-progress`, see Retry-After); "
         "or the task refused the decision (`decision-refused`); or the step was already "
         "decided otherwise or the task has ended (`decision-conflict`, with `task_state`, "
-        "`step_state` and the earlier `decision`).",
+        "`step_state` and the earlier `decision`); or an open task refused the call "
+        "(`call-refused`, with the task's `reason`: closed or closing, budget or deadline "
+        "spent, call id used for another call); or the task is a plan, not an open task "
+        "(`task-not-open`).",
         413: "The body is larger than 256 KiB.",
         422: "The Idempotency-Key was used before for a different request.",
         429: "Too many new idempotency keys for this principal (see Retry-After).",
@@ -148,6 +158,36 @@ _TASK_ANSWERS: dict[int | str, dict[str, Any]] = {
     },
     **_PROBLEMS,
 }
+_CREATE_ANSWERS: dict[int | str, dict[str, Any]] = {
+    **{key: value for key, value in _TASK_ANSWERS.items() if key in (200, 202)},
+    201: {
+        "model": TaskView,
+        "description": "An open task was created (`open: true`, no calls yet); `Location` "
+        "is its status. The same key and body answer 201 with the same task while it is "
+        "open (`Idempotent-Replayed: true`), and its stored final view (200, state "
+        "`closed`) once it has closed.",
+    },
+    **{key: value for key, value in _TASK_ANSWERS.items() if key not in (200, 202)},
+}
+_CALL_ANSWERS: dict[int | str, dict[str, Any]] = {
+    200: {
+        "model": CallView,
+        "description": "The call ended (`ended: true`; state succeeded, failed, denied or "
+        "abandoned): its final answer. `repeat_of` is set when the repeat guard answered "
+        "it with an earlier identical call of the task (nothing ran). With "
+        "`Idempotent-Replayed: true` this is the stored answer of an earlier request with "
+        "the same key.",
+    },
+    202: {
+        "model": CallView,
+        "description": "The call has not ended: it is parked or awaits approval (a person "
+        "decides it), or was still running (or `pending`, not yet taken by the task) when "
+        "the bounded wait was over. Send the same request again, same key and body, to "
+        "get its current state (`?wait=ended` waits for its end): it is the same call "
+        "and never runs twice.",
+    },
+    **{key: _PROBLEMS[key] for key in (400, 401, 403, 404, 409, 413, 422, 429, 503)},
+}
 _DECISION_ANSWERS: dict[int | str, dict[str, Any]] = {
     200: {
         "model": DecisionAnswer,
@@ -163,7 +203,7 @@ _KEY_HEADER_DOC = (
     "Identifies one logical attempt; send the same key with every retry of it. "
     f"At most {IDEMPOTENCY_KEY_MAX_LENGTH} characters of A-Z a-z 0-9 . _ : - "
     "starting with a letter or digit. "
-    "Scoped to the principal and the tool (or task creation)."
+    "Scoped to the principal and the tool (or task creation, or calls of open tasks)."
 )
 
 IdempotencyKeyHeader = Annotated[
@@ -314,16 +354,22 @@ def build_app(open_service: ServiceOpener, *, catalogue: Catalogue = CATALOGUE) 
     @app.post(
         "/v1/tasks",
         tags=["tasks"],
-        responses=_TASK_ANSWERS,
+        responses=_CREATE_ANSWERS,
         response_class=SortedJSONResponse,
-        openapi_extra={"requestBody": _model_body(CreateTaskRequest)},
+        openapi_extra={"requestBody": _create_task_body()},
     )
     async def create_task(
         request: Request,
         idempotency_key: IdempotencyKeyHeader = None,
         credentials: Credentials = None,
     ) -> Response:
-        """Run tool calls in order as one task under one retry budget."""
+        """Run tool calls in order as one task under one retry budget (a plan, `steps`),
+        or create an open task (`open`) whose calls the agent sends one by one.
+
+        An open task is answered 201 as soon as it runs; send its calls to
+        `POST /v1/tasks/{id}/calls` and close it with `POST /v1/tasks/{id}/close` (it also
+        closes after `idle_timeout` without calls, and at `max_lifetime`).
+        """
         service = _service(request)
         principal = await service.authenticate(_api_key(credentials))
         body = await _read_json(request)
@@ -338,10 +384,69 @@ def build_app(open_service: ServiceOpener, *, catalogue: Catalogue = CATALOGUE) 
     async def get_task(
         request: Request, task_id: TaskId, credentials: Credentials = None
     ) -> TaskStatus:
-        """A task's full status: every step's arguments, attempts and evidence."""
+        """A task's full status: every step's arguments, attempts and evidence.
+
+        For an open task (`open: true`), `steps` lists its calls in arrival order, repeats
+        included (`repeat_of`, `deliberate_repeat`); `closing` says why it takes no more
+        calls, `runs` how many workflow runs it took (it continues as new when long).
+        """
         service = _service(request)
         principal = await service.authenticate(_api_key(credentials))
         return await service.task_status(principal, task_id)
+
+    @app.post(
+        "/v1/tasks/{task_id}/calls",
+        tags=["tasks"],
+        responses=_CALL_ANSWERS,
+        response_class=SortedJSONResponse,
+        openapi_extra={"requestBody": _model_body(CallRequest)},
+    )
+    async def call_in_task(
+        request: Request,
+        task_id: TaskId,
+        wait: WaitParameter = "settled",
+        idempotency_key: CallKeyHeader = None,
+        credentials: Credentials = None,
+    ) -> Response:
+        """Send one tool call to an open task, under the task's one retry budget.
+
+        The call runs as a step of the task (derived child keys, approval, park,
+        reconciliation, evidence). An identical earlier call of the task (same tool and
+        arguments) that succeeded, runs, awaits approval or is parked answers it instead
+        (`repeat_of`), unless `deliberate_repeat` is set. A call the task cannot take is
+        refused with its reason (409 `call-refused`); the refusal is the key's stored
+        answer, and nothing is recorded in the task, so a corrected call under a new key
+        is not blocked by it. The caller must be allowed the tool, and of the task's
+        tenant.
+        """
+        service = _service(request)
+        principal = await service.authenticate(_api_key(credentials))
+        body = await _read_json(request)
+        return _answer_response(
+            await service.call_in_task(
+                principal, task_id, body, idempotency_key, wait_until_ended=wait == "ended"
+            )
+        )
+
+    @app.post(
+        "/v1/tasks/{task_id}/close",
+        tags=["tasks"],
+        response_model=TaskStatus,
+        responses={key: _PROBLEMS[key] for key in (401, 404, 409, 503)},
+        response_class=SortedJSONResponse,
+    )
+    async def close_task(
+        request: Request, task_id: TaskId, credentials: Credentials = None
+    ) -> TaskStatus:
+        """Close an open task: it takes no more calls (they are refused with the reason)
+        and ends, state `closed`, once its unfinished calls end.
+
+        Idempotent by itself, so it takes no Idempotency-Key: closing a closing or closed
+        task answers with its status again. A plan answers 409 `task-not-open`.
+        """
+        service = _service(request)
+        principal = await service.authenticate(_api_key(credentials))
+        return await service.close_task(principal, task_id)
 
     @app.post(
         "/v1/tasks/{task_id}/approve",
@@ -396,6 +501,7 @@ def build_app(open_service: ServiceOpener, *, catalogue: Catalogue = CATALOGUE) 
             schemas = document.setdefault("components", {}).setdefault("schemas", {})
             published: list[type[BaseModel]] = [
                 CreateTaskRequest,
+                CreateOpenTaskRequest,
                 ApproveRequest,
                 ReconcileRequest,
                 *(contract.input_model for contract in catalogue),
@@ -403,6 +509,9 @@ def build_app(open_service: ServiceOpener, *, catalogue: Catalogue = CATALOGUE) 
             for model in published:
                 _add_schema(schemas, model)
             schemas["TaskStepRequest"] = _task_step_schema(catalogue)
+            schemas["CallRequest"] = _call_schema(catalogue)
+            for model in (TaskStatus, StepStatus):
+                _describe_fields(schemas, model)
             _require_idempotency_keys(document)
             app.openapi_schema = document
         return app.openapi_schema
@@ -412,6 +521,38 @@ def build_app(open_service: ServiceOpener, *, catalogue: Catalogue = CATALOGUE) 
 
 
 TaskId = Annotated[str, Path(description="The task id (its workflow id).", max_length=1000)]
+WaitParameter = Annotated[
+    Literal["settled", "ended"],
+    Query(
+        description="`settled` (default): answer when the call ends, parks or awaits "
+        "approval. `ended`: answer only once it has ended (a parked or awaiting call waits "
+        "for the person's decision). Either way the wait is bounded "
+        "(`ONCEFLOW_GATEWAY_REPLAY_WAIT_SECONDS`), then 202 with the call's state. Not "
+        "part of the request's fingerprint: the same call may be sent again with either."
+    ),
+]
+_CALL_KEY_HEADER_DOC = (
+    "Identifies one call of the task; send the same key with every retry of it (a lost "
+    "answer included), a new key for a new call, even one identical to an earlier call "
+    "(the task's repeat guard answers that one). The same key and body answer with the "
+    "same call, never a second run: its stored final answer, or while it has not ended "
+    "its current state; the same key with another call, or for another task, is refused "
+    "(422). Without `call_id` in the body, the call's id is derived from the key. "
+    f"At most {IDEMPOTENCY_KEY_MAX_LENGTH} characters of A-Z a-z 0-9 . _ : - "
+    "starting with a letter or digit. Scoped to the principal (calls of any task)."
+)
+CallKeyHeader = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        description=_CALL_KEY_HEADER_DOC,
+        json_schema_extra={
+            "pattern": _KEY_PATTERN,
+            "maxLength": IDEMPOTENCY_KEY_MAX_LENGTH,
+            "minLength": 1,
+        },
+    ),
+]
 
 
 def _install_error_handlers(app: FastAPI) -> None:
@@ -497,6 +638,23 @@ def _model_body(model: type[BaseModel]) -> dict[str, Any]:
     }
 
 
+def _create_task_body() -> dict[str, Any]:
+    return {
+        "required": True,
+        "description": "A plan (`steps`) or an open task (`open`).",
+        "content": {
+            "application/json": {
+                "schema": {
+                    "oneOf": [
+                        {"$ref": f"#/components/schemas/{model.__name__}"}
+                        for model in (CreateTaskRequest, CreateOpenTaskRequest)
+                    ]
+                }
+            }
+        },
+    }
+
+
 def _tool_arguments_body(catalogue: Catalogue) -> dict[str, Any]:
     return {
         "required": True,
@@ -557,6 +715,61 @@ def _task_step_schema(catalogue: Catalogue) -> dict[str, Any]:
             for contract in catalogue
         ],
     }
+
+
+def _call_schema(catalogue: Catalogue) -> dict[str, Any]:
+    """A call of an open task as one variant per tool, so ``arguments`` is documented per
+    tool; the other fields as ``CallRequest`` documents them."""
+    fields = CallRequest.model_json_schema()["properties"]
+    return {
+        "title": "CallRequest",
+        "description": CallRequest.__doc__,
+        "oneOf": [
+            {
+                "type": "object",
+                "title": f"{contract.name} call",
+                "properties": {
+                    "call_id": fields["call_id"],
+                    "tool": {"type": "string", "const": contract.name},
+                    "arguments": {"$ref": f"#/components/schemas/{contract.input_model.__name__}"},
+                    "deliberate_repeat": fields["deliberate_repeat"],
+                },
+                "required": ["tool", "arguments"],
+                "additionalProperties": False,
+            }
+            for contract in catalogue
+        ],
+    }
+
+
+def _describe_fields(schemas: dict[str, Any], model: type[BaseModel]) -> None:
+    """Give the published schema of a model from elsewhere its fields' docstrings, as our
+    own models get them from ``use_attribute_docstrings``."""
+    for name in (model.__name__, f"{model.__name__}-Output", f"{model.__name__}-Input"):
+        properties = schemas.get(name, {}).get("properties", {})
+        for field_name, doc in _attribute_docs(model).items():
+            if field_name in properties:
+                properties[field_name].setdefault("description", doc)
+
+
+def _attribute_docs(model: type[BaseModel]) -> dict[str, str]:
+    """Each field declared in the class body with the string literal that follows it."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(model)))
+    except (OSError, TypeError):
+        return {}
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+    docs = {}
+    for node, following in zip(body, body[1:], strict=False):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(following, ast.Expr)
+            and isinstance(following.value, ast.Constant)
+            and isinstance(following.value.value, str)
+        ):
+            docs[node.target.id] = inspect.cleandoc(following.value.value)
+    return docs
 
 
 def _require_idempotency_keys(document: dict[str, Any]) -> None:

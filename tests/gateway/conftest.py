@@ -2,7 +2,9 @@
 
 One task queue, worker and pair of gateway processes serve a whole test module (each
 test still starts from empty tables through ``database``); gateways with special
-settings (fault injection) are started by the tests that need them.
+settings (fault injection) are started by the tests that need them. A module whose
+tests charge cards overrides ``stack`` with ``serving_stack(..., tools=stripe_tools(...))``
+on the module's ``stripe_provider``, whose ledger is the far side those tests read.
 """
 
 import asyncio
@@ -12,7 +14,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,11 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+from onceflow_devstack.stripe_provider import (
+    ProviderConfig,
+    ProviderControl,
+    running_provider,
+)
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
@@ -30,9 +37,11 @@ from onceflow.gateway import (
     PrincipalStore,
     open_boundary,
 )
+from onceflow.payments import StripeSettings
 from onceflow.settings import OnceflowSettings
 from onceflow.storage import build_pool
 from onceflow.task_api import TaskClient
+from onceflow.tools import Tool
 from onceflow.worker import build_worker
 from onceflow.workflows.task_models import AgentTaskInput, StepInput
 from tests.harness import log_line_blocking, settled_count
@@ -126,10 +135,19 @@ def start_gateway(
 @pytest.fixture(scope="module")
 async def stack(postgres_url: str, dev_server: WorkflowEnvironment) -> AsyncIterator[Stack]:
     """A task queue with an in-process worker (every workflow and activity) for the module."""
+    async with serving_stack(postgres_url, dev_server, tools=builtin()) as served:
+        yield served
+
+
+@asynccontextmanager
+async def serving_stack(
+    postgres_url: str, dev_server: WorkflowEnvironment, *, tools: tuple[Tool, ...]
+) -> AsyncIterator[Stack]:
+    """A fresh task queue served by an in-process worker running ``tools``."""
     task_queue = f"gw-{uuid.uuid4().hex[:10]}"
     settings = OnceflowSettings(task_queue=task_queue, shutdown_grace_seconds=2)
     async with build_pool(postgres_url, max_size=10) as pool:
-        async with build_worker(dev_server.client, pool, settings, tools=builtin()):
+        async with build_worker(dev_server.client, pool, settings, tools=tools):
             # The first task of a worker pays for loading the workflow sandbox; pay it here
             # rather than inside a test's bounded wait.
             await TaskClient(dev_server.client, task_queue=task_queue).start(
@@ -153,6 +171,43 @@ async def stack(postgres_url: str, dev_server: WorkflowEnvironment) -> AsyncIter
                 task_queue=task_queue,
                 client=dev_server.client,
             )
+
+
+@dataclass(frozen=True)
+class StripeProvider:
+    """The local Stripe-compatible provider of a module, and its control client."""
+
+    base_url: str
+    control: ProviderControl
+
+    async def charges(self, order_id: str) -> list[Any]:
+        """The PaymentIntents that took money for ``order_id``, from the ledger."""
+        return [
+            entry
+            for entry in await self.control.ledger()
+            if entry.kind == "charge" and entry.metadata.get("order_id") == order_id
+        ]
+
+
+@pytest.fixture(scope="module")
+async def stripe_provider() -> AsyncIterator[StripeProvider]:
+    """A local Stripe-compatible provider for the module (served in the tests' loop)."""
+    async with (
+        running_provider(ProviderConfig()) as running,
+        ProviderControl(running.base_url) as control,
+    ):
+        yield StripeProvider(base_url=running.base_url, control=control)
+
+
+def stripe_tools(base_url: str) -> tuple[Tool, ...]:
+    """The built-in tools with the payment tools talking to the provider at ``base_url``."""
+    return builtin(
+        stripe=StripeSettings(
+            api_key="sk_test_onceflow_gateway",
+            api_base=base_url,
+            account="acct_onceflow_gateway",
+        )
+    )
 
 
 @pytest.fixture(scope="module")
