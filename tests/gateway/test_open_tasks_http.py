@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+from onceflow_devstack.stripe_provider import Fault
 from temporalio.testing import WorkflowEnvironment
 
 from onceflow.tools import key_digest
@@ -597,3 +598,77 @@ async def test_an_awaiting_call_is_not_its_final_answer_and_the_waiting_request_
     intent = charged.json()["resource_id"]
     ledger = await stripe_provider.control.ledger()
     assert [e.kind for e in ledger if e.payment_intent == intent] == ["charge", "refund"]
+
+
+async def test_twenty_calls_then_a_failing_provider_spends_the_one_budget_and_calls_are_refused(
+    gateways: tuple[GatewayProcess, GatewayProcess],
+    agent: Caller,
+    http: httpx.AsyncClient,
+    database: str,
+    stripe_provider: StripeProvider,
+) -> None:
+    quick = {
+        "max_attempts_per_task": 2,
+        "max_attempts_per_step": 2,
+        "initial_backoff": "PT0.05S",
+        "max_backoff": "PT0.1S",
+    }
+    created = await http.post(
+        f"{gateways[0].url}/v1/tasks",
+        json={"open": {}, "budget": quick},
+        headers=keyed(agent, unique("open")),
+    )
+    assert created.status_code == 201, created.text
+    task_id = created.json()["task_id"]
+    orders_before = count(database, "orders")
+    references = [unique("ord") for _ in range(7)]
+    loop: list[tuple[str, dict[str, Any]]] = []
+    for n in range(20):
+        if n % 3 == 0:
+            loop.append(("charge_payment", charge(references[n // 3], amount=100 + n)))
+        elif n % 3 == 1:
+            loop.append(("create_order", order(f"c-loop-{n}")))
+        else:
+            loop.append(("issue_coupon", {"user_id": unique("u"), "coupon_id": "LOOP"}))
+    for index, (tool, arguments) in enumerate(loop):
+        response = await call(
+            http, gateways[index % 2], agent, task_id, unique("call"), tool, arguments
+        )
+        assert response.status_code == 200 and response.json()["state"] == "succeeded", (
+            response.text
+        )
+    assert count(database, "orders") == orders_before + 7
+    for reference in references:
+        assert len(await stripe_provider.charges(reference)) == 1
+
+    # The provider keeps failing: the calls' retries spend the task's one budget...
+    await stripe_provider.control.add_fault(
+        Fault.RATE_LIMIT_429, path_prefix="/v1/payment_intents", times=None
+    )
+    try:
+        failed = []
+        for _ in range(2):
+            response = await call(
+                http,
+                gateways[0],
+                agent,
+                task_id,
+                unique("call"),
+                "charge_payment",
+                charge(unique("ord")),
+            )
+            assert response.status_code == 200, response.text
+            failed.append(response.json())
+        assert [a["state"] for a in failed] == ["failed", "failed"]
+        assert "attempts per task used" in (failed[1]["failure_reason"] or "")
+        # ...after which further calls are refused with the reason, nothing recorded.
+        refused = await call(
+            http, gateways[1], agent, task_id, unique("call"), "create_order", order("c-late")
+        )
+        assert refused.status_code == 409, refused.text
+        assert "retry budget is spent" in refused.json()["reason"]
+    finally:
+        await stripe_provider.control.clear_faults()
+    listed = await status(http, gateways[0], agent, task_id)
+    assert len(listed["steps"]) == 22 and listed["budget"]["attempts_used"] == 2
+    assert count(database, "orders") == orders_before + 7
