@@ -254,3 +254,22 @@ async def test_a_long_task_continues_as_new_without_losing_a_call_or_its_guard(
     assert not any(
         e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED for e in history.events
     )
+
+
+async def test_bursts_of_calls_across_a_continue_as_new_after_every_call_are_each_answered_once(
+    worker: Worker, tasks: TaskClient, script: Script
+) -> None:
+    workflow_id = await started(tasks, calls_per_run=1)
+    for burst in range(3):
+        # A burst arrives while the run that took the previous burst continues as new.
+        answers = await asyncio.gather(
+            *(
+                tasks.call(workflow_id, call(f"b{burst}c{n}", script.plan(f"b{burst}l{n}", S)))
+                for n in range(8)
+            )
+        )
+        assert [a.call.state for a in answers] == [StepState.SUCCEEDED] * 8
+    await tasks.close(workflow_id)
+    result = await tasks.result(workflow_id)
+    assert result.runs >= 3 and len(result.steps) == 24
+    assert all(script.attempts(f"b{b}l{n}") == 1 for b in range(3) for n in range(8))
