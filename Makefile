@@ -11,7 +11,7 @@ PYPROJECTS := pyproject.toml client/pyproject.toml devstack/pyproject.toml
 $(STAMP): $(PYPROJECTS)
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(VENV)/bin/python -m pip install --quiet -e ./client -e '.[test]' -e ./devstack
+	$(VENV)/bin/python -m pip install --quiet -e './client[pydantic-ai,openai-agents]' -e '.[test]' -e ./devstack
 	touch $(STAMP)
 
 demo: $(STAMP)
