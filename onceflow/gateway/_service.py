@@ -44,7 +44,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from opentelemetry import trace
@@ -141,6 +141,8 @@ REQUEST_HASH_MEMO = "onceflow_request_hash"
 TOOL_CALL_STEP_ID = "1"
 """Step id of the single step of a one-step task (a tool call)."""
 _POLL_FIRST, _POLL_MAX = 0.02, 0.25
+_Answer = TypeVar("_Answer")
+"""What a keyed request answers: a task, a call or a decision."""
 STATUS_QUERY_TIMEOUT = 5.0
 """Seconds a status query may take; a task whose workers are all down never answers."""
 _TASK_KINDS_KEPT = 10_000
@@ -640,63 +642,28 @@ class BoundaryService:
         call: CallInput,
         earlier: IdempotencyRecord | None,
     ) -> BoundaryAnswer:
-        digest = key_digest(claim.idempotency_key)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._settings.replay_wait_seconds
-        pause = _POLL_FIRST
-        async with _backend_errors():
-            outcome: Claimed | AlreadyClaimed = (
-                AlreadyClaimed(earlier) if earlier is not None else await self._records.claim(claim)
+        deadline = self._reply_deadline()
+
+        def retry_after(record: IdempotencyRecord) -> float:
+            # The owner answers within its own bounded wait, unless it died: then the
+            # lease's end is when a retry may take the claim over.
+            owner_answers_in = (
+                self._settings.replay_wait_seconds
+                + STATUS_QUERY_TIMEOUT
+                - (record.read_at - record.created_at).total_seconds()
             )
-            while True:
-                if isinstance(outcome, Claimed):
-                    log.info("claimed key %s in %s for task %s", digest, claim.scope, task_id)
-                    return await self._call_claimed(outcome.record, task_id, call, deadline)
-                record = outcome.record
-                if record.request_hash != claim.request_hash:
-                    log.info(
-                        "refused key %s in %s: reused for another request", digest, claim.scope
-                    )
-                    raise KeyReusedWithDifferentRequest(KEY_REUSED_DETAIL, key_digest=digest)
-                if record.is_terminal:
-                    log.info("replaying key %s in %s (task %s)", digest, claim.scope, task_id)
-                    return await self._replayed_call(record, task_id, call, deadline)
-                if record.lease_expired:
-                    taken = await self._records.take_over(record, lease=claim.lease)
-                    if taken is not None:
-                        log.warning(
-                            "took over key %s in %s after its claim's lease expired "
-                            "(fencing token %d)",
-                            digest,
-                            claim.scope,
-                            taken.fencing_token,
-                        )
-                        return await self._call_claimed(taken, task_id, call, deadline)
-                left = deadline - loop.time()
-                if left <= 0:
-                    # The owner answers within its own bounded wait, unless it died: then
-                    # the lease's end is when a retry may take the claim over.
-                    owner_answers_in = (
-                        self._settings.replay_wait_seconds
-                        + STATUS_QUERY_TIMEOUT
-                        - (record.read_at - record.created_at).total_seconds()
-                    )
-                    retry_after = min(record.lease_left.total_seconds(), owner_answers_in)
-                    raise RequestInProgress(
-                        "another request with this Idempotency-Key is sending this call; "
-                        "retry with the same key and body",
-                        retry_after_seconds=max(1, math.ceil(retry_after)),
-                        key_digest=digest,
-                    )
-                await asyncio.sleep(min(pause, left))
-                pause = min(pause * 2, _POLL_MAX)
-                current = await self._records.get(claim.scope, claim.idempotency_key)
-                # Gone (released after a failure) means nobody holds the key: claim it anew.
-                outcome = (
-                    AlreadyClaimed(current)
-                    if current is not None
-                    else await self._records.claim(claim)
-                )
+            return min(record.lease_left.total_seconds(), owner_answers_in)
+
+        return await self._settle_claim(
+            claim,
+            target=task_id,
+            doing="sending this call",
+            deadline=deadline,
+            earlier=earlier,
+            owned=lambda record: self._call_claimed(record, task_id, call, deadline),
+            finished=lambda record: self._replayed_call(record, task_id, call, deadline),
+            retry_after=retry_after,
+        )
 
     async def _call_claimed(
         self, record: IdempotencyRecord, task_id: str, call: CallInput, deadline: float
@@ -959,55 +926,18 @@ class BoundaryService:
         decision: ApproveInput | ReconcileInput,
         earlier: IdempotencyRecord | None,
     ) -> DecisionReply:
-        digest = key_digest(claim.idempotency_key)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._settings.replay_wait_seconds
-        pause = _POLL_FIRST
-        async with _backend_errors():
-            outcome: Claimed | AlreadyClaimed = (
-                AlreadyClaimed(earlier) if earlier is not None else await self._records.claim(claim)
-            )
-            while True:
-                if isinstance(outcome, Claimed):
-                    log.info("claimed key %s in %s for task %s", digest, claim.scope, task_id)
-                    return await self._decide_claimed(outcome.record, task_id, decision)
-                record = outcome.record
-                if record.request_hash != claim.request_hash:
-                    log.info(
-                        "refused key %s in %s: reused for another request", digest, claim.scope
-                    )
-                    raise KeyReusedWithDifferentRequest(KEY_REUSED_DETAIL, key_digest=digest)
-                if record.is_terminal:
-                    log.info("replaying key %s in %s (task %s)", digest, claim.scope, task_id)
-                    return _replayed_decision(record)
-                if record.lease_expired:
-                    taken = await self._records.take_over(record, lease=claim.lease)
-                    if taken is not None:
-                        log.warning(
-                            "took over key %s in %s after its claim's lease expired "
-                            "(fencing token %d)",
-                            digest,
-                            claim.scope,
-                            taken.fencing_token,
-                        )
-                        return await self._decide_claimed(taken, task_id, decision)
-                left = deadline - loop.time()
-                if left <= 0:
-                    raise RequestInProgress(
-                        "another request with this Idempotency-Key is sending this decision; "
-                        "retry with the same key and body",
-                        retry_after_seconds=max(1, math.ceil(record.lease_left.total_seconds())),
-                        key_digest=digest,
-                    )
-                await asyncio.sleep(min(pause, left))
-                pause = min(pause * 2, _POLL_MAX)
-                current = await self._records.get(claim.scope, claim.idempotency_key)
-                # Gone (released after a failure) means nobody holds the key: claim it anew.
-                outcome = (
-                    AlreadyClaimed(current)
-                    if current is not None
-                    else await self._records.claim(claim)
-                )
+        async def replayed(record: IdempotencyRecord) -> DecisionReply:
+            return _replayed_decision(record)
+
+        return await self._settle_claim(
+            claim,
+            target=task_id,
+            doing="sending this decision",
+            deadline=self._reply_deadline(),
+            earlier=earlier,
+            owned=lambda record: self._decide_claimed(record, task_id, decision),
+            finished=replayed,
+        )
 
     async def _decide_claimed(
         self, record: IdempotencyRecord, task_id: str, decision: ApproveInput | ReconcileInput
@@ -1097,29 +1027,89 @@ class BoundaryService:
             fingerprint=submission.fingerprint,
             workflow_id=workflow_id,
         )
-        digest = key_digest(submission.idempotency_key)
+        deadline = self._reply_deadline()
+
+        async def replayed(record: IdempotencyRecord) -> BoundaryAnswer:
+            return _replay(record)
+
+        async def started(record: IdempotencyRecord) -> BoundaryAnswer | None:
+            # Another request started the task: answer as it would have.
+            if not record.task_started:
+                return None
+            if submission.task.open is not None:
+                return await self._open_task_answer(record, replayed=True)
+            return await self._answer_when_done(record, deadline, replayed=True)
+
+        return await self._settle_claim(
+            claim,
+            target=workflow_id,
+            doing="starting the task",
+            deadline=deadline,
+            owned=lambda record: self._start_claimed(record, submission, deadline),
+            finished=replayed,
+            in_flight=started,
+        )
+
+    def _reply_deadline(self) -> float:
+        """When a request stops waiting for another one holding its key (loop time)."""
+        return asyncio.get_running_loop().time() + self._settings.replay_wait_seconds
+
+    async def _settle_claim(
+        self,
+        claim: NewClaim,
+        *,
+        target: str,
+        doing: str,
+        deadline: float,
+        owned: Callable[[IdempotencyRecord], Awaitable[_Answer]],
+        finished: Callable[[IdempotencyRecord], Awaitable[_Answer]],
+        earlier: IdempotencyRecord | None = None,
+        in_flight: Callable[[IdempotencyRecord], Awaitable[_Answer | None]] | None = None,
+        retry_after: Callable[[IdempotencyRecord], float] | None = None,
+    ) -> _Answer:
+        """Claim ``(scope, key)`` or settle with whoever holds it: the one loop behind
+        every keyed request.
+
+        Args:
+            claim: The claim this request makes.
+            target: The task it is about, for logs.
+            doing: What the key's owner is doing, for the in-progress answer.
+            deadline: Loop time after which the request stops waiting for an owner.
+            owned: Runs the request once this one holds the claim (new or taken over).
+            finished: Answers from a terminal record with the same fingerprint.
+            earlier: The record already read for this key, if any (no claim attempt).
+            in_flight: Answers from a live owner's record when it can (None: keep waiting).
+            retry_after: Seconds a caller should wait when the owner is still at it.
+                Default: what is left of the owner's lease.
+
+        Raises:
+            KeyReusedWithDifferentRequest: The key's record has another fingerprint.
+            RequestInProgress: Another request still holds the key at ``deadline``.
+        """
+        digest = key_digest(claim.idempotency_key)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._settings.replay_wait_seconds
         pause = _POLL_FIRST
         async with _backend_errors():
-            outcome: Claimed | AlreadyClaimed = await self._records.claim(claim)
+            outcome: Claimed | AlreadyClaimed = (
+                AlreadyClaimed(earlier) if earlier is not None else await self._records.claim(claim)
+            )
             while True:
                 if isinstance(outcome, Claimed):
-                    log.info("claimed key %s in %s for task %s", digest, claim.scope, workflow_id)
-                    return await self._start_claimed(outcome.record, submission, deadline)
+                    log.info("claimed key %s in %s for task %s", digest, claim.scope, target)
+                    return await owned(outcome.record)
                 record = outcome.record
-                if record.request_hash != submission.fingerprint:
+                if record.request_hash != claim.request_hash:
                     log.info(
                         "refused key %s in %s: reused for another request", digest, claim.scope
                     )
                     raise KeyReusedWithDifferentRequest(KEY_REUSED_DETAIL, key_digest=digest)
                 if record.is_terminal:
-                    log.info("replaying key %s in %s (task %s)", digest, claim.scope, workflow_id)
-                    return _replay(record)
-                if record.task_started:
-                    if submission.task.open is not None:
-                        return await self._open_task_answer(record, replayed=True)
-                    return await self._answer_when_done(record, deadline, replayed=True)
+                    log.info("replaying key %s in %s (task %s)", digest, claim.scope, target)
+                    return await finished(record)
+                if in_flight is not None:
+                    answer = await in_flight(record)
+                    if answer is not None:
+                        return answer
                 if record.lease_expired:
                     taken = await self._records.take_over(record, lease=claim.lease)
                     if taken is not None:
@@ -1130,19 +1120,21 @@ class BoundaryService:
                             claim.scope,
                             taken.fencing_token,
                         )
-                        return await self._start_claimed(taken, submission, deadline)
+                        return await owned(taken)
                 left = deadline - loop.time()
                 if left <= 0:
+                    wait = retry_after(record) if retry_after else record.lease_left.total_seconds()
                     raise RequestInProgress(
-                        "another request with this Idempotency-Key is starting the task; "
-                        "retry with the same key and body",
-                        retry_after_seconds=max(1, math.ceil(record.lease_left.total_seconds())),
+                        f"another request with this Idempotency-Key is {doing}; retry with "
+                        "the same key and body",
+                        retry_after_seconds=max(1, math.ceil(wait)),
                         key_digest=digest,
                     )
                 await asyncio.sleep(min(pause, left))
                 pause = min(pause * 2, _POLL_MAX)
                 current = await self._records.get(claim.scope, claim.idempotency_key)
-                # Gone (pruned or released) means nobody holds the key now: claim it anew.
+                # Gone (pruned, or released after a failure) means nobody holds the key
+                # now: claim it anew.
                 outcome = (
                     AlreadyClaimed(current)
                     if current is not None
