@@ -426,31 +426,22 @@ class BoundaryService:
         # The principal's tools as they are now: the task keeps them for its whole life,
         # and each call is also checked against the caller's tools when it arrives.
         allowed = None if ALL_TOOLS in principal.allowed_tools else sorted(principal.allowed_tools)
-        scope = _scope(principal, "task", "create")
         normalized = {
             "open": request.open.model_dump(mode="json"),
             "budget": request.budget.model_dump(mode="json") if request.budget else None,
         }
-        submission = _Submission(
-            principal=principal,
-            scope=scope,
-            idempotency_key=key,
-            fingerprint=request_fingerprint(
-                operation="tasks.create", scope=scope, route="POST /v1/tasks", body=normalized
+        task = AgentTaskInput(
+            tenant=principal.tenant,
+            principal=principal.name,
+            budget=request.budget,
+            open=OpenTaskOptions(
+                idle_timeout=request.open.idle_timeout,
+                max_lifetime=request.open.max_lifetime,
+                allowed_tools=allowed,
             ),
-            task=AgentTaskInput(
-                tenant=principal.tenant,
-                principal=principal.name,
-                budget=request.budget,
-                open=OpenTaskOptions(
-                    idle_timeout=request.open.idle_timeout,
-                    max_lifetime=request.open.max_lifetime,
-                    allowed_tools=allowed,
-                ),
-                record_outcome=True,
-            ),
+            record_outcome=True,
         )
-        return await self._submit(submission)
+        return await self._submit(_task_submission(principal, key, normalized, task))
 
     async def _create_task(
         self, principal: Principal, body: Any, idempotency_key: str | None
@@ -480,27 +471,18 @@ class BoundaryService:
             for index, (step, contract) in enumerate(zip(request.steps, contracts, strict=True))
         ]
         self._check_budget(request.budget)
-        scope = _scope(principal, "task", "create")
         normalized = {
             "steps": [step.model_dump(mode="json") for step in steps],
             "budget": request.budget.model_dump(mode="json") if request.budget else None,
         }
-        submission = _Submission(
-            principal=principal,
-            scope=scope,
-            idempotency_key=key,
-            fingerprint=request_fingerprint(
-                operation="tasks.create", scope=scope, route="POST /v1/tasks", body=normalized
-            ),
-            task=AgentTaskInput(
-                tenant=principal.tenant,
-                principal=principal.name,
-                steps=steps,
-                budget=request.budget,
-                record_outcome=True,
-            ),
+        task = AgentTaskInput(
+            tenant=principal.tenant,
+            principal=principal.name,
+            steps=steps,
+            budget=request.budget,
+            record_outcome=True,
         )
-        return await self._submit(submission)
+        return await self._submit(_task_submission(principal, key, normalized, task))
 
     async def task_status(self, principal: Principal, task_id: str) -> TaskStatus:
         """A task of the principal's tenant; ``TaskNotFound`` for any other."""
@@ -1343,6 +1325,22 @@ class BoundaryService:
             raise DecisionsNotAllowed(
                 f"principal {principal.name!r} may not approve or reconcile tasks"
             )
+
+
+def _task_submission(
+    principal: Principal, key: str, normalized: dict[str, Any], task: AgentTaskInput
+) -> "_Submission":
+    """A task start (plan or open) to claim under ``POST /v1/tasks``'s scope."""
+    scope = _scope(principal, "task", "create")
+    return _Submission(
+        principal=principal,
+        scope=scope,
+        idempotency_key=key,
+        fingerprint=request_fingerprint(
+            operation="tasks.create", scope=scope, route="POST /v1/tasks", body=normalized
+        ),
+        task=task,
+    )
 
 
 def derive_call_id(scope: str, idempotency_key: str) -> str:
