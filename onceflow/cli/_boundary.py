@@ -85,7 +85,11 @@ def register(app: typer.Typer, operate: Operate) -> None:
         port: Annotated[int, typer.Option(help="Port for --transport http.")] = 8090,
         temporal_address: TemporalAddress = None,
     ) -> None:
-        """Serve every catalogue tool over MCP, through the same boundary as the HTTP API."""
+        """Serve every catalogue tool over MCP, through the same boundary as the HTTP API.
+
+        Each MCP session is one open task: its first tool call opens it, its end (stdio
+        input closed, the HTTP session deleted or idle, the server stopping) closes it.
+        """
         settings, database_url = settings_and_database()
         gateway_settings = _gateway_settings()
         register_configured_tools(_configuration())  # the MCP tools are the catalogue's

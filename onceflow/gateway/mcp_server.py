@@ -1,43 +1,101 @@
-"""The boundary over MCP: each catalogue tool, with its effect contract as annotations.
+"""The boundary over MCP: each catalogue tool, with its effect contract as annotations, and
+one MCP session as one open task.
 
-Every tool takes an ``idempotency_key`` argument beside the tool's own; a call goes
-through ``BoundaryService`` exactly like ``POST /v1/tools/{tool}/calls`` (same scope and
-fingerprint, so an HTTP call and its MCP retry with the same key are one operation).
-Boundary refusals come back as tool results with ``isError`` and the problem document,
-so the model can read why; an unknown tool is a protocol error.
+A session's first tool call opens an open task for the calling principal (a session that
+only lists tools opens nothing); every tool call of the session is a call of that task
+(``BoundaryService.call_in_task``), keyed by the call's ``idempotency_key`` argument. So
+the task's one retry budget and its repeat guard span the session: the model calling the
+same tool with the same arguments again, under a new key, is answered by the earlier call
+(``repeat_of``) and nothing runs again. The session's end closes its task:
+
+* streamable HTTP: the session is the ``Mcp-Session-Id`` the SDK minted; it ends when the
+  client deletes it, when it idles out, or when the server shuts down;
+* stdio (and a client in process): one server run is one session, ended when its input
+  closes;
+* a request that belongs to no session (the 2026-07-28 protocol's single exchange over
+  HTTP) has no task to join: it runs as a one-step task of its own, as
+  ``POST /v1/tools/{tool}/calls`` does.
+
+Closing is bounded (``close_timeout``) and never raises: a task that could not be closed
+closes itself after its idle timeout. A session outlives its task's limits: when its task
+takes no more calls (its idle timeout, lifetime or deadline passed, or someone closed it),
+the session opens its next task and sends the refused call there, under a key derived
+from the call's own key and the refusing task (the refusing task recorded nothing).
+
+A retry with the same key is the same call wherever it arrives: a key the principal used
+before goes to the task it was sent to, even from another session. Boundary refusals come
+back as tool results with ``isError`` and the problem document, so the model can read why;
+an unknown tool is a protocol error.
 
 Over stdio the principal is fixed by ``ONCEFLOW_API_KEY``; over streamable HTTP each
-request authenticates with its own ``Authorization: Bearer`` header.
+request authenticates with its own ``Authorization: Bearer`` header (several principals
+sharing one session each get a task of their own).
 """
 
+import asyncio
+import hashlib
 import json
 import logging
-from collections.abc import Awaitable, Callable
+import secrets
+import uuid
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
+import anyio
 import mcp_types as types
 from mcp.server import Server
 from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 
-from onceflow.gateway._errors import BoundaryError, UnknownToolRequested
+from onceflow.gateway._errors import (
+    BoundaryError,
+    CallRefused,
+    InvalidRequest,
+    UnknownToolRequested,
+)
 from onceflow.gateway._principals import Principal
-from onceflow.gateway._service import BoundaryAnswer, BoundaryService
+from onceflow.gateway._responses import CallView, is_terminal
+from onceflow.gateway._service import (
+    BoundaryAnswer,
+    BoundaryService,
+    _backend_errors,
+    _checked_key,
+    _scope,
+    _validated_arguments,
+)
 from onceflow.tools import IDEMPOTENCY_KEY_MAX_LENGTH, ToolContract
-from onceflow.workflows.task_models import TaskState
+from onceflow.workflows.task_models import StepState, TaskState
 
 log = logging.getLogger("onceflow.gateway")
 
 IDEMPOTENCY_KEY_ARGUMENT = "idempotency_key"
+DELIBERATE_REPEAT_ARGUMENT = "deliberate_repeat"
+"""Offered by the tools whose contract allows a deliberate second identical effect."""
 TASK_STATUS_TOOL = "onceflow_task_status"
-"""A read-only tool to poll a task that was still running when its call returned."""
+"""A read-only tool to poll a task whose call returned before it ended."""
 REPLAYED_META = "onceflow/replayed"
+SESSION_HEADER = "mcp-session-id"
+"""The streamable HTTP session id header (the session the SDK minted, never the client's
+invention: an unknown id is answered 404 before any handler runs)."""
+SESSION_CLOSE_TIMEOUT = 3.0
+"""Seconds a session's end waits for its tasks to close. Below the MCP SDK's own bound on
+a connection's clean-up (5 s), and the stdio client's grace before it kills the server
+(2 s) is what a closing usually takes far less than."""
+_RESENDS = 3
+"""Tasks a call is sent to at most (each before refused it, taking no more calls), and
+tasks a session tries to open at once."""
+_ENDED_SESSIONS_KEPT = 10_000
 
 PrincipalResolver = Callable[[ServerRequestContext[Any, Any]], Awaitable[Principal]]
 
 
 def tool_definition(contract: ToolContract) -> types.Tool:
-    """The MCP tool of a contract: its arguments plus ``idempotency_key``, and annotations."""
+    """The MCP tool of a contract: its arguments plus ``idempotency_key`` (and
+    ``deliberate_repeat`` when the contract allows one), and annotations."""
     schema = contract.input_model.model_json_schema()
     properties = dict(schema.get("properties", {}))
     properties[IDEMPOTENCY_KEY_ARGUMENT] = {
@@ -50,6 +108,17 @@ def tool_definition(contract: ToolContract) -> types.Tool:
             "for a new call. The same key with other arguments is refused."
         ),
     }
+    if contract.deliberate_repeats:
+        properties[DELIBERATE_REPEAT_ARGUMENT] = {
+            "type": "boolean",
+            "default": False,
+            "description": (
+                "Set only to make a second effect identical to an earlier call of this "
+                "session on purpose (e.g. a second, identical order). Without it, a call "
+                "with the same arguments as an earlier one is answered by that call and "
+                "does not run again."
+            ),
+        }
     schema["properties"] = properties
     schema["required"] = [*schema.get("required", []), IDEMPOTENCY_KEY_ARGUMENT]
     schema.pop("title", None)
@@ -70,7 +139,10 @@ def tool_definition(contract: ToolContract) -> types.Tool:
 def _status_tool() -> types.Tool:
     return types.Tool(
         name=TASK_STATUS_TOOL,
-        description="The state and step results of a task started by an earlier tool call.",
+        description=(
+            "The state of a task and of each of its calls: poll it for a call that was "
+            "still running, parked or awaiting approval when it returned."
+        ),
         input_schema={
             "type": "object",
             "properties": {"task_id": {"type": "string", "minLength": 1, "maxLength": 1000}},
@@ -86,17 +158,47 @@ def _status_tool() -> types.Tool:
     )
 
 
-def build_mcp_server(service: BoundaryService, principal_of: PrincipalResolver) -> Server[Any]:
-    """An MCP server whose tools call ``service`` as the principal ``principal_of`` finds."""
+def build_mcp_server(
+    service: BoundaryService,
+    principal_of: PrincipalResolver,
+    *,
+    session_task: Mapping[str, Any] | None = None,
+    close_timeout: float = SESSION_CLOSE_TIMEOUT,
+) -> Server["McpSessions"]:
+    """An MCP server whose tools call ``service`` as the principal ``principal_of`` finds.
+
+    Args:
+        service: The boundary every call goes through.
+        principal_of: Who a request acts as (``fixed_principal``, ``bearer_principal``).
+        session_task: The body each session's task is opened with, as for
+            ``POST /v1/tasks``: ``open`` (``idle_timeout``, ``max_lifetime``) and
+            ``budget``. Default ``{"open": {}}``: the boundary's defaults (30 minutes
+            idle, 1 day, the default retry budget).
+        close_timeout: Seconds a session's end waits for its tasks to close. Default
+            ``SESSION_CLOSE_TIMEOUT``.
+    """
+    task_body = dict(session_task) if session_task is not None else {"open": {}}
+
+    @asynccontextmanager
+    async def lifespan(server: Server["McpSessions"]) -> AsyncIterator[McpSessions]:
+        sessions = McpSessions(service, task_body=task_body, close_timeout=close_timeout)
+        try:
+            yield sessions
+        finally:
+            # The run ends (stdio input closed, the HTTP server shutting down, a client in
+            # process leaving): even when cancelled, its sessions' tasks get their bounded
+            # chance to close.
+            with anyio.CancelScope(shield=True):
+                await sessions.end_all()
 
     async def list_tools(
-        ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
+        ctx: ServerRequestContext[McpSessions, Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
         tools = [tool_definition(contract) for contract in service.catalogue]
         return types.ListToolsResult(tools=[*tools, _status_tool()])
 
     async def call_tool(
-        ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
+        ctx: ServerRequestContext[McpSessions, Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
         arguments = dict(params.arguments or {})
         try:
@@ -106,11 +208,18 @@ def build_mcp_server(service: BoundaryService, principal_of: PrincipalResolver) 
                 return _result(status.model_dump(mode="json"), is_error=False)
             if params.name not in service.catalogue:
                 raise UnknownToolRequested("no tool of that name exists")
-            key = arguments.pop(IDEMPOTENCY_KEY_ARGUMENT, None)
-            answer = await service.call_tool(
-                principal, params.name, arguments, key if isinstance(key, str) else None
-            )
-            return _answer(answer)
+            service.check_tool(principal, params.name)
+            contract = service.catalogue.get(params.name)
+            raw_key = arguments.pop(IDEMPOTENCY_KEY_ARGUMENT, None)
+            key = raw_key if isinstance(raw_key, str) else None
+            deliberate: Any = False
+            if contract.deliberate_repeats:
+                deliberate = arguments.pop(DELIBERATE_REPEAT_ARGUMENT, False)
+            session = ctx.lifespan_context.session_of(ctx)
+            if session is None:
+                answer = await service.call_tool(principal, params.name, arguments, key)
+                return _answer(answer)
+            return _call_answer(await session.call(principal, contract, arguments, key, deliberate))
         except UnknownToolRequested as unknown:
             raise MCPError(code=types.INVALID_PARAMS, message=unknown.detail) from None
         except BoundaryError as refused:
@@ -120,10 +229,15 @@ def build_mcp_server(service: BoundaryService, principal_of: PrincipalResolver) 
         "onceflow",
         version="1",
         instructions=(
-            "Tools with effects take an idempotency_key: reuse it when you retry a call, "
-            "use a new one for a new call. A call that returns state 'running', "
-            f"'awaiting_approval' or 'parked' can be polled with {TASK_STATUS_TOOL}."
+            "This MCP session is one onceflow task: one retry budget for all its tool "
+            "calls. Tools with effects take an idempotency_key: reuse it when you retry a "
+            "call, use a new one for a new call. A call with the same tool and arguments "
+            "as an earlier call of the session is answered by that call (repeat_of) and "
+            "does not run again. A call that is parked or awaiting approval waits for a "
+            "person: do not repeat it; poll it with "
+            f"{TASK_STATUS_TOOL} or call again with the same idempotency_key."
         ),
+        lifespan=lifespan,
         on_list_tools=list_tools,
         on_call_tool=call_tool,
     )
@@ -151,7 +265,309 @@ def bearer_principal(service: BoundaryService) -> PrincipalResolver:
     return resolve
 
 
+# ── sessions and their tasks ────────────────────────────────────────────────────────
+
+
+class McpSessions:
+    """The MCP sessions of one server run (the server's lifespan context) and their tasks.
+
+    A session is created by its first tool call and ended by ``end`` (its connection's
+    clean-up, for streamable HTTP) or, with every other, by ``end_all`` when the run ends.
+    """
+
+    def __init__(
+        self, service: BoundaryService, *, task_body: dict[str, Any], close_timeout: float
+    ) -> None:
+        self._service = service
+        self._task_body = task_body
+        self._close_timeout = close_timeout
+        self._run_session = secrets.token_hex(16)
+        """The session of a run without HTTP (stdio, a client in process): the run."""
+        self._sessions: dict[str, _Session] = {}
+        self._ended: OrderedDict[str, None] = OrderedDict()
+        self._unhooked_warned = False
+
+    def session_of(self, ctx: ServerRequestContext[Any, Any]) -> "_Session | None":
+        """The session a request belongs to; None for an HTTP request outside one."""
+        request = ctx.request
+        session_id: str | None = self._run_session
+        if request is not None:
+            headers = getattr(request, "headers", None)
+            session_id = headers.get(SESSION_HEADER) if headers is not None else None
+        if not session_id:
+            return None
+        session = self._sessions.get(session_id)
+        if session is None:
+            session = _Session(self._service, session_id=session_id, task_body=self._task_body)
+            if session_id in self._ended:
+                # A request that was already in the handler when its session ended.
+                session.ended = True
+                return session
+            self._sessions[session_id] = session
+            if request is not None:
+                self._end_with_connection(ctx, session_id)
+        return session
+
+    async def end(self, session_id: str) -> None:
+        """End a session: close its tasks, waiting at most ``close_timeout``; never raises."""
+        self._ended[session_id] = None
+        while len(self._ended) > _ENDED_SESSIONS_KEPT:
+            self._ended.popitem(last=False)
+        session = self._sessions.pop(session_id, None)
+        if session is None:
+            return
+        try:
+            await asyncio.wait_for(session.end(), self._close_timeout)
+        except TimeoutError:
+            log.warning(
+                "MCP session %s ended, but its tasks did not close within %g s; they close "
+                "themselves after their idle timeout",
+                session.name,
+                self._close_timeout,
+            )
+        except Exception:
+            log.exception("MCP session %s ended, but closing its tasks failed", session.name)
+
+    async def end_all(self) -> None:
+        """End every session still open (the run is ending)."""
+        await asyncio.gather(*(self.end(session_id) for session_id in list(self._sessions)))
+
+    def _end_with_connection(self, ctx: ServerRequestContext[Any, Any], session_id: str) -> None:
+        # The SDK unwinds a connection's exit stack (shielded, bounded) however its session
+        # ends: DELETE, idle timeout, crash or shutdown. mcp 2.3 documents the stack as the
+        # place for per-connection clean-up but hands lowlevel handlers no public way to
+        # it yet (its Context rework adds ``ctx.connection``), hence the private read.
+        connection: Any = getattr(ctx.session, "_connection", None)
+        stack = getattr(connection, "exit_stack", None)
+        if isinstance(stack, AsyncExitStack) and connection.session_id == session_id:
+            stack.push_async_callback(self.end, session_id)
+            return
+        if not self._unhooked_warned:
+            self._unhooked_warned = True
+            log.warning(
+                "cannot hook the end of MCP sessions: their tasks close when the server "
+                "stops, or after their idle timeout"
+            )
+
+
+@dataclass
+class _PrincipalTasks:
+    """The tasks one principal opened in a session: the current one, and all of them."""
+
+    principal: Principal
+    current: str | None = None
+    generation: int = 0
+    opened: list[str] = field(default_factory=list)
+
+
+class _Session:
+    """One MCP session: an open task per principal acting in it."""
+
+    def __init__(
+        self, service: BoundaryService, *, session_id: str, task_body: dict[str, Any]
+    ) -> None:
+        self._service = service
+        self._task_body = task_body
+        # Stable for the session, and all that is kept or logged of it: a session id
+        # lets whoever holds it act in the session.
+        self.name = "mcp-" + hashlib.sha256(session_id.encode()).hexdigest()[:32]
+        self.ended = False
+        self._lock = asyncio.Lock()
+        self._tasks: dict[uuid.UUID, _PrincipalTasks] = {}
+
+    async def call(
+        self,
+        principal: Principal,
+        contract: ToolContract,
+        arguments: dict[str, Any],
+        idempotency_key: str | None,
+        deliberate_repeat: Any,
+    ) -> BoundaryAnswer:
+        """Send one tool call to the task its key belongs to, or to the session's task
+        (opened by the session's first call)."""
+        # What the boundary checks before it reserves anything, checked before the
+        # session's task is opened for this call: a refused call opens nothing.
+        key = _checked_key(idempotency_key)
+        _validated_arguments(contract.input_model, arguments, location=("arguments",))
+        if not isinstance(deliberate_repeat, bool):
+            raise InvalidRequest(
+                f"{DELIBERATE_REPEAT_ARGUMENT} must be true or false",
+                errors=[{"loc": [DELIBERATE_REPEAT_ARGUMENT], "msg": "Input should be a bool"}],
+            )
+        body: dict[str, Any] = {"tool": contract.name, "arguments": arguments}
+        if deliberate_repeat:
+            body["deliberate_repeat"] = True
+        refusal: CallRefused | None = None
+        for _ in range(_RESENDS):
+            earlier = await self._task_of_key(principal, key)
+            task_id = earlier if earlier is not None else await self._current_task(principal)
+            try:
+                return await self._service.call_in_task(principal, task_id, body, key)
+            except CallRefused as refused:
+                if not await self._takes_no_more_calls(principal, task_id):
+                    raise
+                refusal = refused
+            # The task refused the call before recording anything, and takes no more:
+            # the session goes on in its next task, where the call goes under a key of
+            # its own (the refusing task keeps this key's refusal). Derived from the key
+            # and the refusing task, it is found again by a retry of the same key.
+            await self._move_on_from(principal, task_id)
+            key = _key_after_refusal(task_id, key)
+        assert refusal is not None
+        raise refusal
+
+    async def end(self) -> None:
+        """Close every task the session opened (closing is idempotent)."""
+        self.ended = True
+        async with self._lock:
+            opened = [(tasks.principal, t) for tasks in self._tasks.values() for t in tasks.opened]
+        await asyncio.gather(*(self._close(principal, task) for principal, task in opened))
+
+    async def _current_task(self, principal: Principal) -> str:
+        async with self._lock:
+            if self.ended:
+                raise CallRefused(
+                    "the MCP session has ended: its task takes no more calls",
+                    reason="the MCP session has ended",
+                )
+            tasks = self._tasks.setdefault(principal.principal_id, _PrincipalTasks(principal))
+            if tasks.current is not None:
+                return tasks.current
+            for _ in range(_RESENDS):
+                tasks.generation += 1
+                answer = await self._service.open_task(
+                    principal, self._task_body, f"{self.name}.{tasks.generation}"
+                )
+                # Not created: the generation's key names a task that has ended already.
+                if answer.created:
+                    tasks.current = answer.task_id
+                    tasks.opened.append(answer.task_id)
+                    log.info(
+                        "MCP session %s of %s/%s: task %s",
+                        self.name,
+                        principal.tenant,
+                        principal.name,
+                        answer.task_id,
+                    )
+                    return answer.task_id
+            raise CallRefused(
+                "the MCP session could not open a task that takes calls",
+                reason="every task opened for this session had ended",
+            )
+
+    async def _move_on_from(self, principal: Principal, task_id: str) -> None:
+        async with self._lock:
+            tasks = self._tasks.get(principal.principal_id)
+            if tasks is not None and tasks.current == task_id:
+                tasks.current = None
+
+    async def _takes_no_more_calls(self, principal: Principal, task_id: str) -> bool:
+        """Whether the task refuses every new call because of its age or its end, not
+        because of this call (or its spent budget, which a next task must not reset)."""
+        try:
+            status = await self._service.task_status(principal, task_id)
+        except BoundaryError:
+            return False
+        if status.closing is not None or is_terminal(status):
+            return True
+        return datetime.now(UTC) >= status.budget.deadline_at
+
+    async def _task_of_key(self, principal: Principal, key: str) -> str | None:
+        """The task this principal sent a call with this key to, if any (from any session:
+        a retry after a reconnect is the same call, not a new one in the new session)."""
+        # The boundary has no public reader for this yet (a ``task_of_call_key`` on
+        # BoundaryService); its call records keep the task as their resource.
+        async with _backend_errors():
+            record = await self._service._records.get(_scope(principal, "task", "call"), key)
+        return record.resource_id if record is not None else None
+
+    async def _close(self, principal: Principal, task_id: str) -> None:
+        try:
+            status = await self._service.close_task(principal, task_id)
+        except Exception as error:
+            log.warning(
+                "MCP session %s ended, but its task %s was not closed (%s); it closes "
+                "itself after its idle timeout",
+                self.name,
+                task_id,
+                type(error).__name__,
+            )
+            return
+        log.info("MCP session %s ended: task %s is %s", self.name, task_id, status.state.value)
+
+
+def _key_after_refusal(task_id: str, idempotency_key: str) -> str:
+    """The key a call refused by ``task_id`` is sent under to the session's next task."""
+    digest = hashlib.sha256(f"v1\x00{task_id}\x00{idempotency_key}".encode()).hexdigest()
+    return f"mcp-{digest[:40]}"
+
+
+# ── results ─────────────────────────────────────────────────────────────────────────
+
+_NO_EFFECT_STATES = frozenset({StepState.FAILED, StepState.DENIED, StepState.ABANDONED})
+
+
+def _call_answer(answer: BoundaryAnswer) -> types.CallToolResult:
+    """A call of the session's task: a sentence for the model, then the call's view."""
+    view = CallView.model_validate(answer.body)
+    result = types.CallToolResult(
+        content=[
+            types.TextContent(text=_call_message(view)),
+            types.TextContent(text=json.dumps(answer.body, sort_keys=True)),
+        ],
+        structured_content=answer.body,
+        is_error=view.state in _NO_EFFECT_STATES,
+    )
+    result.meta = {REPLAYED_META: answer.replayed}
+    return result
+
+
+def _call_message(view: CallView) -> str:
+    """What a model should read: the call's state, where it is, and what to do next."""
+    where = f"call {view.step_id} of task {view.task_id}"
+    repeat = (
+        f" It has the same tool and arguments as call {view.repeat_of} of this task, so "
+        "that call answered it: nothing ran again."
+        if view.repeat_of
+        else ""
+    )
+    ask_again = (
+        f"To learn the outcome, call {TASK_STATUS_TOOL} with this task_id, or call "
+        f"{view.tool} again with the same idempotency_key and arguments."
+    )
+    reason = view.failure_reason or "no reason was given"
+    match view.state:
+        case StepState.SUCCEEDED:
+            return f"{view.tool} succeeded ({where}).{repeat}"
+        case StepState.FAILED:
+            return f"{view.tool} failed ({where}): {reason}.{repeat}"
+        case StepState.DENIED:
+            return f"A person denied {view.tool} ({where}): {reason}. It did not run.{repeat}"
+        case StepState.ABANDONED:
+            return f"{view.tool} was abandoned ({where}): {reason}.{repeat}"
+        case StepState.AWAITING_APPROVAL:
+            return (
+                f"{view.tool} awaits a person's approval ({where}): a person is deciding "
+                f"whether it may run.{repeat} Do not call it again, with this or a new "
+                f"idempotency_key: that cannot speed the decision up. {ask_again}"
+            )
+        case StepState.PARKED:
+            return (
+                f"{view.tool} is parked ({where}): whether it took effect is uncertain "
+                f"({view.park_reason or 'no reason was given'}), and a person is finding "
+                f"out.{repeat} Do not call it again, with this or a new idempotency_key: its "
+                f"effect may already exist. "
+                f"{ask_again}"
+            )
+    ended = "" if view.task_state is TaskState.RUNNING else f" (the task is {view.task_state})"
+    return (
+        f"{view.tool} is still running ({where}){ended}.{repeat} Do not send it again under "
+        f"a new idempotency_key. {ask_again}"
+    )
+
+
 def _answer(answer: BoundaryAnswer) -> types.CallToolResult:
+    """A call outside any session: its one-step task's view."""
     result = _result(answer.body, is_error=answer.body.get("state") == TaskState.FAILED.value)
     result.meta = {REPLAYED_META: answer.replayed}
     return result

@@ -1,7 +1,8 @@
 """The MCP server (``onceflow mcp``) with the MCP SDK's own client, over stdio and HTTP.
 
 The server goes through the same boundary service as the HTTP API: same claims, same
-fingerprints, same records.
+fingerprints, same records. One MCP session is one open task (its first call opens it,
+its end closes it): ``test_mcp_open_task.py`` has the session's own tests.
 """
 
 import os
@@ -19,7 +20,7 @@ from mcp.shared.exceptions import MCPError
 
 from onceflow.gateway.mcp_server import REPLAYED_META, TASK_STATUS_TOOL
 from onceflow.tools import CATALOGUE
-from tests.harness import log_line_blocking
+from tests.harness import eventually, log_line_blocking
 
 from ..conftest import repo_root
 from .conftest import Caller, Stack, count, rows
@@ -78,8 +79,28 @@ async def test_stdio_lists_every_tool_with_its_contract_and_calls_once_per_key(
     assert second.meta[REPLAYED_META] is True
     assert status.structured_content["steps"][0]["arguments"] == ORDER
     assert count(database, "orders") == 1
-    assert rows(database, "SELECT state FROM idempotency_records") == [("succeeded",)]
+    # The session's task (opened by its first call) and the call's key: one record each.
+    assert record_kinds(database) == ["call", "create"]
     assert await stack.task_workflows(agent.principal.tenant) == 1
+    # The server's input closed, so its one session ended: its task closes, and stores
+    # its final view for the key that opened it.
+    await eventually(
+        lambda: rows(
+            database,
+            "SELECT state, response_body->>'state' FROM idempotency_records WHERE workflow_id = %s",
+            first.structured_content["task_id"],
+        ),
+        until=lambda found: found == [("succeeded", "closed")],
+        what="the stdio session's task closes once the server's input closed",
+    )
+
+
+def record_kinds(database: str) -> list[str]:
+    """The operation of every idempotency record (``create`` for a task, ``call``...)."""
+    return sorted(
+        scope.rsplit(":", 1)[-1]
+        for (scope,) in rows(database, "SELECT scope FROM idempotency_records")
+    )
 
 
 async def test_stdio_refusals_are_tool_errors_with_the_problem(
@@ -104,7 +125,8 @@ async def test_stdio_refusals_are_tool_errors_with_the_problem(
     assert reused.is_error
     assert reused.structured_content["status"] == 422
     assert count(database, "orders") == 1
-    assert count(database, "idempotency_records") == 1
+    # The refused calls reserved nothing; the one call made opened the session's task.
+    assert record_kinds(database) == ["call", "create"]
 
 
 def start_mcp_http(stack: Stack, log_path: Path) -> tuple[subprocess.Popen[bytes], str]:

@@ -245,8 +245,10 @@ async def _call_until_answered(
 
 
 def _task_answer(code: str, body: dict[str, Any], *, replayed: bool) -> Answer:
+    # A call of an open task (an MCP session's) answers with the call itself; a one-step
+    # task with the task, whose last step is the call.
     steps: list[dict[str, Any]] = body.get("steps") or [{}]
-    step = steps[-1]
+    step = body if "step_id" in body else steps[-1]
     return Answer(
         code=code,
         state=str(body.get("state", "")),
