@@ -42,3 +42,33 @@ class BareWaitingWorkflow:
     @workflow.signal
     def release(self) -> None:
         self._released = True
+
+
+@workflow.defn
+class BareUpdateWorkflow:
+    """The per-call baseline of an open task: a bare workflow that stays open and answers
+    each ``call`` Update by running one no-op activity, until ``close``."""
+
+    def __init__(self) -> None:
+        self._calls = 0
+        self._closed = False
+
+    @workflow.run
+    async def run(self) -> int:
+        await workflow.wait_condition(lambda: self._closed and workflow.all_handlers_finished())
+        return self._calls
+
+    @workflow.update
+    async def call(self, value: str) -> str:
+        self._calls += 1
+        return await workflow.execute_activity(
+            no_op,
+            value,
+            start_to_close_timeout=timedelta(seconds=15),
+            retry_policy=RetryPolicy(maximum_attempts=1),
+        )
+
+    @workflow.update
+    def close(self) -> int:
+        self._closed = True
+        return self._calls
