@@ -375,15 +375,17 @@ class AgentTaskWorkflow:
                 if not self._unfinished_calls() and not self._changed:
                     workflow.continue_as_new(self._carried(task))
                 continue
-            wake_at = lifetime_ends
+            # A timer only while nothing runs: a call in flight keeps the task from
+            # idling, and the validator refuses calls past the lifetime, so a busy task
+            # adds no timer per call.
+            timeout = None
             if not unfinished and self._closing is None:
-                wake_at = min(wake_at, self._last_call_at + options.idle_timeout)
+                wake_at = min(lifetime_ends, self._last_call_at + options.idle_timeout)
+                timeout = max(wake_at - now, timedelta(milliseconds=1))
             try:
                 await workflow.wait_condition(
                     lambda: self._changed,
-                    timeout=max(wake_at - now, timedelta(milliseconds=1))
-                    if self._closing is None
-                    else None,
+                    timeout=timeout,
                     timeout_summary="idle timeout or maximum lifetime",
                 )
             except TimeoutError:
@@ -411,6 +413,8 @@ class AgentTaskWorkflow:
             return None  # the same call again: answered with its status
         if self._closing is not None:
             return f"the task takes no more calls: {self._closing}"
+        if workflow.now() >= self._started_at + self._open.max_lifetime:
+            return f"the task's maximum lifetime ({self._open.max_lifetime}) has ended"
         allowed = self._open.allowed_tools
         if allowed is not None and request.tool not in allowed:
             return f"tool {request.tool!r} is not allowed in this task"
