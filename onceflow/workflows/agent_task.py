@@ -483,6 +483,9 @@ class AgentTaskWorkflow:
         except _StepStopped:
             pass  # the call's own state says how it ended; the task goes on
         finally:
+            # Idle counts from the last call's end too: a call a person decided after a
+            # long wait does not leave the agent's next call to a closed task.
+            self._last_call_at = workflow.now()
             self._changed = True
 
     async def _pin_tool(self, tool: str) -> None:

@@ -75,7 +75,8 @@ class OpenTaskOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     idle_timeout: timedelta = Field(default=timedelta(minutes=30), gt=timedelta(0))
-    """The task closes after this long without a call while none is unfinished."""
+    """The task closes after this long with no call arriving or ending, once none is
+    unfinished."""
     max_lifetime: timedelta = Field(default=timedelta(days=1), gt=timedelta(0))
     """No call is accepted after this long; the task closes once its calls end."""
     allowed_tools: list[str] | None = None

@@ -273,3 +273,26 @@ async def test_bursts_of_calls_across_a_continue_as_new_after_every_call_are_eac
     result = await tasks.result(workflow_id)
     assert result.runs >= 3 and len(result.steps) == 24
     assert all(script.attempts(f"b{b}l{n}") == 1 for b in range(3) for n in range(8))
+
+
+async def test_a_call_decided_after_a_long_wait_does_not_leave_the_agent_a_closed_task(
+    worker: Worker, tasks: TaskClient, script: Script
+) -> None:
+    workflow_id = await started(tasks, idle_timeout=timedelta(seconds=1))
+    parked = await tasks.call(workflow_id, call("pay", script.plan("slow", U), "scripted_unsafe"))
+    assert parked.call.state is StepState.PARKED
+    await asyncio.sleep(1.5)  # scenario: the person decides after the idle timeout
+    await tasks.reconcile(
+        workflow_id,
+        ReconcileInput(
+            step_id="pay",
+            decision=ReconcileDecision.HAPPENED,
+            resource_id="res-slow",
+            operator="ops",
+            reason="found it",
+        ),
+    )
+    # The idle clock restarted when the call ended: the agent's next call is taken.
+    following = await tasks.call(workflow_id, call("next", script.plan("n", S)))
+    assert following.call.state is StepState.SUCCEEDED
+    await tasks.close(workflow_id)
