@@ -6,7 +6,7 @@ VENV := .venv
 STAMP := $(VENV)/.installed-from-pyproject
 PYPROJECTS := pyproject.toml client/pyproject.toml devstack/pyproject.toml
 
-.PHONY: demo test lint dev docs
+.PHONY: demo demo-agent test lint dev docs
 
 $(STAMP): $(PYPROJECTS)
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -16,6 +16,12 @@ $(STAMP): $(PYPROJECTS)
 
 demo: $(STAMP)
 	$(VENV)/bin/onceflow demo
+
+# The PydanticAI support agent (examples/support_agent), scripted offline: its parked refund
+# is reconciled with the CLI and the run resumes. Installs the example (offline) first.
+demo-agent: $(STAMP)
+	$(VENV)/bin/python -m pip install --quiet --no-deps --no-build-isolation ./examples/support_agent
+	$(VENV)/bin/onceflow demo --agent
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest

@@ -452,6 +452,19 @@ class OnceflowClient:
         )
         return OpenTask(self, _task_result(response))
 
+    async def list_tools(self) -> list[dict[str, Any]]:
+        """The gateway's catalogue (``GET /v1/tools``): each tool's ``name``,
+        ``description``, ``input_schema`` (JSON Schema), ``annotations`` (its effect
+        contract as MCP hints), ``requires_approval`` and ``dedupe``.
+
+        Raises:
+            OnceflowError: The gateway refused the request (``status``, ``problem``).
+        """
+        response = await self._http.get("/v1/tools")
+        _raise_for_problem(response)
+        tools: list[dict[str, Any]] = response.json()
+        return tools
+
     async def status(self, task_id: str) -> dict[str, Any]:
         """The task's full status (every step's arguments, attempts and evidence)."""
         response = await self._http.get(f"/v1/tasks/{task_id}")

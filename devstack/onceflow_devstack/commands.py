@@ -54,12 +54,23 @@ def dev(temporal_port: TemporalPort = 7233, ui_port: UiPort = 8233) -> None:
     operate(_phrased(body))
 
 
-def demo(temporal_port: TemporalPort = 7233, ui_port: UiPort = 8233) -> None:
+def demo(
+    temporal_port: TemporalPort = 7233,
+    ui_port: UiPort = 8233,
+    agent: Annotated[
+        bool,
+        typer.Option(
+            "--agent",
+            help="Run the PydanticAI support agent example (examples/support_agent) instead.",
+        ),
+    ] = False,
+) -> None:
     """Run a short scripted agent task end to end on the embedded stack and explain it."""
     from onceflow.cli._configuration import loaded_configuration
-    from onceflow_devstack.demo import run_demo
+    from onceflow_devstack.demo import run_agent_demo, run_demo
 
-    operate(_phrased(lambda: run_demo(loaded_configuration(), console, temporal_port, ui_port)))
+    run = run_agent_demo if agent else run_demo
+    operate(_phrased(lambda: run(loaded_configuration(), console, temporal_port, ui_port)))
 
 
 def provider(

@@ -5,6 +5,10 @@ agents do: it retries the whole call after a timeout, and a second agent asks fo
 same coupon. The database shows one coupon and one order all the same. Then a charge
 whose response is lost (one charge at the provider), a charge that parks for a person,
 an email through the outbox and an approved deployment.
+
+``onceflow demo --agent`` runs the ``examples/support_agent`` scenario instead: a
+PydanticAI agent, scripted offline, whose parked refund ends its run with deferred tool
+requests until an operator reconciles it (``make demo-agent`` installs the example first).
 """
 
 import uuid
@@ -13,6 +17,7 @@ from dataclasses import dataclass
 import psycopg
 from rich.console import Console
 
+from onceflow.cli.plugin import CommandFailed
 from onceflow.configuration import OnceflowConfiguration
 from onceflow.task_api import TaskClient, connect_temporal
 from onceflow.tools import derive_task_workflow_id
@@ -23,6 +28,7 @@ from onceflow_devstack.email_deploy_services import (
     running_stack_deploy_target_url,
     running_stack_smtp_sink_control_url,
 )
+from onceflow_devstack.gateway import running_stack_gateway
 from onceflow_devstack.stack import (
     StackAlreadyRunning,
     embedded_stack,
@@ -97,6 +103,83 @@ async def run_demo(
                 local_deploy_target_url=running_stack_deploy_target_url(settings.state_dir),
                 smtp_sink_control_url=running_stack_smtp_sink_control_url(settings.state_dir),
             ),
+        )
+
+
+AGENT_EXAMPLE_TOOLS = "support_agent.tools:TOOLS"
+"""``examples/support_agent``'s ``look_up_order``, named by module so it loads once importable."""
+
+
+async def run_agent_demo(
+    configuration: OnceflowConfiguration, console: Console, temporal_port: int, ui_port: int
+) -> None:
+    """Run the support agent example's scripted run on a running ``onceflow dev`` stack
+    (started with ``ONCEFLOW_TOOLS=support_agent``), or on one started for it."""
+    try:
+        # An example, installed on demand: not a dependency of the dev stack.
+        from support_agent.demo import scripted_demo  # type: ignore[import-not-found, import-untyped, unused-ignore]
+    except ImportError:
+        raise CommandFailed(
+            "the support agent example is not installed: run `make demo-agent`, or "
+            "`.venv/bin/pip install ./examples/support_agent` and then `onceflow demo --agent`"
+        ) from None
+    settings = configuration.onceflow
+    if not {AGENT_EXAMPLE_TOOLS, "support_agent"} & set(settings.tools):
+        settings = settings.model_copy(update={"tools": (*settings.tools, AGENT_EXAMPLE_TOOLS)})
+        configuration = configuration.model_copy(update={"onceflow": settings})
+
+    def say(text: str) -> None:
+        console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+    entered = False
+    try:
+        async with embedded_stack(
+            configuration,
+            temporal_port=temporal_port,
+            ui_port=ui_port,
+            progress=lambda message: console.print(f"[dim]… {message}[/]"),
+        ) as stack:
+            entered = True
+            if not stack.payment_provider_is_local or stack.payment_provider_url is None:
+                raise CommandFailed(
+                    "the agent demo makes the local Stripe-compatible provider misbehave: "
+                    "unset STRIPE_API_KEY and STRIPE_API_BASE"
+                )
+            assert stack.gateway_url is not None and stack.dev_api_key_file is not None
+            services = stack.email_and_deploy
+            await scripted_demo(
+                gateway_url=stack.gateway_url,
+                api_key=stack.dev_api_key_file.read_text().strip(),
+                database_url=stack.database_url,
+                provider_url=stack.payment_provider_url,
+                temporal_address=stack.temporal_address,
+                task_queue=stack.task_queue,
+                sink_control_url=services.smtp_sink_control_url if services else None,
+                say=say,
+                section=console.rule,
+            )
+    except StackAlreadyRunning:
+        if entered:
+            raise
+        gateway = running_stack_gateway(settings.state_dir)
+        database_url = running_stack_database_url(settings.state_dir)
+        provider_url = running_stack_provider_url(settings.state_dir)
+        if gateway is None or database_url is None or provider_url is None:
+            raise
+        console.print(
+            "[dim]… using the running `onceflow dev` stack (start it with "
+            "ONCEFLOW_TOOLS=support_agent)[/]"
+        )
+        await scripted_demo(
+            gateway_url=gateway[0],
+            api_key=gateway[1],
+            database_url=database_url,
+            provider_url=provider_url,
+            temporal_address=f"127.0.0.1:{temporal_port}",
+            task_queue=settings.task_queue,
+            sink_control_url=running_stack_smtp_sink_control_url(settings.state_dir),
+            say=say,
+            section=console.rule,
         )
 
 

@@ -1,0 +1,530 @@
+"""onceflow's tools as a PydanticAI toolset, with a person in the loop through PydanticAI's
+deferred tools. Needs the extra: ``pip install 'onceflow-client[pydantic-ai]'``.
+
+One agent conversation is one open task: the toolset creates it at the conversation's
+first tool call, keyed by the conversation id, and sends each tool call as a call of that
+task keyed by the conversation and the model's tool-call id, so the same tool call sent
+again (a lost answer, a framework retry, a resumed run) is the same call, never a second
+effect. Retries of an effect belong to onceflow: the toolset never calls a tool again on
+its own::
+
+    from pydantic_ai import Agent, DeferredToolRequests
+    from onceflow_client import OnceflowClient
+    from onceflow_client.pydantic_ai import OnceflowToolset
+
+    async with OnceflowClient(URL, api_key=KEY) as onceflow:
+        toolset = await OnceflowToolset.from_gateway(onceflow, tools=["refund_payment"])
+        agent = Agent(model, toolsets=[toolset], output_type=[str, DeferredToolRequests])
+        result = await agent.run("Refund order 1042")
+        while isinstance(result.output, DeferredToolRequests):  # a person must decide
+            decided = await toolset.wait_for_decisions(result.output)
+            result = await agent.run(
+                message_history=result.all_messages(), deferred_tool_results=decided
+            )
+        await toolset.close(result)
+
+What the model is told about each call::
+
+    succeeded                         the tool's result
+    answered by the repeat guard      "already done: <result>" (nothing ran again)
+    parked, awaiting approval         nothing: the run ends with DeferredToolRequests
+    no answer yet (lost, still busy)  nothing: the run ends with DeferredToolRequests;
+                                      wait_for_decisions asks for the same call again
+    invalid arguments, rejected       ModelRetry: nothing happened, fix the arguments
+    failed, denied, abandoned,        ToolFailed: told plainly, not invited to retry
+    refused by the task
+"""
+
+import asyncio
+import hashlib
+import json
+import re
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Literal
+
+import httpx
+from pydantic_ai import (
+    CallDeferred,
+    DeferredToolRequests,
+    DeferredToolResults,
+    ModelRetry,
+    RunContext,
+)
+from pydantic_ai.exceptions import ToolFailed
+from pydantic_ai.messages import ToolCallPart
+from pydantic_ai.run import AgentRunResult
+from pydantic_ai.tools import AgentDepsT, ToolDefinition
+from pydantic_ai.toolsets import AbstractToolset, ToolsetTool
+from pydantic_core import SchemaValidator, core_schema
+
+from onceflow_client._client import (
+    CallRefused,
+    CallResult,
+    OnceflowClient,
+    OnceflowError,
+    OpenTask,
+    RequestInProgress,
+)
+
+__all__ = ["OnceflowToolset", "WaitingCall", "waiting_calls"]
+
+METADATA_KEY = "onceflow"
+"""Where a deferred call's details sit in ``DeferredToolRequests.metadata[tool_call_id]``."""
+ALREADY_DONE = "already done: "
+"""How a call answered by the repeat guard starts: nothing ran for it."""
+
+_CALL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
+"""What a call id of an open task may look like (the gateway's pattern)."""
+_ANY_ARGUMENTS = SchemaValidator(core_schema.any_schema())
+"""The gateway validates arguments against the tool's input model, and answers a bad call
+before anything is recorded; a second, local copy of that check could only disagree."""
+_UNANSWERED_PROBLEMS = frozenset({"backend-unavailable", "key-quota-exceeded"})
+"""Answers after which the call may or may not have reached the task: ask again later."""
+_NO_EFFECT_OUTCOMES = frozenset({"rejected", "transient"})
+_SETTLE_PAUSE = 0.5
+
+
+@dataclass(frozen=True)
+class WaitingCall:
+    """A tool call the run stopped at, as ``DeferredToolRequests`` carries it."""
+
+    tool_call_id: str
+    tool: str
+    task_id: str
+    step_id: str
+    """The call's step in the task: what ``onceflow approve`` / ``reconcile`` name."""
+    state: str
+    """``parked``, ``awaiting_approval``, or ``unanswered`` / a running state when onceflow's
+    answer did not arrive in time (nobody needs to decide: ask again)."""
+    reason: str | None
+    """Why it waits (the park reason, or what went wrong with the answer)."""
+    reconcile_command: str | None
+    """For a parked call: the exact command an operator runs to decide."""
+    arguments_digest: str | None
+    """What an approval of the call is bound to (``POST /v1/tasks/{id}/approve``)."""
+
+    @property
+    def needs_person(self) -> bool:
+        """Whether a person must decide (approve, or reconcile) before it ends."""
+        return self.state in ("parked", "awaiting_approval")
+
+
+def waiting_calls(requests: DeferredToolRequests) -> list[WaitingCall]:
+    """The onceflow calls among ``requests`` (other toolsets' deferred calls are left out)."""
+    waiting = []
+    for part in requests.calls:
+        details = requests.metadata.get(part.tool_call_id, {}).get(METADATA_KEY)
+        if details is None:
+            continue
+        waiting.append(
+            WaitingCall(
+                tool_call_id=part.tool_call_id,
+                tool=str(details["tool"]),
+                task_id=str(details["task_id"]),
+                step_id=str(details["step_id"]),
+                state=str(details["state"]),
+                reason=details.get("reason"),
+                reconcile_command=details.get("reconcile_command"),
+                arguments_digest=details.get("arguments_digest"),
+            )
+        )
+    return waiting
+
+
+class OnceflowToolset(AbstractToolset[AgentDepsT]):
+    """onceflow's catalogue (all of it, or the tools named) as one PydanticAI toolset.
+
+    Build it with ``from_gateway`` (which reads ``GET /v1/tools``), give it to an
+    ``Agent`` whose ``output_type`` includes ``DeferredToolRequests``, and close the
+    conversation's task with ``close`` when the agent is done (else it closes itself
+    after its idle timeout). Do not give its tools a PydanticAI timeout: a call that
+    takes long ends the run with deferred requests instead (``settle_timeout``).
+    """
+
+    def __init__(
+        self,
+        client: OnceflowClient,
+        catalogue: Sequence[Mapping[str, Any]],
+        *,
+        id: str | None = "onceflow",
+        budget: dict[str, Any] | None = None,
+        idle_timeout: timedelta | float | str | None = None,
+        max_lifetime: timedelta | float | str | None = None,
+        settle_timeout: float = 60.0,
+        max_retries: int = 2,
+    ) -> None:
+        """
+        Args:
+            client: The gateway, as the agent's principal.
+            catalogue: Tool descriptions as ``OnceflowClient.list_tools`` returns them.
+            id: The toolset's id among the agent's toolsets. Default ``onceflow``.
+            budget: Each conversation task's one retry budget (``RetryBudget`` fields).
+                Default: the gateway's.
+            idle_timeout: A conversation's task closes after this long without a call.
+                Default: the gateway's (30 minutes).
+            max_lifetime: No call is taken after this long. Default: the gateway's.
+            settle_timeout: Seconds a tool call waits for onceflow to finish, park or ask
+                for approval before the run ends with it deferred. Default 60.
+            max_retries: How many times the model may correct the arguments of one tool
+                after a validation refusal (``ModelRetry``). Default 2.
+        """
+        self._client = client
+        self._id = id
+        self._task_options: dict[str, Any] = {
+            "budget": budget,
+            "idle_timeout": idle_timeout,
+            "max_lifetime": max_lifetime,
+        }
+        self._settle_timeout = settle_timeout
+        self._max_retries = max_retries
+        self._definitions = {
+            str(tool["name"]): ToolDefinition(
+                name=str(tool["name"]),
+                description=str(tool.get("description") or ""),
+                parameters_json_schema=dict(tool.get("input_schema") or {"type": "object"}),
+                metadata={METADATA_KEY: dict(tool.get("annotations") or {})},
+            )
+            for tool in catalogue
+        }
+        self._tasks: dict[str, OpenTask] = {}
+        self._creating = asyncio.Lock()
+
+    @classmethod
+    async def from_gateway(
+        cls,
+        client: OnceflowClient,
+        *,
+        tools: Collection[str] | None = None,
+        **options: Any,
+    ) -> "OnceflowToolset[AgentDepsT]":
+        """The gateway's catalogue, or the ``tools`` named from it, as a toolset.
+
+        Args:
+            client: The gateway, as the agent's principal (it must be allowed the tools).
+            tools: The tools to offer the model; default every tool of the catalogue.
+            **options: As ``OnceflowToolset``'s keyword arguments.
+
+        Raises:
+            ValueError: A named tool is not in the catalogue.
+        """
+        catalogue = await client.list_tools()
+        if tools is not None:
+            known = {str(tool["name"]) for tool in catalogue}
+            if unknown := set(tools) - known:
+                raise ValueError(
+                    f"not in the gateway's catalogue: {', '.join(sorted(unknown))} "
+                    f"(it has {', '.join(sorted(known))})"
+                )
+            catalogue = [tool for tool in catalogue if tool["name"] in tools]
+        return cls(client, catalogue, **options)
+
+    @property
+    def id(self) -> str | None:
+        return self._id
+
+    async def get_tools(self, ctx: RunContext[AgentDepsT]) -> dict[str, ToolsetTool[AgentDepsT]]:
+        return {
+            name: ToolsetTool(
+                toolset=self,
+                tool_def=definition,
+                max_retries=self._max_retries,
+                args_validator=_ANY_ARGUMENTS,
+            )
+            for name, definition in self._definitions.items()
+        }
+
+    async def call_tool(
+        self,
+        name: str,
+        tool_args: dict[str, Any],
+        ctx: RunContext[AgentDepsT],
+        tool: ToolsetTool[AgentDepsT],
+    ) -> Any:
+        """Send the call to the conversation's task; see the module for what the model
+        is told."""
+        conversation = _conversation_of(ctx)
+        if ctx.tool_call_id is None:
+            raise ValueError("onceflow tools are called with the model's tool-call id")
+        call = _Call(conversation, ctx.tool_call_id, name, dict(tool_args))
+        task = await self.task_for(conversation)
+        try:
+            answer = await self._settled(task, call)
+        except (OnceflowError, httpx.TransportError) as failure:
+            told = _told_about_refusal(failure)
+            if told is not None:
+                raise told from None
+            # No answer: the call may have reached the task. Asking again with its key
+            # is the only safe move, and it is wait_for_decisions' to make.
+            raise CallDeferred(
+                metadata=call.deferral(task.task_id, "unanswered", _describe(failure))
+            ) from None
+        if not answer.ended:
+            reconcile = await _reconcile_command(task, answer) if answer.state == "parked" else None
+            raise CallDeferred(
+                metadata=call.deferral(
+                    task.task_id,
+                    answer.state,
+                    answer.park_reason
+                    or ("waits for a person's approval" if answer.waiting_for_person else None)
+                    or f"still {answer.state} after {self._settle_timeout:g} s",
+                    # A repeat waits on the earlier identical call: that is what a
+                    # person decides.
+                    step_id=answer.repeat_of or answer.step_id,
+                    reconcile_command=reconcile,
+                    arguments_digest=answer.body.get("arguments_digest"),
+                )
+            )
+        told_value = await _told(task, answer)
+        if isinstance(told_value, ModelRetry | ToolFailed):
+            raise told_value
+        return told_value
+
+    async def wait_for_decisions(
+        self, requests: DeferredToolRequests, *, timeout: float = 24 * 3600.0
+    ) -> DeferredToolResults:
+        """Wait until every onceflow call in ``requests`` has ended (a person approved,
+        denied or reconciled it; an unanswered one got its answer), and return what the
+        model is told about each, for ``agent.run(deferred_tool_results=...)``.
+
+        Each call is asked for again under its own key, so none runs twice. Deferred
+        calls of other toolsets are left for their owners.
+
+        Raises:
+            TimeoutError: A call had not ended after ``timeout`` seconds (ask again).
+        """
+        parts = {part.tool_call_id: part for part in requests.calls}
+        waiting = waiting_calls(requests)
+        asks = [
+            asyncio.ensure_future(self._decided(parts[call.tool_call_id], requests, timeout))
+            for call in waiting
+        ]
+        try:
+            told = await asyncio.gather(*asks)
+        except BaseException:
+            for ask in asks:
+                ask.cancel()
+            raise
+        return DeferredToolResults(
+            calls={call.tool_call_id: value for call, value in zip(waiting, told, strict=True)}
+        )
+
+    async def task_for(self, conversation_id: str) -> OpenTask:
+        """The open task of a conversation, created at its first call. The creation is
+        keyed by the conversation, so another process resuming it finds the same task."""
+        async with self._creating:
+            task = self._tasks.get(conversation_id)
+            if task is None:
+                task = await self._client.create_open_task(
+                    **self._task_options, idempotency_key=_task_key(conversation_id)
+                )
+                self._tasks[conversation_id] = task
+            return task
+
+    async def close(self, conversation: "AgentRunResult[Any] | str") -> dict[str, Any] | None:
+        """Close the task of a conversation (a run's result or its ``conversation_id``):
+        it takes no more calls and ends once its unfinished calls end. Returns the task's
+        status, or None when this toolset never opened a task for the conversation."""
+        conversation_id = (
+            conversation if isinstance(conversation, str) else conversation.conversation_id
+        )
+        async with self._creating:
+            task = self._tasks.pop(conversation_id, None)
+        return await task.close() if task is not None else None
+
+    async def _settled(self, task: OpenTask, call: "_Call") -> CallResult:
+        """The call's answer once it ended, parked or awaits approval, or the last one
+        when ``settle_timeout`` is over first. Asking again sends the same key."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._settle_timeout
+        answer = await call.send(task, wait="settled")
+        while not (answer.ended or answer.waiting_for_person) and loop.time() < deadline:
+            asked_at = loop.time()
+            answer = await call.send(task, wait="settled")
+            if loop.time() - asked_at < _SETTLE_PAUSE:
+                # The gateway did not hold the request open: do not spin on it.
+                await asyncio.sleep(_SETTLE_PAUSE)
+        return answer
+
+    async def _decided(
+        self, part: ToolCallPart, requests: DeferredToolRequests, timeout: float
+    ) -> Any:
+        details = requests.metadata[part.tool_call_id][METADATA_KEY]
+        call = _Call(
+            str(details["conversation_id"]),
+            part.tool_call_id,
+            str(details["tool"]),
+            part.args_as_dict(),
+        )
+        task = await self.task_for(call.conversation_id)
+        try:
+            answer = await call.send(task, wait="ended", timeout=timeout)
+        except (OnceflowError, httpx.TransportError) as failure:
+            told = _told_about_refusal(failure)
+            if told is None:
+                raise
+            return told
+        return await _told(task, answer)
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One model tool call, and the identity it has in onceflow."""
+
+    conversation_id: str
+    tool_call_id: str
+    tool: str
+    arguments: dict[str, Any]
+
+    @property
+    def call_id(self) -> str:
+        """The model's tool-call id when it fits the task's call ids, else one derived."""
+        if _CALL_ID.match(self.tool_call_id):
+            return self.tool_call_id
+        return f"call-{_digest('call-id', self.tool_call_id)[:40]}"
+
+    @property
+    def idempotency_key(self) -> str:
+        # Keys are scoped per principal, not per task: the conversation keeps two
+        # conversations' equal tool-call ids apart.
+        return f"pydantic-ai.call.{_digest('call', self.conversation_id, self.tool_call_id)[:48]}"
+
+    async def send(
+        self, task: OpenTask, *, wait: Literal["settled", "ended"], timeout: float = 300.0
+    ) -> CallResult:
+        return await task.call(
+            self.tool,
+            self.arguments,
+            call_id=self.call_id,
+            idempotency_key=self.idempotency_key,
+            wait=wait,
+            timeout=timeout,
+        )
+
+    def deferral(
+        self,
+        task_id: str,
+        state: str,
+        reason: str | None,
+        *,
+        step_id: str | None = None,
+        reconcile_command: str | None = None,
+        arguments_digest: str | None = None,
+    ) -> dict[str, Any]:
+        return {
+            METADATA_KEY: {
+                "conversation_id": self.conversation_id,
+                "task_id": task_id,
+                "step_id": step_id or self.call_id,
+                "tool": self.tool,
+                "state": state,
+                "reason": reason,
+                "reconcile_command": reconcile_command,
+                "arguments_digest": arguments_digest,
+            }
+        }
+
+
+async def _told(task: OpenTask, answer: CallResult) -> Any:
+    """What the model is told about a call that ended: its result, or a ``ModelRetry`` /
+    ``ToolFailed`` (returned, for the caller to raise or hand over)."""
+    if answer.succeeded:
+        result = answer.result or (
+            {"resource_id": answer.resource_id} if answer.resource_id else {}
+        )
+        if answer.repeat_of is not None:
+            return ALREADY_DONE + json.dumps(result, sort_keys=True, default=str)
+        return result
+    reason = answer.failure_reason or answer.state
+    if answer.state == "denied":
+        return ToolFailed(f"denied by a person: {reason}. Do not call it again for this.")
+    if answer.state == "abandoned":
+        return ToolFailed(
+            f"abandoned by an operator: {reason}. Whether it took effect is for a person "
+            "to settle; do not call it again."
+        )
+    if await _had_no_effect(task, answer):
+        return ModelRetry(f"rejected, nothing was done: {reason}")
+    return ToolFailed(
+        f"failed: {reason}. onceflow has retried it as far as its budget allows; calling "
+        "it again will not help."
+    )
+
+
+async def _had_no_effect(task: OpenTask, answer: CallResult) -> bool:
+    """Whether a failed call was refused outright: its arguments were invalid, or every
+    attempt was known to change nothing and the last was a permanent rejection."""
+    status = await task.status()
+    step_id = answer.repeat_of or answer.step_id
+    step = next((s for s in status.get("steps", []) if s.get("step_id") == step_id), None)
+    if step is None:
+        return False
+    outcomes = [str(attempt.get("outcome")) for attempt in step.get("attempts", [])]
+    if not outcomes:
+        return "invalid arguments" in str(step.get("failure_reason") or "")
+    return outcomes[-1] == "rejected" and set(outcomes) <= _NO_EFFECT_OUTCOMES
+
+
+def _told_about_refusal(failure: Exception) -> ModelRetry | ToolFailed | None:
+    """What the model is told when the gateway refused the call before anything was
+    recorded; None when no answer came and the call may have reached the task."""
+    if isinstance(failure, httpx.TransportError | RequestInProgress):
+        return None
+    assert isinstance(failure, OnceflowError)
+    if isinstance(failure, CallRefused):
+        return ToolFailed(f"refused, nothing was done: {failure.reason}")
+    if failure.problem_type == "invalid-request":
+        return ModelRetry(f"invalid arguments, nothing was done: {_problem_text(failure)}")
+    if failure.problem_type in ("tool-not-allowed", "unknown-tool"):
+        return ToolFailed(f"not available, nothing was done: {_problem_text(failure)}")
+    if failure.problem_type in _UNANSWERED_PROBLEMS or failure.status >= 500:
+        return None
+    # Anything else (a key reused for another call, bad credentials) is the program's
+    # mistake, not the model's: it ends the run.
+    raise failure
+
+
+def _problem_text(failure: OnceflowError) -> str:
+    detail = str(failure.problem.get("detail") or failure.problem.get("title") or "")
+    errors = failure.problem.get("errors") or []
+    where = "; ".join(
+        f"{'.'.join(str(part) for part in error.get('loc', [])) or 'arguments'}: "
+        f"{error.get('msg', '')}"
+        for error in errors
+        if isinstance(error, dict)
+    )
+    return f"{detail} ({where})" if where else detail
+
+
+def _describe(failure: Exception) -> str:
+    if isinstance(failure, OnceflowError):
+        return f"onceflow answered {failure.status} {failure.problem_type}"
+    return f"onceflow's answer was lost ({type(failure).__name__})"
+
+
+async def _reconcile_command(task: OpenTask, answer: CallResult) -> str | None:
+    try:
+        status = await task.status()
+    except (OnceflowError, httpx.HTTPError):
+        return None  # the command is a courtesy; the call's state is what matters
+    for step in status.get("steps", []):
+        if step.get("step_id") == (answer.repeat_of or answer.step_id):
+            command = step.get("reconcile_command")
+            return str(command) if command else None
+    return None
+
+
+def _conversation_of(ctx: RunContext[Any]) -> str:
+    conversation = ctx.conversation_id or ctx.run_id
+    if not conversation:
+        raise ValueError("onceflow tools are called inside an agent run")
+    return conversation
+
+
+def _task_key(conversation_id: str) -> str:
+    return f"pydantic-ai.task.{_digest('task', conversation_id)[:48]}"
+
+
+def _digest(*parts: str) -> str:
+    return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()
