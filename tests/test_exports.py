@@ -84,14 +84,23 @@ TOOLS = [
     "tool_activities",
 ]
 CLIENT = [
+    "BackendUnavailable",
+    "BadRequest",
     "CallRefused",
     "CallResult",
+    "Conflict",
+    "DecisionConflict",
     "IdempotencyKeyReused",
+    "InvalidIdempotencyKey",
+    "NotFound",
     "OnceflowClient",
     "OnceflowError",
     "OpenTask",
+    "PermissionDenied",
+    "RateLimited",
     "RequestInProgress",
     "TaskResult",
+    "Unauthenticated",
     "new_idempotency_key",
 ]
 

@@ -19,30 +19,54 @@ keys handled by the client (a new one per call, the same one for that call's ret
         if answer.waiting_for_person:                         # parked / awaiting approval
             answer = await task.wait(answer)                  # until a person decides
 
-Errors are ``OnceflowError`` subclasses named after the gateway's problem types. A
-network failure is safe to retry with the same key: ``call_tool(..., retries=n)`` does it.
+The client sends a request again by itself, always under the same key, after a lost
+answer, ``409 request-in-progress``, ``429`` and ``503`` (``retries`` times, default 2,
+after ``Retry-After``). Refusals are ``OnceflowError`` subclasses, one per status the
+gateway documents (``BadRequest``, ``Unauthenticated``, ``PermissionDenied``,
+``NotFound``, ``Conflict``, ``IdempotencyKeyReused``, ``RateLimited``,
+``BackendUnavailable``…), each with the problem document and a numeric ``retry_after``.
 """
 
 from onceflow_client._client import (
-    CallRefused,
     CallResult,
-    IdempotencyKeyReused,
     OnceflowClient,
-    OnceflowError,
     OpenTask,
-    RequestInProgress,
     TaskResult,
     new_idempotency_key,
 )
+from onceflow_client._errors import (
+    BackendUnavailable,
+    BadRequest,
+    CallRefused,
+    Conflict,
+    DecisionConflict,
+    IdempotencyKeyReused,
+    InvalidIdempotencyKey,
+    NotFound,
+    OnceflowError,
+    PermissionDenied,
+    RateLimited,
+    RequestInProgress,
+    Unauthenticated,
+)
 
 __all__ = [
+    "BackendUnavailable",
+    "BadRequest",
     "CallRefused",
     "CallResult",
+    "Conflict",
+    "DecisionConflict",
     "IdempotencyKeyReused",
+    "InvalidIdempotencyKey",
+    "NotFound",
     "OnceflowClient",
     "OnceflowError",
     "OpenTask",
+    "PermissionDenied",
+    "RateLimited",
     "RequestInProgress",
     "TaskResult",
+    "Unauthenticated",
     "new_idempotency_key",
 ]

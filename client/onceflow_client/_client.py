@@ -1,17 +1,18 @@
 """``OnceflowClient``: the gateway's HTTP API for Python agent runtimes (httpx).
 
 It depends on nothing of onceflow's server side, so an agent runtime can install it
-alone. Exception tree::
-
-    OnceflowError                 any problem+json answer (``status``, ``problem_type``)
-    ├── IdempotencyKeyReused      422: the key names a different earlier request
-    ├── RequestInProgress         409: another request with the key is starting the task
-    └── CallRefused               409: an open task refused a call (``reason``), or the
-                                  task is a plan, not an open task
+alone. Its exceptions (``_errors``) are one class per status the gateway documents.
 
 An open task (``OnceflowClient.open_task``) is one task for an agent's whole loop: each
 ``OpenTask.call`` is a step under the task's one retry budget, sent with a key of its own
 that the client reuses for that call's retries, so a lost answer never makes a second call.
+
+What the client retries by itself, always sending the same request under the same
+``Idempotency-Key`` (so a retry never makes a second effect): a connection that failed or
+dropped, a timeout, ``409 request-in-progress``, ``429`` and ``503``; at most ``retries``
+times per request (default 2), waiting what ``Retry-After`` asks or else 0.5 s, 1 s,
+2 s… (never more than ``LONGEST_RETRY_WAIT``: a longer ``Retry-After`` is raised at once,
+for the caller to decide). Everything else is raised as it came.
 """
 
 import asyncio
@@ -25,56 +26,56 @@ from typing import Any, Literal, Self
 
 import httpx
 
+from onceflow_client._errors import (
+    BackendUnavailable,
+    CallRefused,
+    OnceflowError,
+    RateLimited,
+    RequestInProgress,
+    problem_error,
+)
+
+__all__ = [
+    # The exceptions lived here before ``_errors``: the adapters import them from here.
+    "CallRefused",
+    "CallResult",
+    "OnceflowClient",
+    "OnceflowError",
+    "OpenTask",
+    "RequestInProgress",
+    "TaskResult",
+    "new_idempotency_key",
+]
+
 TERMINAL_STATES = frozenset({"succeeded", "failed", "closed"})
 ENDED_CALL_STATES = frozenset({"succeeded", "failed", "denied", "abandoned"})
 """States a call of an open task never leaves."""
-_PROBLEM = "urn:onceflow:problem:"
-_RETRIED_PROBLEMS = frozenset({"request-in-progress", "backend-unavailable", "key-quota-exceeded"})
-"""Answers a retry with the same key may turn into a result (after ``Retry-After``)."""
-_LONGEST_RETRY_AFTER = 30.0
+RETRIED_ERRORS: tuple[type[OnceflowError], ...] = (
+    RequestInProgress,
+    RateLimited,
+    BackendUnavailable,
+)
+"""Refusals the client sends again by itself (the same request, the same key): answers a
+later retry may turn into a result."""
+RETRIED_TRANSPORT_ERRORS: tuple[type[httpx.TransportError], ...] = (
+    httpx.NetworkError,
+    httpx.TimeoutException,
+    httpx.RemoteProtocolError,
+)
+"""Failures after which the request may or may not have reached the gateway: only the
+same key is safe to send again (connect, read and write errors and timeouts, a connection
+closed mid-answer)."""
+FIRST_BACKOFF = 0.5
+"""Seconds before the first retry when the gateway gave no ``Retry-After``; doubled for
+each retry after it. Default 0.5."""
+LONGEST_RETRY_WAIT = 30.0
+"""The longest wait before a retry, in seconds. A ``Retry-After`` asking for more is not
+waited for: the refusal is raised with its ``retry_after``. Default 30."""
 
 
 def new_idempotency_key() -> str:
     """A fresh high-entropy key for one logical call (no personal data in it)."""
     return f"ofc-{uuid.uuid4()}"
-
-
-class OnceflowError(Exception):
-    """The gateway refused a request; ``problem`` is its RFC 9457 document."""
-
-    def __init__(self, status: int, problem: dict[str, Any]) -> None:
-        super().__init__(f"{status} {problem.get('title', '')}: {problem.get('detail', '')}")
-        self.status = status
-        self.problem = problem
-
-    @property
-    def problem_type(self) -> str:
-        """The problem's type slug, e.g. ``idempotency-key-reused``."""
-        return str(self.problem.get("type", "")).removeprefix(_PROBLEM)
-
-
-class IdempotencyKeyReused(OnceflowError):
-    """The key was used before for a different request; use a new key."""
-
-
-class RequestInProgress(OnceflowError):
-    """Another request with this key is starting the task; retry with the same key."""
-
-    @property
-    def retry_after(self) -> float:
-        """Seconds the gateway asked to wait."""
-        return float(self.problem.get("retry_after_seconds", 1))
-
-
-class CallRefused(OnceflowError):
-    """An open task refused a call before anything was recorded (it is closed or closing,
-    its budget or deadline is spent, the call id names another call), or the task is a
-    plan. Send a corrected call with a new key; this key keeps the refusal."""
-
-    @property
-    def reason(self) -> str:
-        """The task's reason, in its own words."""
-        return str(self.problem.get("reason") or self.problem.get("detail", ""))
 
 
 @dataclass(frozen=True)
@@ -326,7 +327,23 @@ class OpenTask:
 
 
 class OnceflowClient:
-    """Calls the gateway as one principal (its API key)."""
+    """Calls the gateway as one principal (its API key).
+
+    Every method that takes ``retries`` sends its request again by itself, unchanged and
+    under the same ``Idempotency-Key``, after a lost answer (a connection that failed or
+    dropped, a timeout) and after ``409 request-in-progress``, ``429`` and ``503``: at
+    most ``retries`` times (default 2, so three attempts), waiting what ``Retry-After``
+    asks, or else 0.5 s, then 1 s, 2 s…; a ``Retry-After`` longer than
+    ``LONGEST_RETRY_WAIT`` (30 s) is raised at once. httpx itself retries nothing. What is
+    left is raised: an ``OnceflowError`` subclass for a refusal (its ``retry_after`` in
+    seconds), the ``httpx.TransportError`` for a lost answer.
+
+    Args:
+        base_url: The gateway, e.g. ``http://127.0.0.1:8080``.
+        api_key: The principal's API key (sent as ``Authorization: Bearer``).
+        timeout: Seconds for each request (connect, read, write, pool). Default 30.
+        transport: An httpx transport (tests, proxies). Default httpx's own.
+    """
 
     def __init__(
         self,
@@ -367,7 +384,22 @@ class OnceflowClient:
         idempotency_key: str,
         retries: int = 2,
     ) -> TaskResult:
-        """Call one tool; a lost response is retried with the same key, never a new one."""
+        """Call one tool as a one-step task; a lost response is retried with the same key,
+        never a new one.
+
+        Args:
+            tool: The tool's name.
+            arguments: The tool's arguments.
+            idempotency_key: One key per logical call: the same one for its retries.
+            retries: Retries of the request with the same key (see the class). Default 2.
+
+        Raises:
+            BadRequest: Invalid arguments, or an unusable key (``InvalidIdempotencyKey``).
+            IdempotencyKeyReused: The key was used for another request.
+            PermissionDenied: The principal may not call the tool.
+            NotFound: No tool of that name.
+            OnceflowError: Any other refusal (``status``, ``problem``, ``retry_after``).
+        """
         return await self._post_task(f"/v1/tools/{tool}/calls", arguments, idempotency_key, retries)
 
     async def start_task(
@@ -378,7 +410,10 @@ class OnceflowClient:
         budget: dict[str, Any] | None = None,
         retries: int = 2,
     ) -> TaskResult:
-        """Start a multi-step task (``steps``: ``step_id``, ``tool``, ``arguments``)."""
+        """Start a multi-step task (``steps``: ``step_id``, ``tool``, ``arguments``).
+
+        Retries and raises as ``call_tool``.
+        """
         body: dict[str, Any] = {"steps": steps}
         if budget is not None:
             body["budget"] = budget
@@ -452,23 +487,33 @@ class OnceflowClient:
         )
         return OpenTask(self, _task_result(response))
 
-    async def list_tools(self) -> list[dict[str, Any]]:
+    async def list_tools(self, *, retries: int = 2) -> list[dict[str, Any]]:
         """The gateway's catalogue (``GET /v1/tools``): each tool's ``name``,
         ``description``, ``input_schema`` (JSON Schema), ``annotations`` (its effect
         contract as MCP hints), ``requires_approval`` and ``dedupe``.
 
+        Args:
+            retries: Retries after a lost answer or a 503 (see the class). Default 2.
+
         Raises:
             OnceflowError: The gateway refused the request (``status``, ``problem``).
         """
-        response = await self._http.get("/v1/tools")
-        _raise_for_problem(response)
+        response = await self._send("GET", "/v1/tools", retries=retries)
         tools: list[dict[str, Any]] = response.json()
         return tools
 
-    async def status(self, task_id: str) -> dict[str, Any]:
-        """The task's full status (every step's arguments, attempts and evidence)."""
-        response = await self._http.get(f"/v1/tasks/{task_id}")
-        _raise_for_problem(response)
+    async def status(self, task_id: str, *, retries: int = 2) -> dict[str, Any]:
+        """The task's full status (every step's arguments, attempts and evidence).
+
+        Args:
+            task_id: The task's id.
+            retries: Retries after a lost answer or a 503 (see the class). Default 2.
+
+        Raises:
+            NotFound: No task of that id for the principal's tenant.
+            OnceflowError: The gateway refused the request (``status``, ``problem``).
+        """
+        response = await self._send("GET", f"/v1/tasks/{task_id}", retries=retries)
         status: dict[str, Any] = response.json()
         return status
 
@@ -506,51 +551,48 @@ class OnceflowClient:
         retries: int,
         params: dict[str, str] | None = None,
     ) -> httpx.Response:
-        """POST, retried with the same key on a lost answer and on the answers a retry
-        may turn into a result (a request in progress, 503, 429), after ``Retry-After``."""
+        """POST under ``idempotency_key``, retried as the module says."""
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key is not None else {}
+        return await self._send(
+            "POST", path, json=body, headers=headers, params=params, retries=retries
+        )
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        retries: int,
+        json: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+        params: dict[str, str] | None = None,
+    ) -> httpx.Response:
+        """One request, sent again unchanged (same key) after a lost answer or a refusal
+        in ``RETRIED_ERRORS``, at most ``retries`` times; the last failure is raised."""
         for attempt in range(retries + 1):
             try:
-                response = await self._http.post(path, json=body, headers=headers, params=params)
-            except httpx.TransportError:
+                response = await self._http.request(
+                    method, path, json=json, headers=headers, params=params
+                )
+            except RETRIED_TRANSPORT_ERRORS:
                 # The request may have reached the gateway: only the same key is safe.
                 if attempt == retries:
                     raise
-                await asyncio.sleep(0.5 * 2**attempt)
+                await asyncio.sleep(_backoff(attempt))
                 continue
-            try:
-                _raise_for_problem(response)
-            except OnceflowError as problem:
-                if attempt == retries or problem.problem_type not in _RETRIED_PROBLEMS:
-                    raise
-                await asyncio.sleep(_retry_after(problem))
-                continue
-            return response
+            error = problem_error(response)
+            if error is None:
+                return response
+            wait = _retry_wait(error, attempt)
+            if attempt == retries or wait is None:
+                raise error
+            await asyncio.sleep(wait)
         raise AssertionError("unreachable")
 
     async def _post_task(
         self, path: str, body: dict[str, Any], idempotency_key: str, retries: int
     ) -> TaskResult:
-        for attempt in range(retries + 1):
-            try:
-                response = await self._http.post(
-                    path, json=body, headers={"Idempotency-Key": idempotency_key}
-                )
-            except httpx.TransportError:
-                # The request may have reached the gateway: only the same key is safe.
-                if attempt == retries:
-                    raise
-                await asyncio.sleep(0.5 * 2**attempt)
-                continue
-            try:
-                _raise_for_problem(response)
-            except RequestInProgress as busy:
-                if attempt == retries:
-                    raise
-                await asyncio.sleep(busy.retry_after)
-                continue
-            return _task_result(response)
-        raise AssertionError("unreachable")
+        return _task_result(await self._post_keyed(path, body, idempotency_key, retries=retries))
 
 
 def _task_result(response: httpx.Response) -> TaskResult:
@@ -571,30 +613,14 @@ def _duration(value: timedelta | float | str) -> float | str:
     return value
 
 
-def _retry_after(problem: OnceflowError) -> float:
-    try:
-        seconds = float(problem.problem.get("retry_after_seconds", 1))
-    except (TypeError, ValueError):
-        seconds = 1.0
-    return min(max(seconds, 0.1), _LONGEST_RETRY_AFTER)
+def _backoff(attempt: int) -> float:
+    return min(FIRST_BACKOFF * 2.0**attempt, LONGEST_RETRY_WAIT)
 
 
-def _raise_for_problem(response: httpx.Response) -> None:
-    if response.status_code < 400:
-        return
-    try:
-        problem = response.json()
-    except ValueError:
-        problem = {"title": response.reason_phrase, "detail": response.text[:200]}
-    if not isinstance(problem, dict):
-        problem = {"detail": str(problem)[:200]}
-    if "Retry-After" in response.headers:
-        problem.setdefault("retry_after_seconds", response.headers["Retry-After"])
-    kind = str(problem.get("type", "")).removeprefix(_PROBLEM)
-    error_class: type[OnceflowError] = {
-        "idempotency-key-reused": IdempotencyKeyReused,
-        "request-in-progress": RequestInProgress,
-        "call-refused": CallRefused,
-        "task-not-open": CallRefused,
-    }.get(kind, OnceflowError)
-    raise error_class(response.status_code, problem)
+def _retry_wait(error: OnceflowError, attempt: int) -> float | None:
+    """Seconds to wait before sending a refused request again; None: do not."""
+    if not isinstance(error, RETRIED_ERRORS):
+        return None
+    if error.retry_after is None:
+        return _backoff(attempt)
+    return error.retry_after if error.retry_after <= LONGEST_RETRY_WAIT else None

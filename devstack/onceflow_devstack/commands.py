@@ -2,7 +2,9 @@
 ``onceflow dev``, ``onceflow demo`` and ``onceflow provider``."""
 
 import asyncio
+import dataclasses
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Annotated, TypeVar
 
 import typer
@@ -10,13 +12,18 @@ import typer
 from onceflow.cli.plugin import CommandFailed, console, errors, operate, stop_on_signals
 from onceflow.telemetry import process_telemetry
 from onceflow_devstack.binaries import MissingBinary
+from onceflow_devstack.ports import PortInUse, StackPorts
 from onceflow_devstack.stack import StackAlreadyRunning
-from onceflow_devstack.temporal import PortInUse
 
 T = TypeVar("T")
 
 TemporalPort = Annotated[int, typer.Option(help="Temporal gRPC port.")]
 UiPort = Annotated[int, typer.Option(help="Temporal Web UI port.")]
+_PORTS = "Ports"
+
+
+def _port(text: str) -> object:
+    return typer.Option(min=0, max=65535, help=text, rich_help_panel=_PORTS, show_default=False)
 
 
 def register(app: typer.Typer) -> None:
@@ -26,10 +33,60 @@ def register(app: typer.Typer) -> None:
     app.command("provider")(provider)
 
 
-def dev(temporal_port: TemporalPort = 7233, ui_port: UiPort = 8233) -> None:
-    """Run the embedded stack in the foreground until Ctrl-C: PostgreSQL, Temporal, a worker."""
+def dev(
+    port_base: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=65535 - 6,
+            rich_help_panel=_PORTS,
+            help="Take seven consecutive ports from N: Temporal N, its Web UI N+1, the gateway "
+            "N+2, the Stripe-compatible provider N+3, SMTP N+4, the SMTP sink's side door "
+            "N+5, the deployment target N+6. Default: Temporal 7233 and 8233; the others "
+            "8080, 12111, 2525, 12113, 12112 or any free port when those are taken.",
+        ),
+    ] = None,
+    temporal_port: Annotated[int | None, _port("Temporal gRPC port (overrides the base).")] = None,
+    ui_port: Annotated[int | None, _port("Temporal Web UI port.")] = None,
+    gateway_port: Annotated[int | None, _port("The gateway's HTTP API port.")] = None,
+    provider_port: Annotated[int | None, _port("The Stripe-compatible provider's port.")] = None,
+    smtp_port: Annotated[int | None, _port("The SMTP sink's port.")] = None,
+    smtp_control_port: Annotated[int | None, _port("The SMTP sink's JSON side door.")] = None,
+    deploy_target_port: Annotated[int | None, _port("The deployment target's port.")] = None,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option(
+            file_okay=False,
+            help="The stack's data, logs and dev.env (default: ONCEFLOW_STATE_DIR or "
+            "./.onceflow). One stack per folder: run a second stack with its own folder and "
+            "ports.",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Run the embedded stack in the foreground until Ctrl-C: PostgreSQL, Temporal, a worker,
+    the gateway and the local far sides.
+
+    Another shell joins it with `source <state dir>/dev.env`. A second stack on the same
+    state folder is refused (exit 1), as is a port another program holds.
+    """
     from onceflow.cli._configuration import loaded_configuration
     from onceflow_devstack.stack import embedded_stack
+
+    ports = _chosen_ports(
+        port_base,
+        temporal=temporal_port,
+        ui=ui_port,
+        gateway=gateway_port,
+        provider=provider_port,
+        smtp=smtp_port,
+        smtp_control=smtp_control_port,
+        deploy_target=deploy_target_port,
+    )
+    configuration = loaded_configuration()
+    if state_dir is not None:
+        settings = configuration.onceflow.model_copy(update={"state_dir": state_dir})
+        configuration = configuration.model_copy(update={"onceflow": settings})
 
     async def body() -> None:
         stop, ready = asyncio.Event(), asyncio.Event()
@@ -37,9 +94,8 @@ def dev(temporal_port: TemporalPort = 7233, ui_port: UiPort = 8233) -> None:
         async with (
             process_telemetry("onceflow-dev"),
             embedded_stack(
-                loaded_configuration(),
-                temporal_port=temporal_port,
-                ui_port=ui_port,
+                configuration,
+                ports=ports,
                 progress=lambda message: errors.print(f"[dim]… {message}[/]"),
             ) as stack,
         ):
@@ -52,6 +108,14 @@ def dev(temporal_port: TemporalPort = 7233, ui_port: UiPort = 8233) -> None:
         console.print("stopped cleanly")
 
     operate(_phrased(body))
+
+
+def _chosen_ports(base: int | None, **flags: int | None) -> StackPorts:
+    """The base's ports (or the defaults), each flag given overriding its own."""
+    ports = StackPorts.from_base(base) if base is not None else StackPorts()
+    return dataclasses.replace(
+        ports, **{name: port for name, port in flags.items() if port is not None}
+    )
 
 
 def demo(

@@ -29,11 +29,13 @@ from onceflow_devstack.email_deploy_services import (
     running_stack_smtp_sink_control_url,
 )
 from onceflow_devstack.gateway import running_stack_gateway
+from onceflow_devstack.ports import StackPorts
 from onceflow_devstack.stack import (
     StackAlreadyRunning,
     embedded_stack,
     running_stack_database_url,
     running_stack_provider_url,
+    running_stack_temporal,
 )
 
 
@@ -57,8 +59,7 @@ async def run_demo(
     try:
         async with embedded_stack(
             configuration,
-            temporal_port=temporal_port,
-            ui_port=ui_port,
+            ports=StackPorts(temporal=temporal_port, ui=ui_port),
             progress=lambda message: console.print(f"[dim]… {message}[/]"),
         ) as stack:
             entered = True
@@ -92,12 +93,16 @@ async def run_demo(
         if database_url is None:
             raise
         console.print("[dim]… using the running `onceflow dev` stack[/]")
+        temporal_address, ui_url = running_stack_temporal(settings.state_dir) or (
+            f"127.0.0.1:{temporal_port}",
+            f"http://localhost:{ui_port}",
+        )
         await _scenario(
             console,
             _Endpoints(
-                f"127.0.0.1:{temporal_port}",
+                temporal_address,
                 database_url,
-                f"http://localhost:{ui_port}",
+                ui_url,
                 settings.task_queue,
                 local_provider_url=running_stack_provider_url(settings.state_dir),
                 local_deploy_target_url=running_stack_deploy_target_url(settings.state_dir),
@@ -135,8 +140,7 @@ async def run_agent_demo(
     try:
         async with embedded_stack(
             configuration,
-            temporal_port=temporal_port,
-            ui_port=ui_port,
+            ports=StackPorts(temporal=temporal_port, ui=ui_port),
             progress=lambda message: console.print(f"[dim]… {message}[/]"),
         ) as stack:
             entered = True
@@ -170,12 +174,13 @@ async def run_agent_demo(
             "[dim]… using the running `onceflow dev` stack (start it with "
             "ONCEFLOW_TOOLS=support_agent)[/]"
         )
+        recorded = running_stack_temporal(settings.state_dir)
         await scripted_demo(
             gateway_url=gateway[0],
             api_key=gateway[1],
             database_url=database_url,
             provider_url=provider_url,
-            temporal_address=f"127.0.0.1:{temporal_port}",
+            temporal_address=recorded[0] if recorded else f"127.0.0.1:{temporal_port}",
             task_queue=settings.task_queue,
             sink_control_url=running_stack_smtp_sink_control_url(settings.state_dir),
             say=say,

@@ -17,14 +17,17 @@ from typing import TypeVar
 from onceflow.deployments import DeployTargetSettings
 from onceflow.email import EmailSettings, serve_relay
 from onceflow_devstack.deploy_target import running_deploy_target
+from onceflow_devstack.ports import (
+    DEFAULT_PORTS,
+    DEPLOY_TARGET_PORT,
+    FLAGS,
+    SINK_CONTROL_PORT,
+    SMTP_PORT,
+    PortInUse,
+    StackPorts,
+)
 from onceflow_devstack.smtp_sink import running_smtp_sink
 
-SMTP_PORT = 2525
-"""The local SMTP sink's port when free (else any free one)."""
-SINK_CONTROL_PORT = 12113
-"""Port of the sink's JSON side door when free (else any free one)."""
-DEPLOY_TARGET_PORT = 12112
-"""The local deployment target's port when free (else any free one)."""
 LOCAL_STEP_SECONDS = 0.3
 """Simulated work per deployment step at the local target, so progress is visible."""
 
@@ -81,10 +84,15 @@ async def email_and_deploy_services(
     email: EmailSettings,
     deploy_target: DeployTargetSettings,
     database_url: str,
+    ports: StackPorts = DEFAULT_PORTS,
     progress: Callable[[str], None] = lambda message: None,
 ) -> AsyncIterator[EmailAndDeployEndpoints]:
     """Run the sink and target (where ``email`` and ``deploy_target`` name none) and one
-    relay; the endpoints name the settings the stack's worker then uses."""
+    relay; the endpoints name the settings the stack's worker then uses.
+
+    The sink and target listen on ``ports``' ``smtp``, ``smtp_control`` and
+    ``deploy_target`` (see ``StackPorts`` for a port left unchosen).
+    """
     for name in (_SINK_CONTROL_FILE, _TARGET_URL_FILE):
         (state_dir / name).unlink(missing_ok=True)
     deploy = deploy_target
@@ -96,10 +104,10 @@ async def email_and_deploy_services(
             progress("starting the local SMTP sink")
             sink = await _on_port_or_any(
                 exits,
-                lambda port: running_smtp_sink(
-                    port=port, control_port=SINK_CONTROL_PORT if port else 0
-                ),
-                SMTP_PORT,
+                lambda port, control_port: running_smtp_sink(port=port, control_port=control_port),
+                (ports.smtp, ports.smtp_control),
+                (SMTP_PORT, SINK_CONTROL_PORT),
+                (FLAGS["smtp"], FLAGS["smtp_control"]),
             )
             email = email.model_copy(update={"smtp_url": sink.smtp_url})
             control_url = sink.control_url
@@ -111,7 +119,9 @@ async def email_and_deploy_services(
             target = await _on_port_or_any(
                 exits,
                 lambda port: running_deploy_target(port=port, step_seconds=LOCAL_STEP_SECONDS),
-                DEPLOY_TARGET_PORT,
+                (ports.deploy_target,),
+                (DEPLOY_TARGET_PORT,),
+                (FLAGS["deploy_target"],),
             )
             deploy = deploy.model_copy(update={"url": target.url})
         (state_dir / _TARGET_URL_FILE).write_text(deploy.url or "")
@@ -133,13 +143,31 @@ async def email_and_deploy_services(
 
 async def _on_port_or_any(
     exits: AsyncExitStack,
-    start: Callable[[int], contextlib.AbstractAsyncContextManager[T]],
-    port: int,
+    start: Callable[..., contextlib.AbstractAsyncContextManager[T]],
+    chosen: tuple[int | None, ...],
+    defaults: tuple[int, ...],
+    flags: tuple[str, ...],
 ) -> T:
-    try:
-        return await exits.enter_async_context(start(port))
-    except OSError:  # the port is taken, e.g. by another stack's service
-        return await exits.enter_async_context(start(0))
+    """Start a service on its ports: a chosen one exactly (refusing when it is taken), one
+    left unchosen on its default, or on any free port when that is taken."""
+    wanted = tuple(
+        default if port is None else port for port, default in zip(chosen, defaults, strict=True)
+    )
+    anywhere = tuple(0 if port is None else port for port in chosen)
+    failure: OSError | None = None
+    for ports in dict.fromkeys((wanted, anywhere)):  # once when every port was chosen
+        try:
+            return await exits.enter_async_context(start(*ports))
+        except OSError as taken:  # a default taken, e.g. by another stack's service
+            failure = taken
+    given = [f"{port} ({flag})" for port, flag in zip(chosen, flags, strict=True) if port]
+    if not given:
+        assert failure is not None
+        raise failure
+    raise PortInUse(
+        f"port {' or '.join(given)} is already in use by another program; stop it or choose "
+        "other ports (--port-base N, or the flag)"
+    )
 
 
 def _recorded(path: Path) -> str | None:

@@ -5,9 +5,10 @@ key the first time; the key is kept in ``<state_dir>/dev_api_key`` (mode 0600) a
 while it still authenticates, so scripts can read it from there.
 """
 
+import errno
 import logging
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from onceflow.gateway import (
 )
 from onceflow.settings import OnceflowSettings
 from onceflow.storage import build_pool
+from onceflow_devstack.ports import FLAGS, GATEWAY_PORT, PortInUse
 
 DEV_TENANT = "dev"
 DEV_PRINCIPAL = "dev-agent"
@@ -51,11 +53,16 @@ async def running_gateway(
     state_dir: Path,
     database_url: str,
     temporal_address: str,
-    port: int,
+    port: int | None,
     gateway_settings: GatewaySettings | None = None,
     progress: Callable[[str], None] = lambda message: None,
 ) -> AsyncIterator[DevGateway]:
-    """Serve the HTTP API on ``127.0.0.1:port`` (another free port if it is taken)."""
+    """Serve the HTTP API on ``127.0.0.1:port``, or with ``port`` None on ``GATEWAY_PORT``
+    (another free port if that is taken).
+
+    Raises:
+        PortInUse: ``port`` is taken.
+    """
     # Imported here so that every other command does not load the web stack.
     from onceflow.gateway.http_api import build_app
     from onceflow.gateway.http_server import HttpServer
@@ -66,23 +73,32 @@ async def running_gateway(
     api_key = await _dev_api_key(database_url, state_dir / DEV_API_KEY_FILE)
     configured = gateway_settings or load_gateway_settings()
     load_configured_tools(settings.tools)  # before build_app: it documents a route per tool
-    app = build_app(
-        lambda: open_boundary(
-            settings,
-            configured,
-            database_url=database_url,
-            temporal_address=temporal_address,
+    # Opened before the server, as `onceflow gateway` does, so a failure to open it is the
+    # stack's start-up failure rather than a traceback uvicorn logs.
+    async with open_boundary(
+        settings, configured, database_url=database_url, temporal_address=temporal_address
+    ) as service:
+        server = HttpServer(
+            build_app(lambda: nullcontext(service)),
+            host="127.0.0.1",
+            port=GATEWAY_PORT if port is None else port,
+            handle_signals=False,
+            any_port_if_taken=port is None,
         )
-    )
-    server = HttpServer(
-        app, host="127.0.0.1", port=port, handle_signals=False, any_port_if_taken=True
-    )
-    url = await server.start()
-    (state_dir / "gateway_url").write_text(url)
-    try:
-        yield DevGateway(url=url, api_key=api_key, api_key_file=state_dir / DEV_API_KEY_FILE)
-    finally:
-        await server.stop()
+        try:
+            url = await server.start()
+        except OSError as taken:
+            if taken.errno != errno.EADDRINUSE:
+                raise
+            raise PortInUse(
+                f"port {port} ({FLAGS['gateway']}) is already in use by another program; "
+                "stop it or choose other ports (--port-base N, or the flag)"
+            ) from None
+        (state_dir / "gateway_url").write_text(url)
+        try:
+            yield DevGateway(url=url, api_key=api_key, api_key_file=state_dir / DEV_API_KEY_FILE)
+        finally:
+            await server.stop()
 
 
 async def _dev_api_key(database_url: str, key_file: Path) -> str:

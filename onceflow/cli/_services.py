@@ -4,7 +4,7 @@ it happens to find on the machine (``onceflow dev`` writes the settings to join 
 
 from typing import TYPE_CHECKING
 
-from onceflow.cli._failures import CommandFailed
+from onceflow.cli._failures import CommandFailed, ExitCode, database_unreachable
 from onceflow.settings import OnceflowSettings
 from onceflow.tools import ToolRegistrationError
 
@@ -23,9 +23,25 @@ def settings_and_database() -> tuple[OnceflowSettings, str]:
             "DATABASE_URL is not set; fix: set it to your PostgreSQL "
             "(postgresql://user:password@host/db), or to join a running `onceflow dev`: "
             "source .onceflow/dev.env",
-            exit_code=2,
+            exit_code=ExitCode.BAD_INPUT,
         )
     return settings, settings.database_url
+
+
+async def reach_database(database_url: str) -> None:
+    """Connect to PostgreSQL once, or fail with the reason and the fix.
+
+    A long-running command checks this before it says it is ready: its pool connects
+    lazily, so without the check a wrong ``DATABASE_URL`` would surface only at the first
+    request (or the first task's attempt), long after start-up looked fine.
+    """
+    import psycopg
+
+    try:
+        connection = await psycopg.AsyncConnection.connect(database_url, connect_timeout=5)
+    except psycopg.OperationalError as failed:
+        raise database_unreachable(failed) from None
+    await connection.close()
 
 
 def register_configured_tools(configuration: "OnceflowConfiguration") -> list[str]:
@@ -40,5 +56,5 @@ def register_configured_tools(configuration: "OnceflowConfiguration") -> list[st
         custom = load_tools(configuration.onceflow.tools)
         register_tools((*builtin, *custom))
     except (ToolRegistrationError, ValueError) as refused:
-        raise CommandFailed(str(refused), exit_code=2) from None
+        raise CommandFailed(str(refused), exit_code=ExitCode.BAD_INPUT) from None
     return [tool.name for tool in custom]

@@ -1,9 +1,13 @@
 """``onceflow``: run the embedded stack and workers, call tools, inspect and decide tasks.
 
-Every command fails with one line on standard error and a non-zero exit: 2 for bad
-input (a key already used for other arguments included), 1 for anything else.
-Machine-readable output (``call``, ``status --json``, ``tasks --json``) is JSON on
-standard output. ``call --wait`` leaves with the task's final state (``WAIT_EXIT_CODES``).
+Every command fails with one line per problem on standard error, the fix in it, and an
+exit code saying what kind of failure it was (``ExitCode``): 2 bad input or settings (a
+key already used for other arguments included), 69 Temporal or PostgreSQL unreachable,
+77 credentials refused, 1 anything else. Long-running commands (``worker``, ``relay``,
+``gateway``, ``mcp``, ``dev``) check their settings and reach their dependencies before
+they say they are ready, so a start-up failure is one of those lines too. Machine-readable
+output (``call``, ``status --json``, ``tasks --json``) is JSON on standard output.
+``call --wait`` leaves with the task's final state (``WAIT_EXIT_CODES``).
 """
 
 import asyncio
@@ -15,9 +19,13 @@ import typer
 
 from onceflow.cli._boundary import register as register_boundary_commands
 from onceflow.cli._configuration import register as register_configuration_commands
-from onceflow.cli._failures import CommandFailed, explain
+from onceflow.cli._failures import EXIT_CODES_HELP, CommandFailed, ExitCode, explain
 from onceflow.cli._render import render_status, render_task_list, task_list_json
-from onceflow.cli._services import register_configured_tools, settings_and_database
+from onceflow.cli._services import (
+    reach_database,
+    register_configured_tools,
+    settings_and_database,
+)
 from onceflow.cli._tools import register as register_tool_commands
 from onceflow.cli.plugin import (
     console,
@@ -45,6 +53,7 @@ from onceflow.workflows.task_models import (
 app = typer.Typer(
     name="onceflow",
     help="Durable, retry-safe agent tool calls on Temporal.",
+    epilog=EXIT_CODES_HELP,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -64,8 +73,8 @@ WAIT_EXIT_CODES: dict[TaskState, int] = {
     TaskState.AWAITING_APPROVAL: 5,
 }
 """``call --wait`` exits with the state the task stopped in: 0 succeeded, 3 failed,
-4 parked (a person must reconcile), 5 awaiting approval. 1 and 2 stay the command's own
-failures (2: bad input, e.g. a key already used for other arguments)."""
+4 parked (a person must reconcile), 5 awaiting approval. The codes of ``ExitCode`` stay the
+command's own failures (2: bad input, e.g. a key already used for other arguments)."""
 _WAIT_POLL_FIRST, _WAIT_POLL_MAX = 0.1, 1.0
 
 
@@ -102,6 +111,7 @@ def worker(temporal_address: TemporalAddress = None) -> None:
                 f"onceflow worker ready on task queue {settings.task_queue} (pid {os.getpid()})"
             )
 
+        await reach_database(database_url)
         async with process_telemetry("onceflow-worker"):
             await serve_worker(
                 configuration,
@@ -131,12 +141,14 @@ def relay() -> None:
             "SMTP_URL is not set; fix: set it to your SMTP relay (smtp://host:587 or "
             "smtps://user:password@host:465), or to join a running `onceflow dev`: "
             "source .onceflow/dev.env",
-            exit_code=2,
+            exit_code=ExitCode.BAD_INPUT,
         )
 
     async def body() -> None:
-        stop = asyncio.Event()
-        stop_on_signals(stop)
+        stop, ready = asyncio.Event(), asyncio.Event()
+        stop_on_signals(stop, ready=ready)
+        await reach_database(database_url)
+        ready.set()
         async with process_telemetry("onceflow-relay"):
             await serve_relay(
                 email,
@@ -227,7 +239,7 @@ async def _start_or_join(client: TaskClient, task: AgentTaskInput, workflow_id: 
     else:
         same = started_by == fingerprint
     if not same:
-        raise CommandFailed(KEY_REUSED_DETAIL, exit_code=2)
+        raise CommandFailed(KEY_REUSED_DETAIL, exit_code=ExitCode.BAD_INPUT)
 
 
 async def _until_settled(client: TaskClient, workflow_id: str) -> TaskStatus:
@@ -245,13 +257,15 @@ def _one_step_task(tool: str, tenant: str, principal: str, key: str, raw: str) -
     try:
         check_idempotency_key(key)
     except ValueError as malformed:
-        raise CommandFailed(str(malformed), exit_code=2) from None
+        raise CommandFailed(str(malformed), exit_code=ExitCode.BAD_INPUT) from None
     try:
         arguments: Any = json.loads(raw)
     except json.JSONDecodeError as error:
-        raise CommandFailed(f"--args is not valid JSON: {error}", exit_code=2) from None
+        raise CommandFailed(
+            f"--args is not valid JSON: {error}", exit_code=ExitCode.BAD_INPUT
+        ) from None
     if not isinstance(arguments, dict):
-        raise CommandFailed("--args must be a JSON object", exit_code=2)
+        raise CommandFailed("--args must be a JSON object", exit_code=ExitCode.BAD_INPUT)
     contract = CATALOGUE.get(tool)
     # Validated before anything starts, and normalized as the gateway does (defaults
     # filled in), so both fingerprint the same arguments the same way.
@@ -402,17 +416,24 @@ def _print_decision(answer: DecisionAnswer) -> None:
 
 @app.command()
 def migrate() -> None:
-    """Apply database migrations to DATABASE_URL (the stack does this on start)."""
+    """Apply database migrations to DATABASE_URL (the stack does this on start).
+
+    Prints what it applied and the schema version; a number no migration holds is named
+    with the reason (numbers are never reused, so a gap is not a failed migration).
+    """
     from onceflow.storage import apply_migrations
 
     settings = load_settings()
     if not settings.database_url:
-        raise CommandFailed("DATABASE_URL is not set")
+        raise CommandFailed(
+            "DATABASE_URL is not set; fix: set it to the PostgreSQL to migrate",
+            exit_code=ExitCode.BAD_INPUT,
+        )
     database_url = settings.database_url
 
     async def body() -> None:
-        applied = await apply_migrations(database_url)
-        console.print(f"applied migrations: {applied or 'none (up to date)'}")
+        status = await apply_migrations(database_url)
+        console.print(status.describe(), highlight=False, soft_wrap=True)
 
     operate(body)
 

@@ -1,9 +1,10 @@
 """What every ``onceflow`` command (and a distribution adding commands) runs on.
 
 ``operate`` runs a command's async body and turns any failure into one line and an exit
-code; ``stop_on_signals`` makes SIGINT/SIGTERM stop a long-running command cleanly. The
-embedded dev stack (``onceflow-devstack``) adds ``dev``, ``demo`` and ``provider`` through
-the ``onceflow.cli`` entry point group: each entry is a ``register(app)`` function.
+code (``ExitCode``); ``stop_on_signals`` makes SIGINT/SIGTERM stop a long-running command
+cleanly. The embedded dev stack (``onceflow-devstack``) adds ``dev``, ``demo`` and
+``provider`` through the ``onceflow.cli`` entry point group: each entry is a
+``register(app)`` function.
 """
 
 import asyncio
@@ -16,11 +17,12 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from onceflow.cli._failures import CommandFailed, explain
+from onceflow.cli._failures import CommandFailed, ExitCode, explain
 
 __all__ = [
     "ENTRY_POINT_GROUP",
     "CommandFailed",
+    "ExitCode",
     "console",
     "errors",
     "operate",
@@ -47,7 +49,7 @@ def operate(action: Callable[[], Awaitable[T]]) -> T:
         raise
     except asyncio.CancelledError:
         errors.print("stopped before it was ready")
-        raise typer.Exit(130) from None
+        raise typer.Exit(ExitCode.INTERRUPTED) from None
     except Exception as error:  # the one place every failure is phrased for the operator
         failure = explain(error)
         print_failure(failure)
@@ -118,6 +120,6 @@ def _needs_dev_stack(name: str) -> Callable[[], None]:
                 "pip install ./devstack, or `make dev`)"
             )
         )
-        raise typer.Exit(2)
+        raise typer.Exit(ExitCode.BAD_INPUT)
 
     return missing

@@ -27,9 +27,14 @@ before goes to the task it was sent to, even from another session. Boundary refu
 back as tool results with ``isError`` and the problem document, so the model can read why;
 an unknown tool is a protocol error.
 
-Over stdio the principal is fixed by ``ONCEFLOW_API_KEY``; over streamable HTTP each
-request authenticates with its own ``Authorization: Bearer`` header (several principals
-sharing one session each get a task of their own).
+Over stdio the principal is fixed by ``ONCEFLOW_API_KEY``, authenticated at start-up.
+Over streamable HTTP every request authenticates with its own ``Authorization: Bearer``
+header, ``initialize`` and ``tools/list`` included: the server's ``streamable_http_app``
+answers a request without a valid key ``401`` (``WWW-Authenticate: Bearer
+realm="onceflow"``, a problem document) before the MCP SDK reads it, so nobody who merely
+reaches the port learns the tools (several principals sharing one session each get a
+task of their own). ``tools/list`` shows the tools the principal may call, and the
+read-only task status tool.
 """
 
 import asyncio
@@ -50,8 +55,13 @@ import mcp_types as types
 from mcp.server import Server
 from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
+from starlette.applications import Starlette
+from starlette.datastructures import Headers
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from onceflow.gateway._errors import (
+    BackendUnavailable,
     BoundaryError,
     CallRefused,
     InvalidRequest,
@@ -89,6 +99,10 @@ _RESENDS = 3
 """Tasks a call is sent to at most (each before refused it, taking no more calls), and
 tasks a session tries to open at once."""
 _ENDED_SESSIONS_KEPT = 10_000
+_PRINCIPAL_STATE = "onceflow.principal"
+"""Where the HTTP gate leaves the principal it authenticated, in the request's state."""
+PROBLEM_JSON = "application/problem+json"
+WWW_AUTHENTICATE = 'Bearer realm="onceflow"'
 
 PrincipalResolver = Callable[[ServerRequestContext[Any, Any]], Awaitable[Principal]]
 
@@ -164,7 +178,7 @@ def build_mcp_server(
     *,
     session_task: Mapping[str, Any] | None = None,
     close_timeout: float = SESSION_CLOSE_TIMEOUT,
-) -> Server["McpSessions"]:
+) -> "BoundaryMcpServer":
     """An MCP server whose tools call ``service`` as the principal ``principal_of`` finds.
 
     Args:
@@ -194,7 +208,18 @@ def build_mcp_server(
     async def list_tools(
         ctx: ServerRequestContext[McpSessions, Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        tools = [tool_definition(contract) for contract in service.catalogue]
+        try:
+            principal = await principal_of(ctx)
+        except BoundaryError as refused:
+            code = types.INTERNAL_ERROR if refused.status >= 500 else types.INVALID_REQUEST
+            raise MCPError(code=code, message=refused.detail) from None
+        # What a principal may not call stays unlisted: its schema and annotations are
+        # none of its business (a call of it is still refused, 403, as over HTTP).
+        tools = [
+            tool_definition(contract)
+            for contract in service.catalogue
+            if principal.may_call(contract.name)
+        ]
         return types.ListToolsResult(tools=[*tools, _status_tool()])
 
     async def call_tool(
@@ -225,7 +250,8 @@ def build_mcp_server(
         except BoundaryError as refused:
             return _result(refused.problem(), is_error=True)
 
-    return Server(
+    return BoundaryMcpServer(
+        service,
         "onceflow",
         version="1",
         instructions=(
@@ -253,16 +279,87 @@ def fixed_principal(principal: Principal) -> PrincipalResolver:
 
 
 def bearer_principal(service: BoundaryService) -> PrincipalResolver:
-    """The resolver for streamable HTTP: the request's ``Authorization: Bearer`` key."""
+    """The resolver for streamable HTTP: the request's ``Authorization: Bearer`` key (the
+    principal the HTTP gate authenticated for the request, when it passed one)."""
 
     async def resolve(ctx: ServerRequestContext[Any, Any]) -> Principal:
+        scope = getattr(ctx.request, "scope", None)
+        state = scope.get("state") if isinstance(scope, dict) else None
+        gated = state.get(_PRINCIPAL_STATE) if isinstance(state, dict) else None
+        if isinstance(gated, Principal):
+            return gated
         headers = getattr(ctx.request, "headers", None)
-        authorization = headers.get("authorization", "") if headers is not None else ""
-        scheme, _, credentials = authorization.partition(" ")
-        key = credentials.strip() if scheme.lower() == "bearer" else None
-        return await service.authenticate(key)
+        return await service.authenticate(
+            _bearer_key(headers.get("authorization", "") if headers is not None else "")
+        )
 
     return resolve
+
+
+def _bearer_key(authorization: str) -> str | None:
+    scheme, _, credentials = authorization.partition(" ")
+    return credentials.strip() if scheme.lower() == "bearer" else None
+
+
+# ── streamable HTTP: no request reaches the SDK unauthenticated ─────────────────────
+
+
+class BoundaryMcpServer(Server["McpSessions"]):
+    """The SDK's server, whose streamable HTTP app lets no request without a valid API
+    key through to the SDK (``initialize`` and ``tools/list`` included).
+
+    Made by ``build_mcp_server``; ``streamable_http_app`` takes the SDK's options.
+    """
+
+    def __init__(self, service: BoundaryService, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._service = service
+
+    def streamable_http_app(self, **options: Any) -> Starlette:
+        """The SDK's streamable HTTP app behind ``BearerGate``."""
+        app = super().streamable_http_app(**options)
+        # Outermost of the app's own middleware: before routing, the transport's checks
+        # and the session manager, so an unauthenticated request touches no session.
+        app.add_middleware(BearerGate, service=self._service)
+        return app
+
+
+class BearerGate:
+    """ASGI middleware: every HTTP request authenticates with ``Authorization: Bearer``.
+
+    No key, another scheme, or an unknown or revoked key is answered ``401`` with
+    ``WWW-Authenticate: Bearer realm="onceflow"`` and a problem document, the database
+    being unreachable ``503`` with ``Retry-After``; nothing behind the gate runs. The
+    principal goes on in the request's state, so the handlers do not look it up again.
+    """
+
+    def __init__(self, app: ASGIApp, service: BoundaryService) -> None:
+        self._app = app
+        self._service = service
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":  # lifespan: the SDK's session manager starts and stops
+            await self._app(scope, receive, send)
+            return
+        key = _bearer_key(Headers(scope=scope).get("authorization", ""))
+        try:
+            principal = await self._service.authenticate(key)
+        except BoundaryError as refused:
+            await _problem_response(refused)(scope, receive, send)
+            return
+        state = {**scope.get("state", {}), _PRINCIPAL_STATE: principal}
+        await self._app({**scope, "state": state}, receive, send)
+
+
+def _problem_response(refused: BoundaryError) -> Response:
+    """The refusal as the HTTP API answers it: ``application/problem+json``."""
+    headers: dict[str, str] = {}
+    if refused.status == 401:
+        headers["WWW-Authenticate"] = WWW_AUTHENTICATE
+    if isinstance(refused, BackendUnavailable):
+        headers["Retry-After"] = str(refused.retry_after_seconds)
+    body = json.dumps(refused.problem(), sort_keys=True, separators=(",", ":"))
+    return Response(body, status_code=refused.status, media_type=PROBLEM_JSON, headers=headers)
 
 
 # ── sessions and their tasks ────────────────────────────────────────────────────────

@@ -77,8 +77,8 @@ def run(*arguments: str, env: dict[str, str] | None = None) -> subprocess.Comple
             2,
             "needs the resource id",
         ),
-        (["status", "t-1"], 1, "cannot reach Temporal"),
-        (["tasks", "--state", "parked"], 1, "cannot reach Temporal"),
+        (["status", "t-1"], 69, "cannot reach Temporal"),
+        (["tasks", "--state", "parked"], 69, "cannot reach Temporal"),
     ],
 )
 def test_bad_input_gets_one_line_and_a_nonzero_exit(

@@ -44,6 +44,11 @@ def state_dir(tmp_path: Path) -> Iterator[Path]:
     """The stack's state folder; whatever a failed test left running there is stopped."""
     state = tmp_path / "state"
     yield state
+    stop_what_is_left(state)
+
+
+def stop_what_is_left(state: Path) -> None:
+    """Stop the stack, Temporal server and PostgreSQL a failed test left in ``state``."""
     for pid_file, marker in (
         (state / "temporal.pid", b"start-dev"),
         (state / "dev.lock", b"\x00cli\x00dev"),
