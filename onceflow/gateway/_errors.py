@@ -11,9 +11,10 @@ into MCP tool errors). No message ever repeats a raw idempotency key or a reques
     ├── UnknownToolRequested             404  no tool of that name
     ├── TaskNotFound                     404  no such task for this tenant
     ├── MissingIdempotencyKey            400  a mutating call without a key
-    ├── MalformedIdempotencyKey          400  too long, or outside the key alphabet
+    ├── MalformedIdempotencyKey          400  too long, outside the key alphabet, or repeated
     ├── InvalidRequest                   400  the body does not validate (nothing reserved)
     ├── RequestTooLarge                  413  the body is larger than the gateway reads
+    ├── UnsupportedMediaType             415  a body that is not sent as JSON
     ├── KeyReusedWithDifferentRequest    422  same key, different fingerprint
     ├── RequestInProgress                409  another request holds the key's claim
     ├── DecisionRefused                  409  the task refused an approve/reconcile
@@ -22,6 +23,10 @@ into MCP tool errors). No message ever repeats a raw idempotency key or a reques
     ├── TaskNotOpen                      409  a call or close aimed at a plan, not an open task
     ├── QuotaExceeded                    429  too many new keys in this window
     └── BackendUnavailable               503  Temporal or PostgreSQL could not be reached
+        └── NotReady                     503  readiness: PostgreSQL or Temporal is down
+
+Every error that asks for a later retry (409 ``request-in-progress``, 429, every 503)
+carries ``retry_after_seconds``, sent as ``Retry-After``.
 
 A decision or call refusal stored in a key's record comes back from ``replayed_problem``
 as the same class and document, flagged ``replayed``.
@@ -46,6 +51,9 @@ class BoundaryError(Exception):
     replayed: bool = False
     """Whether this is the stored answer of an earlier request with the same key (sent
     with ``Idempotent-Replayed: true``), not a refusal made now."""
+    retry_after_seconds: int | None = None
+    """Seconds after which a retry may succeed (``Retry-After``); None for a refusal that
+    a retry of the same request cannot change."""
 
     def __init__(self, detail: str, **extensions: Any) -> None:
         super().__init__(detail)
@@ -117,7 +125,7 @@ class MissingIdempotencyKey(BoundaryError):
 
 
 class MalformedIdempotencyKey(BoundaryError):
-    """The idempotency key is too long or uses characters outside its alphabet."""
+    """The key is too long, outside its alphabet, or not one key (a repeat, a list)."""
 
     status = 400
     slug = "idempotency-key-malformed"
@@ -125,7 +133,7 @@ class MalformedIdempotencyKey(BoundaryError):
 
 
 class InvalidRequest(BoundaryError):
-    """The request body failed validation; nothing was reserved."""
+    """The body (or a path or query value) failed validation; nothing was reserved."""
 
     status = 400
     slug = "invalid-request"
@@ -138,6 +146,14 @@ class RequestTooLarge(BoundaryError):
     status = 413
     slug = "request-too-large"
     title = "Request body too large"
+
+
+class UnsupportedMediaType(BoundaryError):
+    """A body sent with a ``Content-Type`` other than JSON, or none; nothing was reserved."""
+
+    status = 415
+    slug = "unsupported-media-type"
+    title = "Unsupported media type"
 
 
 class KeyReusedWithDifferentRequest(BoundaryError):
@@ -220,6 +236,13 @@ class BackendUnavailable(BoundaryError):
     def __init__(self, detail: str, *, retry_after_seconds: int = 2, **extensions: Any) -> None:
         super().__init__(detail, **extensions)
         self.retry_after_seconds = retry_after_seconds
+
+
+class NotReady(BackendUnavailable):
+    """``GET /readyz``: PostgreSQL or Temporal does not answer; ``checks`` says which."""
+
+    slug = "not-ready"
+    title = "Not ready"
 
 
 def replayed_problem(problem: Mapping[str, Any]) -> BoundaryError:

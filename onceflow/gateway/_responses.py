@@ -4,7 +4,7 @@ One shape, ``TaskView``, for every transport and for both the first answer and i
 replays: the workflow's ``record_task_outcome`` activity renders the same view the
 gateway would, so a replay after a gateway crash is byte-for-byte the first answer.
 A call of an open task is answered with a ``CallView``. Neither view holds arguments,
-so records never retain request bodies.
+so records never retain request bodies. ``Readiness`` is what ``GET /readyz`` reports.
 """
 
 from typing import Any
@@ -96,6 +96,29 @@ class CallView(BaseModel):
     """The call asked for a second identical effect on purpose (recorded in the task)."""
     status_url: str
     """The task's status (``GET``), where every call of the task is listed."""
+
+
+class Readiness(BaseModel):
+    """Whether the backends the gateway needs for every request answered just now."""
+
+    model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)
+
+    database: bool
+    """PostgreSQL answered a read of the idempotency records."""
+    temporal: bool
+    """Temporal answered (its frontend and history service)."""
+
+    @property
+    def ready(self) -> bool:
+        """Whether both answered: the gateway can serve requests."""
+        return self.database and self.temporal
+
+    def checks(self) -> dict[str, str]:
+        """Each backend's state as ``/readyz`` reports it: ``ok`` or ``unreachable``."""
+        return {
+            name: "ok" if answered else "unreachable"
+            for name, answered in (("database", self.database), ("temporal", self.temporal))
+        }
 
 
 def task_status_url(workflow_id: str) -> str:

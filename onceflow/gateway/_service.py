@@ -4,7 +4,8 @@ In the article's order: authenticate, authorize, validate (a failure reserves no
 fingerprint, claim ``(scope, key)``; then
 
 * new claim → start the task workflow (id derived from scope and key, ``USE_EXISTING``)
-  and wait a bounded time for its result;
+  and wait a bounded time for its result; a start that cannot reach Temporal releases
+  the claim, so a retry with the key starts (or joins) the task at once;
 * same fingerprint, terminal → replay the stored status and body, flagged as a replay;
 * same fingerprint, running → wait a bounded time, else answer in-progress (202 and the
   task's URL; 409 while the claim's owner has not started the task yet);
@@ -92,6 +93,7 @@ from onceflow.gateway._responses import (
     CREATED_STATUS_CODE,
     IN_PROGRESS_STATUS_CODE,
     CallView,
+    Readiness,
     TaskView,
     call_status_code,
     call_view,
@@ -101,12 +103,13 @@ from onceflow.gateway._responses import (
     task_view,
 )
 from onceflow.gateway._settings import GatewaySettings
+from onceflow.gateway._strict import validate_strictly
 from onceflow.retry_policy import RetryBudget
 from onceflow.task_api import CallRefused as TaskRefusedCall
 from onceflow.task_api import DecisionAnswer, TaskClient
 from onceflow.task_api import DecisionConflict as TaskDecisionConflict
 from onceflow.task_api import DecisionRefused as TaskRefusedDecision
-from onceflow.telemetry import boundary_span, sensitive_locations
+from onceflow.telemetry import boundary_span, sensitive_locations, unstorable_locations
 from onceflow.tools import (
     CATALOGUE,
     Catalogue,
@@ -147,6 +150,9 @@ STATUS_QUERY_TIMEOUT = 5.0
 """Seconds a status query may take; a task whose workers are all down never answers."""
 _TASK_KINDS_KEPT = 10_000
 """Tasks whose tenant and kind one boundary process remembers (see ``_task_kinds``)."""
+_READINESS_PROBE = ("onceflow-readiness-probe", "onceflow-readiness-probe")
+"""What readiness reads: a scope and key no principal's scope can be, a task id no key
+derives; none of them exists."""
 
 
 class TaskStepRequest(BaseModel):
@@ -347,6 +353,25 @@ class BoundaryService:
         async with _backend_errors():
             return await self._principals.authenticate(api_key)
 
+    async def readiness(self) -> Readiness:
+        """Whether PostgreSQL and Temporal answer now (``GET /readyz``): both asked at
+        once, each given ``readiness_timeout_seconds``; never raises."""
+        timeout = self._settings.readiness_timeout_seconds
+        database, temporal = await asyncio.gather(
+            _answers("PostgreSQL", self._records.get(*_READINESS_PROBE), timeout),
+            _answers("Temporal", self._temporal_answers(), timeout),
+        )
+        return Readiness(database=database, temporal=temporal)
+
+    async def _temporal_answers(self) -> None:
+        # Asks for a task no key derives (workflow ids are digests): the frontend and the
+        # history service must both answer, as for every start, query and update.
+        try:
+            await self._tasks.status(_READINESS_PROBE[0])
+        except RPCError as error:
+            if error.status is not RPCStatusCode.NOT_FOUND:
+                raise
+
     # ── tasks and tool calls ─────────────────────────────────────────────────────────
 
     async def call_tool(
@@ -446,10 +471,7 @@ class BoundaryService:
     async def _create_task(
         self, principal: Principal, body: Any, idempotency_key: str | None
     ) -> BoundaryAnswer:
-        try:
-            request = CreateTaskRequest.model_validate(body)
-        except ValidationError as invalid:
-            raise _invalid(invalid, location=()) from None
+        request: CreateTaskRequest = _parsed(CreateTaskRequest, body)
         contracts = [self._allowed_tool(principal, step.tool) for step in request.steps]
         trace.get_current_span().set_attribute(
             "onceflow.tools", [step.tool for step in request.steps]
@@ -1150,12 +1172,21 @@ class BoundaryService:
     ) -> BoundaryAnswer:
         if self._after_claim is not None:
             await self._after_claim()
-        handle = await self._tasks.start(
-            submission.task,
-            workflow_id=record.workflow_id,
-            memo={REQUEST_HASH_MEMO: record.request_hash},
-        )
-        described = await handle.describe()
+        try:
+            handle = await self._tasks.start(
+                submission.task,
+                workflow_id=record.workflow_id,
+                memo={REQUEST_HASH_MEMO: record.request_hash},
+            )
+            described = await handle.describe()
+        except RPCError as error:
+            if error.status in TEMPORAL_UNREACHABLE:
+                # Whether or not the start reached Temporal, the claim may go: the workflow
+                # id is derived from the key, so a retry with the key joins the task if it
+                # did start, and the fingerprint in its memo refuses another body. Kept, the
+                # claim would answer every retry 409 until its lease ran out.
+                await self._release_claim(record)
+            raise
         started_by = (await described.memo()).get(REQUEST_HASH_MEMO)
         if started_by != record.request_hash:
             # Only after a pruned record: the key's task is still known to Temporal but
@@ -1376,23 +1407,50 @@ def _checked_optional_key(raw: str | None) -> str | None:
 def _validated_arguments(
     model: type[BaseModel], arguments: Any, *, location: tuple[str | int, ...]
 ) -> dict[str, Any]:
-    try:
-        normalized: dict[str, Any] = model.model_validate(arguments).model_dump(mode="json")
-    except ValidationError as invalid:
-        raise _invalid(invalid, location=location) from None
+    # NUL and lone surrogates pass JSON parsing and validation, then fail in PostgreSQL
+    # (text cannot hold NUL) or in a UTF-8 encoder (the history, the reply): refused here,
+    # before anything is reserved.
+    unstorable = unstorable_locations(arguments)
+    if unstorable:
+        named = {
+            found.kind: ("an " if found.kind[0] in "aeiou" else "a ") + found.kind
+            for found in unstorable
+        }
+        raise InvalidRequest(
+            f"the arguments hold {' and '.join(sorted(named.values()))}; text in arguments "
+            "must be valid Unicode without NUL (U+0000) or unpaired surrogates (U+D800 to "
+            "U+DFFF)",
+            errors=[
+                {
+                    "loc": [*location, *found.location],
+                    "msg": f"{'key ' if found.in_key else ''}holds {named[found.kind]}",
+                }
+                for found in unstorable
+            ],
+        )
     # Arguments become the task's history, shown in the Temporal UI and kept for its
     # retention: a card number or an API key there would be stored and shown in clear.
-    sensitive = sensitive_locations(normalized)
+    # Scanned as sent, so ignored fields count too, and before validation, whose errors
+    # would name a key that holds a card number.
+    sensitive = sensitive_locations(arguments)
     if sensitive:
-        kinds = " and ".join(sorted({kind for _, kind in sensitive}))
+        kinds = " and ".join(sorted({found.kind for found in sensitive}))
         raise InvalidRequest(
             f"the arguments hold a {kinds}; onceflow never takes card data or credentials "
             "as tool arguments (pass a saved payment method, pm_…, for a card)",
             errors=[
-                {"loc": [*location, *found], "msg": f"looks like a {kind}"}
-                for found, kind in sensitive
+                {
+                    "loc": [*location, *found.location],
+                    "msg": f"{'key ' if found.in_key else ''}looks like a {found.kind}"
+                    + (f" ({found.detail})" if found.detail else ""),
+                }
+                for found in sensitive
             ],
         )
+    try:
+        normalized: dict[str, Any] = validate_strictly(model, arguments).model_dump(mode="json")
+    except ValidationError as invalid:
+        raise _invalid(invalid, location=location) from None
     return normalized
 
 
@@ -1471,9 +1529,9 @@ def _annotated(answer: BoundaryAnswer) -> BoundaryAnswer:
     return answer
 
 
-def _parsed(model: type[Any], body: Any) -> Any:
+def _parsed(model: type[BaseModel], body: Any) -> Any:
     try:
-        return model.model_validate(body)
+        return validate_strictly(model, body)
     except ValidationError as invalid:
         raise _invalid(invalid, location=()) from None
 
@@ -1500,12 +1558,32 @@ def _replay(record: IdempotencyRecord, *, replayed: bool = True) -> BoundaryAnsw
     )
 
 
+async def _answers(backend: str, probe: Awaitable[object], timeout: float) -> bool:
+    """Whether ``probe`` completed within ``timeout`` seconds."""
+    try:
+        await asyncio.wait_for(probe, timeout)
+    except Exception as error:
+        # The type only, as everywhere in the gateway's logs.
+        log.warning("readiness: %s did not answer (%s)", backend, type(error).__name__)
+        return False
+    return True
+
+
+TEMPORAL_UNREACHABLE = (
+    RPCStatusCode.UNAVAILABLE,
+    RPCStatusCode.DEADLINE_EXCEEDED,
+    RPCStatusCode.RESOURCE_EXHAUSTED,
+)
+"""Temporal's answers that mean it could not be reached (or would not take the call now)."""
+
+
 @asynccontextmanager
 async def _backend_errors() -> AsyncIterator[None]:
     """Turn an unreachable Temporal or PostgreSQL into ``BackendUnavailable``.
 
-    A claim already made is kept: the task may have started, so only a retry with the
-    same key (which takes the claim over after its lease) may go on with it.
+    A claim already made is kept unless its owner released it (a task start that did not
+    reach Temporal, a call or a decision that got no answer): only a retry with the same
+    key (which takes the claim over after its lease) may go on with it.
     """
     try:
         yield
@@ -1514,11 +1592,7 @@ async def _backend_errors() -> AsyncIterator[None]:
     except psycopg.OperationalError:
         raise BackendUnavailable("the database is unreachable; retry with the same key") from None
     except RPCError as error:
-        if error.status in (
-            RPCStatusCode.UNAVAILABLE,
-            RPCStatusCode.DEADLINE_EXCEEDED,
-            RPCStatusCode.RESOURCE_EXHAUSTED,
-        ):
+        if error.status in TEMPORAL_UNREACHABLE:
             raise BackendUnavailable(
                 "the task service is unreachable; retry with the same key"
             ) from None

@@ -37,6 +37,10 @@ class GatewaySettings(FileBackedSettings):
     """How often the prune schedule deletes expired terminal records. Default 3600."""
     db_pool_max_size: int = Field(default=20, ge=1, le=200)
     """Most database connections one gateway process holds. Default 20."""
+    readiness_timeout_seconds: float = Field(default=2.0, gt=0, le=60)
+    """How long ``GET /readyz`` waits for PostgreSQL and for Temporal (both at once)
+    before it reports the one that has not answered as down; a probe's own timeout
+    must be longer. Default 2."""
 
     @property
     def result_retention(self) -> timedelta:

@@ -2,37 +2,73 @@
 
 Errors are RFC 9457 ``application/problem+json`` documents; a repeated request is
 answered from its idempotency record with ``Idempotent-Replayed: true``. The OpenAPI
-document is served at ``/openapi.json`` (and rendered at ``/docs``).
+document is served at ``/openapi.json`` and rendered at ``/docs`` (Swagger UI) and
+``/redoc``, both pages from assets the gateway serves itself, so they work offline.
+
+Parsing is strict: a body is read only when it is sent as JSON (415 otherwise), its
+values are validated without coercion (``_strict``), and ``Idempotency-Key`` is one
+header with one key, bare or in the structured-field string form (``"abc"``, the IETF
+draft's own form), both meaning the same key.
 """
 
 import ast
 import inspect
 import json
 import logging
+import math
 import textwrap
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Annotated, Any, Literal
 
+import psycopg
 from fastapi import Depends, FastAPI, Header, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.staticfiles import StaticFiles
+from psycopg_pool import PoolTimeout
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from temporalio.service import RPCError
 
 from onceflow.gateway._errors import (
     BackendUnavailable,
     BoundaryError,
+    CallRefused,
+    DecisionConflict,
+    DecisionRefused,
+    DecisionsNotAllowed,
     InvalidRequest,
+    KeyReusedWithDifferentRequest,
+    MalformedIdempotencyKey,
+    MissingIdempotencyKey,
+    NotReady,
     QuotaExceeded,
     RequestInProgress,
     RequestTooLarge,
+    TaskNotFound,
+    TaskNotOpen,
+    ToolNotAllowed,
+    Unauthenticated,
+    UnknownToolRequested,
+    UnsupportedMediaType,
 )
 from onceflow.gateway._fingerprint import API_VERSION
-from onceflow.gateway._responses import CallView, TaskView
+from onceflow.gateway._openapi import (
+    DECISION_ANSWER_HEADERS,
+    PROBLEM_JSON,
+    REPLAYED_HEADER,
+    TASK_ANSWER_HEADERS,
+    durations_in_seconds,
+    finish_document,
+    problem_answers,
+)
+from onceflow.gateway._responses import CallView, Readiness, TaskView
 from onceflow.gateway._service import (
+    TEMPORAL_UNREACHABLE,
     ApproveRequest,
     BoundaryAnswer,
     BoundaryService,
@@ -48,26 +84,19 @@ from onceflow.workflows.task_models import NAME_PATTERN, StepStatus, TaskStatus
 
 log = logging.getLogger("onceflow.gateway")
 
-PROBLEM_JSON = "application/problem+json"
-REPLAYED_HEADER = "Idempotent-Replayed"
 MAX_BODY_BYTES = 256 * 1024
 """Largest request body read; larger ones are refused before parsing."""
-_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]*$"
+_BARE_KEY = r"[A-Za-z0-9][A-Za-z0-9._:-]*"
+_KEY_PATTERN = rf'^({_BARE_KEY}|"{_BARE_KEY}")$'
+"""A key, bare or as a structured-field string (RFC 8941 sf-string), which the draft
+``Idempotency-Key`` header (draft-ietf-httpapi-idempotency-key-header) defines it as."""
+DOCS_ASSETS = "/docs/assets"
+"""Where the docs pages' JavaScript and CSS are served from (the ``fastapi-offline``
+package's copies of Swagger UI and ReDoc)."""
+UNAVAILABLE_RETRY_AFTER_SECONDS = 2
+"""``Retry-After`` of a 503 the service did not raise itself (see ``_as_backend_error``)."""
 
 ServiceOpener = Callable[[], AbstractAsyncContextManager[BoundaryService]]
-
-
-class Problem(BaseModel):
-    """An RFC 9457 problem document; never echoes a raw key or request body."""
-
-    type: str
-    title: str
-    status: int
-    detail: str
-    key_digest: str | None = None
-    """Digest of the idempotency key concerned, for correlation with logs."""
-    errors: list[dict[str, Any]] | None = None
-    """With ``invalid-request``: where and what failed, without the offending values."""
 
 
 class ToolDescription(BaseModel):
@@ -87,6 +116,14 @@ class Health(BaseModel):
     status: str = Field(examples=["ok"])
 
 
+class Ready(BaseModel):
+    """Readiness: PostgreSQL and Temporal both answered."""
+
+    status: Literal["ready"] = "ready"
+    checks: dict[str, str] = Field(examples=[{"database": "ok", "temporal": "ok"}])
+    """``database`` and ``temporal``, each ``ok``."""
+
+
 class SortedJSONResponse(JSONResponse):
     """JSON with sorted keys, so a body read back from ``jsonb`` is byte-for-byte the same."""
 
@@ -98,8 +135,11 @@ class SortedJSONResponse(JSONResponse):
 
 def _problem_response(error: BoundaryError) -> Response:
     headers: dict[str, str] = {REPLAYED_HEADER: "true"} if error.replayed else {}
-    if isinstance(error, RequestInProgress | QuotaExceeded | BackendUnavailable):
-        headers["Retry-After"] = str(error.retry_after_seconds)
+    retry_after = error.retry_after_seconds
+    if retry_after is None and error.status == 503:
+        retry_after = UNAVAILABLE_RETRY_AFTER_SECONDS
+    if retry_after is not None:
+        headers["Retry-After"] = str(retry_after)
     if error.status == 401:
         headers["WWW-Authenticate"] = 'Bearer realm="onceflow"'
     return SortedJSONResponse(
@@ -124,50 +164,63 @@ def _answer_response(answer: BoundaryAnswer) -> Response:
     return SortedJSONResponse(answer.body, status_code=answer.status_code, headers=headers)
 
 
-_PROBLEMS: dict[int | str, dict[str, Any]] = {
-    status: {"model": Problem, "description": description, "content": {PROBLEM_JSON: {}}}
-    for status, description in {
-        400: "Missing or malformed Idempotency-Key, or an invalid body (nothing reserved).",
-        401: "No API key, or an unknown one.",
-        403: "The principal may not call this tool (or decide tasks).",
-        404: "Unknown tool or task.",
-        409: "Another request with this key is starting the task or sending the decision "
-        "or call (`request-in-progress`, see Retry-After); "
-        "or the task refused the decision (`decision-refused`); or the step was already "
-        "decided otherwise or the task has ended (`decision-conflict`, with `task_state`, "
-        "`step_state` and the earlier `decision`); or an open task refused the call "
-        "(`call-refused`, with the task's `reason`: closed or closing, budget or deadline "
-        "spent, call id used for another call); or the task is a plan, not an open task "
-        "(`task-not-open`).",
-        413: "The body is larger than 256 KiB.",
-        422: "The Idempotency-Key was used before for a different request.",
-        429: "Too many new idempotency keys for this principal (see Retry-After).",
-        503: "Temporal or PostgreSQL unreachable; retry with the same key after Retry-After.",
-    }.items()
+# What each route may refuse with: its documented error answers are built from these.
+_AUTHENTICATED = (Unauthenticated, BackendUnavailable)
+_KEYED_BODY = (
+    MissingIdempotencyKey,
+    MalformedIdempotencyKey,
+    InvalidRequest,
+    RequestTooLarge,
+    UnsupportedMediaType,
+    KeyReusedWithDifferentRequest,
+    RequestInProgress,
+    QuotaExceeded,
+)
+_TOOL_CALL_PROBLEMS = (*_AUTHENTICATED, ToolNotAllowed, UnknownToolRequested, *_KEYED_BODY)
+_NAMED_TOOL_CALL_PROBLEMS = tuple(
+    kind for kind in _TOOL_CALL_PROBLEMS if kind is not UnknownToolRequested
+)
+_TASK_CALL_PROBLEMS = (*_TOOL_CALL_PROBLEMS, TaskNotFound, CallRefused, TaskNotOpen)
+_DECISION_PROBLEMS = (
+    *_AUTHENTICATED,
+    DecisionsNotAllowed,
+    TaskNotFound,
+    *(kind for kind in _KEYED_BODY if kind is not MissingIdempotencyKey),
+    DecisionRefused,
+    DecisionConflict,
+)
+_TASK_READ_PROBLEMS = (*_AUTHENTICATED, TaskNotFound, InvalidRequest)
+
+_TASK_ENDED = {
+    "model": TaskView,
+    "description": "The task ended (succeeded or failed). With `Idempotent-Replayed: "
+    "true` this is the stored answer of an earlier request with the same key.",
+    "headers": TASK_ANSWER_HEADERS[200],
 }
-_TASK_ANSWERS: dict[int | str, dict[str, Any]] = {
-    200: {
-        "model": TaskView,
-        "description": "The task ended (succeeded or failed). With `Idempotent-Replayed: "
-        "true` this is the stored answer of an earlier request with the same key.",
-    },
-    202: {
-        "model": TaskView,
-        "description": "The task is still running, awaiting approval or parked after the "
-        "bounded wait; poll `Location`. Retrying with the same key is safe.",
-    },
-    **_PROBLEMS,
+_TASK_GOING = {
+    "model": TaskView,
+    "description": "The task is still running, awaiting approval or parked after the "
+    "bounded wait; poll `Location`. Retrying with the same key is safe.",
+    "headers": TASK_ANSWER_HEADERS[202],
 }
+
+
+def _tool_call_answers(problems: tuple[type[BoundaryError], ...]) -> dict[int | str, Any]:
+    return {200: _TASK_ENDED, 202: _TASK_GOING, **problem_answers(problems)}
+
+
 _CREATE_ANSWERS: dict[int | str, dict[str, Any]] = {
-    **{key: value for key, value in _TASK_ANSWERS.items() if key in (200, 202)},
+    200: _TASK_ENDED,
     201: {
         "model": TaskView,
         "description": "An open task was created (`open: true`, no calls yet); `Location` "
         "is its status. The same key and body answer 201 with the same task while it is "
         "open (`Idempotent-Replayed: true`), and its stored final view (200, state "
         "`closed`) once it has closed.",
+        "headers": TASK_ANSWER_HEADERS[201],
     },
-    **{key: value for key, value in _TASK_ANSWERS.items() if key not in (200, 202)},
+    202: _TASK_GOING,
+    **problem_answers(_TOOL_CALL_PROBLEMS),
 }
 _CALL_ANSWERS: dict[int | str, dict[str, Any]] = {
     200: {
@@ -177,6 +230,7 @@ _CALL_ANSWERS: dict[int | str, dict[str, Any]] = {
         "it with an earlier identical call of the task (nothing ran). With "
         "`Idempotent-Replayed: true` this is the stored answer of an earlier request with "
         "the same key.",
+        "headers": TASK_ANSWER_HEADERS[200],
     },
     202: {
         "model": CallView,
@@ -185,8 +239,9 @@ _CALL_ANSWERS: dict[int | str, dict[str, Any]] = {
         "the bounded wait was over. Send the same request again, same key and body, to "
         "get its current state (`?wait=ended` waits for its end): it is the same call "
         "and never runs twice.",
+        "headers": TASK_ANSWER_HEADERS[202],
     },
-    **{key: _PROBLEMS[key] for key in (400, 401, 403, 404, 409, 413, 422, 429, 503)},
+    **problem_answers(_TASK_CALL_PROBLEMS),
 }
 _DECISION_ANSWERS: dict[int | str, dict[str, Any]] = {
     200: {
@@ -196,26 +251,35 @@ _DECISION_ANSWERS: dict[int | str, dict[str, Any]] = {
         "answer was lost) and `decision` is that earlier decision: nothing new was recorded. "
         "With `Idempotent-Replayed: true` after a request with the same `Idempotency-Key` "
         "and body, this is that request's stored answer, byte for byte.",
+        "headers": DECISION_ANSWER_HEADERS,
     },
-    **{key: _PROBLEMS[key] for key in (400, 401, 403, 404, 409, 413, 422, 429, 503)},
+    **problem_answers(_DECISION_PROBLEMS),
 }
+_KEY_FORMS_DOC = (
+    f"At most {IDEMPOTENCY_KEY_MAX_LENGTH} characters of A-Z a-z 0-9 . _ : - "
+    "starting with a letter or digit, sent bare (`abc`) or as a structured-field string "
+    '(`"abc"`, RFC 8941), which is the same key. One header line with one key: a repeated '
+    "header or a list is refused (400 `idempotency-key-malformed`)."
+)
 _KEY_HEADER_DOC = (
     "Identifies one logical attempt; send the same key with every retry of it. "
-    f"At most {IDEMPOTENCY_KEY_MAX_LENGTH} characters of A-Z a-z 0-9 . _ : - "
-    "starting with a letter or digit. "
+    f"{_KEY_FORMS_DOC} "
     "Scoped to the principal and the tool (or task creation, or calls of open tasks)."
 )
+_KEY_SCHEMA = {
+    "pattern": _KEY_PATTERN,
+    "maxLength": IDEMPOTENCY_KEY_MAX_LENGTH + 2,
+    "minLength": 1,
+}
 
+# The three key headers are declared for the document only: a handler reads every line of
+# the header itself (``_sent_key``), since FastAPI would hand it the first of several.
 IdempotencyKeyHeader = Annotated[
     str | None,
     Header(
         alias="Idempotency-Key",
         description=_KEY_HEADER_DOC,
-        json_schema_extra={
-            "pattern": _KEY_PATTERN,
-            "maxLength": IDEMPOTENCY_KEY_MAX_LENGTH,
-            "minLength": 1,
-        },
+        json_schema_extra=_KEY_SCHEMA,
     ),
 ]
 _DECISION_KEY_HEADER_DOC = (
@@ -223,9 +287,8 @@ _DECISION_KEY_HEADER_DOC = (
     "decision request: the same key and body answer again with the first answer (its "
     "status and body, a 409 refusal included, even after the task ended), flagged "
     "`Idempotent-Replayed: true`; the same key with another body, or for another task, "
-    "is refused (422). "
-    f"At most {IDEMPOTENCY_KEY_MAX_LENGTH} characters of A-Z a-z 0-9 . _ : - "
-    "starting with a letter or digit. Scoped to the principal and the route (approve or "
+    f"is refused (422). {_KEY_FORMS_DOC} "
+    "Scoped to the principal and the route (approve or "
     "reconcile). Without a key, the task still keeps one decision per step: a repeat of "
     "the decision the step already got answers with it, flagged the same way."
 )
@@ -235,11 +298,7 @@ DecisionKeyHeader = Annotated[
     Header(
         alias="Idempotency-Key",
         description=_DECISION_KEY_HEADER_DOC,
-        json_schema_extra={
-            "pattern": _KEY_PATTERN,
-            "maxLength": IDEMPOTENCY_KEY_MAX_LENGTH,
-            "minLength": 1,
-        },
+        json_schema_extra=_KEY_SCHEMA,
     ),
 ]
 _bearer = HTTPBearer(auto_error=False, description="An API key from `onceflow principal add`.")
@@ -268,22 +327,44 @@ def build_app(open_service: ServiceOpener, *, catalogue: Catalogue = CATALOGUE) 
             "`Idempotency-Key`: the same key and body return the same task and result "
             "(flagged `Idempotent-Replayed: true`), the same key with another body is "
             "refused (422). Results are kept for the configured retention; a retry after "
-            "that is a new operation."
+            "that is a new operation. Bodies are JSON (`Content-Type: application/json`), "
+            "validated without coercion; every error is an `application/problem+json` "
+            "document whose `type` names the failure mode."
         ),
         lifespan=lifespan,
+        # Served below from the gateway's own copies of their assets, not from a CDN.
+        docs_url=None,
+        redoc_url=None,
     )
     _install_error_handlers(app)
+    _install_docs_pages(app)
 
     @app.get("/healthz", response_model=Health, tags=["operations"])
     async def healthz() -> Health:
-        """Liveness: answers without touching PostgreSQL or Temporal."""
+        """Liveness: answers without touching PostgreSQL or Temporal (see `/readyz`)."""
         return Health(status="ok")
+
+    @app.get(
+        "/readyz",
+        response_model=Ready,
+        tags=["operations"],
+        responses=problem_answers([NotReady]),
+    )
+    async def readyz(request: Request) -> Ready:
+        """Readiness: 200 when PostgreSQL and Temporal both answer now, 503 (`not-ready`,
+        with `Retry-After` and `checks` naming the one that does not) otherwise. Each is
+        given `ONCEFLOW_GATEWAY_READINESS_TIMEOUT_SECONDS` (default 2 s); set the probe's
+        own timeout longer. Needs no API key."""
+        readiness = await _service(request).readiness()
+        if not readiness.ready:
+            raise NotReady(_not_ready_detail(readiness), checks=readiness.checks())
+        return Ready(checks=readiness.checks())
 
     @app.get(
         "/v1/tools",
         response_model=list[ToolDescription],
         tags=["tools"],
-        responses={key: _PROBLEMS[key] for key in (401, 503)},
+        responses=problem_answers(_AUTHENTICATED),
     )
     async def list_tools(
         request: Request, credentials: Credentials = None
@@ -304,14 +385,12 @@ def build_app(open_service: ServiceOpener, *, catalogue: Catalogue = CATALOGUE) 
         ]
 
     async def call(
-        request: Request,
-        tool: str,
-        key: str | None,
-        credentials: HTTPAuthorizationCredentials | None,
+        request: Request, tool: str, credentials: HTTPAuthorizationCredentials | None
     ) -> Response:
         service = _service(request)
         principal = await service.authenticate(_api_key(credentials))
         service.check_tool(principal, tool)
+        key = _sent_key(request)
         arguments = await _read_json(request)
         return _answer_response(await service.call_tool(principal, tool, arguments, key))
 
@@ -328,7 +407,7 @@ def build_app(open_service: ServiceOpener, *, catalogue: Catalogue = CATALOGUE) 
                 f"{', needs approval' if contract.requires_approval else ''}. Runs as a "
                 "one-step task; the body is the tool's arguments."
             ),
-            responses=_TASK_ANSWERS,
+            responses=_tool_call_answers(_NAMED_TOOL_CALL_PROBLEMS),
             response_class=SortedJSONResponse,
             openapi_extra={"requestBody": _model_body(contract.input_model)},
             operation_id=f"call_{contract.name}",
@@ -338,7 +417,7 @@ def build_app(open_service: ServiceOpener, *, catalogue: Catalogue = CATALOGUE) 
     @app.post(
         "/v1/tools/{tool}/calls",
         tags=["tools"],
-        responses=_TASK_ANSWERS,
+        responses=_tool_call_answers(_TOOL_CALL_PROBLEMS),
         response_class=SortedJSONResponse,
         openapi_extra={"requestBody": _tool_arguments_body(catalogue)},
     )
@@ -349,7 +428,7 @@ def build_app(open_service: ServiceOpener, *, catalogue: Catalogue = CATALOGUE) 
         credentials: Credentials = None,
     ) -> Response:
         """Call one tool as a one-step task; the body is the tool's arguments."""
-        return await call(request, tool, idempotency_key, credentials)
+        return await call(request, tool, credentials)
 
     @app.post(
         "/v1/tasks",
@@ -372,14 +451,15 @@ def build_app(open_service: ServiceOpener, *, catalogue: Catalogue = CATALOGUE) 
         """
         service = _service(request)
         principal = await service.authenticate(_api_key(credentials))
+        key = _sent_key(request)
         body = await _read_json(request)
-        return _answer_response(await service.create_task(principal, body, idempotency_key))
+        return _answer_response(await service.create_task(principal, body, key))
 
     @app.get(
         "/v1/tasks/{task_id}",
         tags=["tasks"],
         response_model=TaskStatus,
-        responses={key: _PROBLEMS[key] for key in (401, 404, 503)},
+        responses=problem_answers(_TASK_READ_PROBLEMS),
     )
     async def get_task(
         request: Request, task_id: TaskId, credentials: Credentials = None
@@ -421,10 +501,11 @@ def build_app(open_service: ServiceOpener, *, catalogue: Catalogue = CATALOGUE) 
         """
         service = _service(request)
         principal = await service.authenticate(_api_key(credentials))
+        key = _sent_key(request)
         body = await _read_json(request)
         return _answer_response(
             await service.call_in_task(
-                principal, task_id, body, idempotency_key, wait_until_ended=wait == "ended"
+                principal, task_id, body, key, wait_until_ended=wait == "ended"
             )
         )
 
@@ -432,7 +513,7 @@ def build_app(open_service: ServiceOpener, *, catalogue: Catalogue = CATALOGUE) 
         "/v1/tasks/{task_id}/close",
         tags=["tasks"],
         response_model=TaskStatus,
-        responses={key: _PROBLEMS[key] for key in (401, 404, 409, 503)},
+        responses=problem_answers((*_TASK_READ_PROBLEMS, TaskNotOpen)),
         response_class=SortedJSONResponse,
     )
     async def close_task(
@@ -465,8 +546,9 @@ def build_app(open_service: ServiceOpener, *, catalogue: Catalogue = CATALOGUE) 
         """Approve or deny a step's exact arguments (bound by their digest)."""
         service = _service(request)
         principal = await service.authenticate(_api_key(credentials))
+        key = _sent_key(request)
         body = await _read_json(request)
-        return _decision_response(await service.approve(principal, task_id, body, idempotency_key))
+        return _decision_response(await service.approve(principal, task_id, body, key))
 
     @app.post(
         "/v1/tasks/{task_id}/reconcile",
@@ -485,10 +567,9 @@ def build_app(open_service: ServiceOpener, *, catalogue: Catalogue = CATALOGUE) 
         """Decide a parked step: happened (with resource_id), did_not_happen, or abandon."""
         service = _service(request)
         principal = await service.authenticate(_api_key(credentials))
+        key = _sent_key(request)
         body = await _read_json(request)
-        return _decision_response(
-            await service.reconcile(principal, task_id, body, idempotency_key)
-        )
+        return _decision_response(await service.reconcile(principal, task_id, body, key))
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -512,7 +593,9 @@ def build_app(open_service: ServiceOpener, *, catalogue: Catalogue = CATALOGUE) 
             schemas["CallRequest"] = _call_schema(catalogue)
             for model in (TaskStatus, StepStatus):
                 _describe_fields(schemas, model)
+            durations_in_seconds(schemas, (model.__name__ for model in published))
             _require_idempotency_keys(document)
+            finish_document(document)
             app.openapi_schema = document
         return app.openapi_schema
 
@@ -538,19 +621,14 @@ _CALL_KEY_HEADER_DOC = (
     "same call, never a second run: its stored final answer, or while it has not ended "
     "its current state; the same key with another call, or for another task, is refused "
     "(422). Without `call_id` in the body, the call's id is derived from the key. "
-    f"At most {IDEMPOTENCY_KEY_MAX_LENGTH} characters of A-Z a-z 0-9 . _ : - "
-    "starting with a letter or digit. Scoped to the principal (calls of any task)."
+    f"{_KEY_FORMS_DOC} Scoped to the principal (calls of any task)."
 )
 CallKeyHeader = Annotated[
     str | None,
     Header(
         alias="Idempotency-Key",
         description=_CALL_KEY_HEADER_DOC,
-        json_schema_extra={
-            "pattern": _KEY_PATTERN,
-            "maxLength": IDEMPOTENCY_KEY_MAX_LENGTH,
-            "minLength": 1,
-        },
+        json_schema_extra=_KEY_SCHEMA,
     ),
 ]
 
@@ -580,18 +658,87 @@ def _install_error_handlers(app: FastAPI) -> None:
             headers=getattr(error, "headers", None),
         )
 
+    # Registered by class, so they answer like the handlers above; only the catch-all
+    # below runs where Starlette also re-raises the error to the server.
+    @app.exception_handler(PoolTimeout)
+    @app.exception_handler(psycopg.OperationalError)
+    @app.exception_handler(RPCError)
+    async def backend_error(request: Request, error: Exception) -> Response:
+        unavailable = _as_backend_error(error)
+        if unavailable is None:
+            return _internal_error(request, error)
+        log.warning(
+            "%s on %s %s: answered 503", type(error).__name__, request.method, request.url.path
+        )
+        return _problem_response(unavailable)
+
     @app.exception_handler(Exception)
     async def unexpected(request: Request, error: Exception) -> Response:
-        # The type only: an exception's text could quote request data.
-        log.error("unexpected %s on %s %s", type(error).__name__, request.method, request.url.path)
-        problem = {
-            "type": "about:blank",
-            "title": "Internal error",
-            "status": 500,
-            "detail": "unexpected failure; a retry of the same request (with the same "
-            "Idempotency-Key where it takes one) is safe",
-        }
-        return SortedJSONResponse(problem, status_code=500, media_type=PROBLEM_JSON)
+        return _internal_error(request, error)
+
+
+def _internal_error(request: Request, error: Exception) -> Response:
+    # The type only: an exception's text could quote request data.
+    log.error("unexpected %s on %s %s", type(error).__name__, request.method, request.url.path)
+    problem = {
+        "type": "about:blank",
+        "title": "Internal error",
+        "status": 500,
+        "detail": "unexpected failure; a retry of the same request (with the same "
+        "Idempotency-Key where it takes one) is safe",
+    }
+    return SortedJSONResponse(problem, status_code=500, media_type=PROBLEM_JSON)
+
+
+def _as_backend_error(error: Exception) -> BackendUnavailable | None:
+    """An unreachable backend that escaped the service's own translation, as the 503 it
+    is: a request must never get a 500 (no ``Retry-After``) for an outage."""
+    if isinstance(error, PoolTimeout | psycopg.OperationalError):
+        return BackendUnavailable("the database is unreachable; retry with the same key")
+    if isinstance(error, RPCError) and error.status in TEMPORAL_UNREACHABLE:
+        return BackendUnavailable("the task service is unreachable; retry with the same key")
+    return None
+
+
+def _install_docs_pages(app: FastAPI) -> None:
+    """``/docs`` (Swagger UI) and ``/redoc``, their scripts and styles served by the
+    gateway itself: a gateway without internet access still shows its documentation."""
+    app.mount(
+        DOCS_ASSETS, StaticFiles(packages=[("fastapi_offline", "static")]), name="docs-assets"
+    )
+
+    @app.get("/docs", include_in_schema=False)
+    async def swagger_ui(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "")
+        return get_swagger_ui_html(
+            openapi_url=f"{root}/openapi.json",
+            title=f"{app.title}: API",
+            swagger_js_url=f"{root}{DOCS_ASSETS}/swagger-ui-bundle.js",
+            swagger_css_url=f"{root}{DOCS_ASSETS}/swagger-ui.css",
+            swagger_favicon_url=f"{root}{DOCS_ASSETS}/favicon.png",
+            # Swagger UI would otherwise send the document to a public validator.
+            swagger_ui_parameters={"validatorUrl": None},
+        )
+
+    @app.get("/redoc", include_in_schema=False)
+    async def redoc(request: Request) -> HTMLResponse:
+        root = request.scope.get("root_path", "")
+        return get_redoc_html(
+            openapi_url=f"{root}/openapi.json",
+            title=f"{app.title}: API",
+            redoc_js_url=f"{root}{DOCS_ASSETS}/redoc.standalone.js",
+            redoc_favicon_url=f"{root}{DOCS_ASSETS}/favicon.png",
+            with_google_fonts=False,
+        )
+
+
+def _not_ready_detail(readiness: Readiness) -> str:
+    down = [
+        name
+        for name, answered in (("PostgreSQL", readiness.database), ("Temporal", readiness.temporal))
+        if not answered
+    ]
+    return f"{' and '.join(down)} {'is' if len(down) == 1 else 'are'} unreachable"
 
 
 def _service(request: Request) -> BoundaryService:
@@ -603,7 +750,64 @@ def _api_key(credentials: HTTPAuthorizationCredentials | None) -> str | None:
     return credentials.credentials if credentials is not None else None
 
 
+def _sent_key(request: Request) -> str | None:
+    """The ``Idempotency-Key`` the request carries, bare; None without one.
+
+    Raises:
+        MalformedIdempotencyKey: The header is repeated, holds a list, or is a malformed
+            structured-field string (the key's own alphabet is the service's check).
+    """
+    lines = request.headers.getlist("idempotency-key")
+    if not lines:
+        return None
+    if len(lines) > 1:
+        raise MalformedIdempotencyKey(_ONE_KEY)
+    value = lines[0]
+    if value.startswith('"'):
+        return _sf_string(value)
+    if "," in value:
+        raise MalformedIdempotencyKey(_ONE_KEY)
+    return value
+
+
+_ONE_KEY = (
+    "send exactly one Idempotency-Key: one header line with one key (a repeated header "
+    "or a list is ambiguous about which attempt this is)"
+)
+
+
+def _sf_string(value: str) -> str:
+    """The content of an RFC 8941 sf-string that is the whole of ``value``."""
+    content: list[str] = []
+    escaped = False
+    for position, char in enumerate(value[1:], start=1):
+        if escaped:
+            if char not in '"\\':
+                break
+            content.append(char)
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif char == '"':
+            if position != len(value) - 1:
+                # Parameters, or a list of keys: neither is one key.
+                raise MalformedIdempotencyKey(_ONE_KEY)
+            if not content:
+                break
+            return "".join(content)
+        elif not " " <= char <= "~":
+            break
+        else:
+            content.append(char)
+    raise MalformedIdempotencyKey(
+        'a quoted Idempotency-Key must be one structured-field string ("abc") holding the key'
+    )
+
+
 async def _read_json(request: Request) -> Any:
+    declared_types = request.headers.getlist("content-type")
+    if declared_types and not _is_json(declared_types):
+        raise UnsupportedMediaType(_JSON_ONLY)
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise RequestTooLarge(f"the body may be at most {MAX_BODY_BYTES} bytes")
@@ -616,17 +820,77 @@ async def _read_json(request: Request) -> Any:
         raise InvalidRequest(
             "the body must be a JSON document", errors=[{"loc": [], "msg": "empty body"}]
         )
+    if not declared_types:
+        # A body that does not say what it is is not taken for JSON.
+        raise UnsupportedMediaType(_JSON_ONLY)
     try:
-        return json.loads(raw)
+        return json.loads(
+            raw,
+            parse_constant=_not_json,
+            parse_float=_finite_float,
+            object_pairs_hook=_object_without_repeats,
+        )
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         reason = getattr(error, "msg", None) or "not UTF-8"
         raise InvalidRequest(
             "the body is not valid JSON", errors=[{"loc": [], "msg": str(reason)}]
         ) from None
+    except _NotStrictJson as error:
+        raise InvalidRequest(
+            "the body is not valid JSON", errors=[{"loc": [], "msg": str(error)}]
+        ) from None
     except RecursionError:
         raise InvalidRequest(
             "the body is nested too deeply", errors=[{"loc": [], "msg": "too deep"}]
         ) from None
+
+
+_JSON_ONLY = (
+    "the body must be sent as JSON: Content-Type: application/json (or a +json type), in UTF-8"
+)
+
+
+def _is_json(declared_types: list[str]) -> bool:
+    """Whether the one ``Content-Type`` sent is JSON (``application/json`` or a
+    ``+json`` type) in UTF-8, the only encoding JSON has (RFC 8259)."""
+    if len(declared_types) != 1:
+        return False
+    media_type, *parameters = (part.strip() for part in declared_types[0].split(";"))
+    media_type = media_type.lower()
+    if not (
+        media_type == "application/json"
+        or (media_type.startswith("application/") and media_type.endswith("+json"))
+    ):
+        return False
+    for parameter in parameters:
+        name, _, value = parameter.partition("=")
+        if name.strip().lower() == "charset" and value.strip().strip('"').lower() != "utf-8":
+            return False
+    return True
+
+
+class _NotStrictJson(ValueError):
+    """What Python's parser takes but JSON (RFC 8259) does not, or leaves ambiguous."""
+
+
+def _not_json(constant: str) -> Any:
+    raise _NotStrictJson(f"{constant} is not a JSON value")
+
+
+def _finite_float(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):
+        raise _NotStrictJson("a number too large for a double")
+    return number
+
+
+def _object_without_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # Parsers disagree on which of two equal names wins; a proxy could check one value
+    # and the gateway act on the other.
+    names = [name for name, _ in pairs]
+    if len(set(names)) != len(names):
+        raise _NotStrictJson("an object names the same member twice")
+    return dict(pairs)
 
 
 def _model_body(model: type[BaseModel]) -> dict[str, Any]:
@@ -679,9 +943,7 @@ def _add_schema(schemas: dict[str, Any], model: type[BaseModel]) -> None:
     schemas[model.__name__] = schema
 
 
-ToolCaller = Callable[
-    [Request, str, str | None, HTTPAuthorizationCredentials | None], Awaitable[Response]
-]
+ToolCaller = Callable[[Request, str, HTTPAuthorizationCredentials | None], Awaitable[Response]]
 
 
 def _named_tool_endpoint(tool: str, call: ToolCaller) -> Callable[..., Awaitable[Response]]:
@@ -690,7 +952,7 @@ def _named_tool_endpoint(tool: str, call: ToolCaller) -> Callable[..., Awaitable
         idempotency_key: IdempotencyKeyHeader = None,
         credentials: Credentials = None,
     ) -> Response:
-        return await call(request, tool, idempotency_key, credentials)
+        return await call(request, tool, credentials)
 
     return call_named_tool
 

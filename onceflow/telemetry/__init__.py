@@ -4,7 +4,9 @@
 process's start and flushes them at its exit; ``tracing_interceptor`` is the Temporal
 integration every client carries; ``AttemptAnnotations`` puts onceflow's fields on each
 attempt's activity span; ``outbound_call`` and ``boundary_span`` are the spans onceflow
-opens itself; ``scrub`` removes card numbers and secrets from text.
+opens itself; ``scrub`` removes card numbers and secrets from text, and
+``sensitive_locations`` / ``unstorable_locations`` find them (and text PostgreSQL or JSON
+cannot hold) in a request's arguments.
 """
 
 from onceflow.telemetry._attempts import AttemptAnnotations, attempt_attributes
@@ -18,10 +20,12 @@ from onceflow.telemetry._metrics import (
 )
 from onceflow.telemetry._process import process_telemetry
 from onceflow.telemetry._redaction import (
+    Finding,
     looks_like_card_number,
     looks_like_secret,
     scrub,
     sensitive_locations,
+    unstorable_locations,
 )
 from onceflow.telemetry._tracing import (
     boundary_span,
@@ -35,6 +39,7 @@ __all__ = [
     "LOG_FORMAT_VARIABLE",
     "PARKED_QUERY",
     "AttemptAnnotations",
+    "Finding",
     "attempt_attributes",
     "boundary_span",
     "configure_logging",
@@ -51,5 +56,6 @@ __all__ = [
     "scrub",
     "sensitive_locations",
     "tracing_interceptor",
+    "unstorable_locations",
     "watch_parked_tasks",
 ]

@@ -34,11 +34,11 @@ async def test_planted_keys_cards_and_secrets_appear_in_no_span_log_or_history(
     calls = f"{stack.gateway_url}/v1/tools/charge_payment/calls"
 
     # A card number or a credential in the arguments is refused before anything is
-    # reserved (by the card and secret scan, or already by the field's pattern), and the
-    # refusal names only where it was.
+    # reserved (by the card and secret scan, which runs before the fields' own patterns),
+    # and the refusal names only where it was.
     for planted, reason in (
         (CARD, "looks like a card number"),
-        (CARD_SPACED, "String should match pattern"),
+        (CARD_SPACED, "looks like a card number"),
         (STRIPE_SHAPED, "looks like a secret"),
     ):
         refused = await http.post(
