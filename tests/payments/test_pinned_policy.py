@@ -109,7 +109,7 @@ async def test_a_refund_approved_after_the_deadline_still_retries_a_rate_limit(
     # The approver answers after the task's whole deadline has gone by (a wall-clock
     # deadline: there is no event to wait on).
     wait = (waiting.budget.deadline_at - datetime.now(UTC)).total_seconds() + 0.5
-    await asyncio.sleep(max(wait, 0))
+    await asyncio.sleep(max(wait, 0))  # scenario: the approver answers after the deadline
     await control.add_fault(Fault.RATE_LIMIT_429, path_prefix="/v1/refunds")
 
     await tasks.approve(workflow_id, approval(waiting))

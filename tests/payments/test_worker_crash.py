@@ -138,7 +138,7 @@ async def test_a_worker_paused_after_a_retry_was_decided_never_sends_the_forgott
     else:
         raise AssertionError("the worker never paused during a backoff in 5 rounds")
     # Paused until the provider has forgotten the key (a wall-clock window, no event).
-    await asyncio.sleep(KEY_RETENTION_SECONDS + 1)
+    await asyncio.sleep(KEY_RETENTION_SECONDS + 1)  # scenario: paused past the key window
     assert (datetime.now(UTC) - paused_at).total_seconds() > KEY_RETENTION_SECONDS
     worker.send_signal(signal.SIGCONT)
 
