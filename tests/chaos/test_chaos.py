@@ -14,8 +14,9 @@ import pytest
 
 from bench.chaos import TOOLS, ChaosConfig, run_chaos
 
-CI_SIZE = ChaosConfig(tasks=240, concurrency=24, kill_every=4.0, settle_seconds=45.0)
-"""Sized for a 2-core CI machine: about two minutes of driving, a dozen worker kills."""
+CI_SIZE = ChaosConfig(tasks=180, concurrency=24, kill_every=2.0, settle_seconds=45.0)
+"""Sized for a 2-core CI machine: about a minute of driving, five to fifteen worker kills, a worker
+paused past the key window, Temporal and PostgreSQL each restarted once."""
 
 
 @pytest.mark.timeout(300)
@@ -28,7 +29,7 @@ async def test_no_task_has_two_effects_or_gets_stuck_under_chaos(tmp_path: Path)
     figures = report.figures
     assert figures["acknowledged"] == CI_SIZE.tasks
     assert figures["task workflows in Temporal"] == CI_SIZE.tasks
-    assert figures["workers SIGKILLed (each replaced)"] >= 8
+    assert figures["workers SIGKILLed (each replaced)"] >= 5
     assert figures["Temporal dev server restarts"] == 1
     assert figures["workers SIGSTOPped past a key window"] >= 1
     assert figures["PostgreSQL restarts"] == 1
