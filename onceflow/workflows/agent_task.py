@@ -478,15 +478,22 @@ class AgentTaskWorkflow:
         return None
 
     async def _run_call(self, step: StepInput) -> None:
+        in_workflow = True
         try:
             await self._run_step(step)
         except _StepStopped:
             pass  # the call's own state says how it ended; the task goes on
+        except GeneratorExit:
+            # Closed by the garbage collector after the task left the worker's cache: no
+            # longer in the workflow's event loop, where workflow.now() would raise.
+            in_workflow = False
+            raise
         finally:
-            # Idle counts from the last call's end too: a call a person decided after a
-            # long wait does not leave the agent's next call to a closed task.
-            self._last_call_at = workflow.now()
-            self._changed = True
+            if in_workflow:
+                # Idle counts from the last call's end too: a call a person decided after
+                # a long wait does not leave the agent's next call to a closed task.
+                self._last_call_at = workflow.now()
+                self._changed = True
 
     async def _pin_tool(self, tool: str) -> None:
         """Pin a tool's policy the first time a call uses it (recorded in history)."""

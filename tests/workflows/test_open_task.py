@@ -6,6 +6,8 @@ far side's record for these tests.
 """
 
 import asyncio
+import gc
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -296,3 +298,28 @@ async def test_a_call_decided_after_a_long_wait_does_not_leave_the_agent_a_close
     following = await tasks.call(workflow_id, call("next", script.plan("n", S)))
     assert following.call.state is StepState.SUCCEEDED
     await tasks.close(workflow_id)
+
+
+async def test_a_task_evicted_with_a_call_in_flight_is_collected_without_an_error(
+    dev_server: WorkflowEnvironment, task_queue: str, script: Script
+) -> None:
+    """An evicted task's pending call is closed by the garbage collector, outside the
+    workflow: it must not call workflow APIs then. (An error there is printed as an
+    unraisable exception, whose traceback formatting inside another thread's parsing
+    broke Python 3.11's AST recursion counter in CI.)"""
+    tasks = TaskClient(dev_server.client, task_queue=task_queue)
+    unraisable: list[str] = []
+    previous = sys.unraisablehook
+    sys.unraisablehook = lambda seen: unraisable.append(f"{seen.object!r}: {seen.exc_value!r}")
+    try:
+        async with scripted_worker(dev_server, task_queue, script):
+            workflow_id = await started(tasks)
+            parked = await tasks.call(
+                workflow_id, call("pay", script.plan("p", U), tool="scripted_unsafe")
+            )
+            assert parked.call.state is StepState.PARKED
+        # The worker is gone and the task with it, its parked call still awaiting a decision.
+        gc.collect()
+    finally:
+        sys.unraisablehook = previous
+    assert unraisable == []
