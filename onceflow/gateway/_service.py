@@ -530,6 +530,31 @@ class BoundaryService:
 
     # ── calls of open tasks ─────────────────────────────────────────────────────────
 
+    def check_call(
+        self, contract: ToolContract, arguments: Any, idempotency_key: str | None
+    ) -> str:
+        """The well-formed key of a call whose arguments ``contract`` accepts: what a
+        transport checks before it reserves or opens anything for the call.
+
+        Raises:
+            MissingIdempotencyKey, MalformedIdempotencyKey: The key is absent or malformed.
+            InvalidRequest: The arguments are not the tool's.
+        """
+        key = _checked_key(idempotency_key)
+        _validated_arguments(contract.input_model, arguments, location=("arguments",))
+        return key
+
+    async def task_of_call_key(self, principal: Principal, idempotency_key: str) -> str | None:
+        """The open task the principal sent a call with this key to, if any: its call
+        record keeps the task as its resource.
+
+        Raises:
+            BackendUnavailable: PostgreSQL does not answer.
+        """
+        async with _backend_errors():
+            record = await self._records.get(_scope(principal, "task", "call"), idempotency_key)
+        return record.resource_id if record is not None else None
+
     async def call_in_task(
         self,
         principal: Principal,

@@ -69,14 +69,7 @@ from onceflow.gateway._errors import (
 )
 from onceflow.gateway._principals import Principal
 from onceflow.gateway._responses import CallView, is_terminal
-from onceflow.gateway._service import (
-    BoundaryAnswer,
-    BoundaryService,
-    _backend_errors,
-    _checked_key,
-    _scope,
-    _validated_arguments,
-)
+from onceflow.gateway._service import BoundaryAnswer, BoundaryService
 from onceflow.tools import IDEMPOTENCY_KEY_MAX_LENGTH, ToolContract
 from onceflow.workflows.task_models import StepState, TaskState
 
@@ -484,8 +477,7 @@ class _Session:
         (opened by the session's first call)."""
         # What the boundary checks before it reserves anything, checked before the
         # session's task is opened for this call: a refused call opens nothing.
-        key = _checked_key(idempotency_key)
-        _validated_arguments(contract.input_model, arguments, location=("arguments",))
+        key = self._service.check_call(contract, arguments, idempotency_key)
         if not isinstance(deliberate_repeat, bool):
             raise InvalidRequest(
                 f"{DELIBERATE_REPEAT_ARGUMENT} must be true or false",
@@ -572,11 +564,7 @@ class _Session:
     async def _task_of_key(self, principal: Principal, key: str) -> str | None:
         """The task this principal sent a call with this key to, if any (from any session:
         a retry after a reconnect is the same call, not a new one in the new session)."""
-        # The boundary has no public reader for this yet (a ``task_of_call_key`` on
-        # BoundaryService); its call records keep the task as their resource.
-        async with _backend_errors():
-            record = await self._service._records.get(_scope(principal, "task", "call"), key)
-        return record.resource_id if record is not None else None
+        return await self._service.task_of_call_key(principal, key)
 
     async def _close(self, principal: Principal, task_id: str) -> None:
         try:
