@@ -2,7 +2,7 @@
 
 The server goes through the same boundary service as the HTTP API: same claims, same
 fingerprints, same records. One MCP session is one open task (its first call opens it,
-its end closes it): ``test_mcp_open_task.py`` has the session's own tests.
+its end closes it): ``open_tasks/test_mcp.py`` has the session's own tests.
 """
 
 import os

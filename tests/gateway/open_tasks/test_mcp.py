@@ -23,7 +23,6 @@ import mcp_types as types
 import pytest
 from mcp import Client, ClientSession
 from mcp.client.streamable_http import streamable_http_client
-from temporalio.testing import WorkflowEnvironment
 
 from onceflow.gateway.mcp_server import (
     DELIBERATE_REPEAT_ARGUMENT,
@@ -34,22 +33,18 @@ from onceflow.gateway.mcp_server import (
 )
 from tests.harness import eventually
 
-from .conftest import (
+from ..conftest import (
     Caller,
     GatewayProcess,
     Stack,
     StripeProvider,
     count,
     make_caller,
-    new_tenant,
     open_service,
     rows,
-    serving_stack,
-    stripe_tools,
 )
-from .test_mcp import start_mcp_http
+from ..test_mcp import start_mcp_http
 
-TOOLS = ("issue_coupon", "create_order", "charge_payment", "refund_payment")
 COUPON = {"user_id": "u-mcp", "coupon_id": "WELCOME10"}
 ORDER = {
     "customer_id": "c-mcp",
@@ -59,28 +54,11 @@ ORDER = {
 
 
 @pytest.fixture(scope="module")
-async def stack(
-    postgres_url: str, dev_server: WorkflowEnvironment, stripe_provider: StripeProvider
-) -> AsyncIterator[Stack]:
-    """The module's worker, with the payment tools talking to the module's provider."""
-    async with serving_stack(
-        postgres_url, dev_server, tools=stripe_tools(stripe_provider.base_url)
-    ) as served:
-        yield served
-
-
-@pytest.fixture(scope="module")
 def mcp_url(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """One ``onceflow mcp --transport http`` process for the module."""
     process, url = start_mcp_http(stack, tmp_path_factory.mktemp("mcp") / "mcp.log")
     yield url
     stop(process)
-
-
-@pytest.fixture
-async def agent(database: str) -> Caller:
-    """An agent of a fresh tenant allowed the four reference tools these tests call."""
-    return await make_caller(database, tenant=new_tenant(), tools=TOOLS)
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:

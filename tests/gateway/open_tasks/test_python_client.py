@@ -5,53 +5,30 @@ and the orders and coupon tables.
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
 import httpx
 import pytest
 from onceflow_client import CallRefused, CallResult, OnceflowClient
-from temporalio.testing import WorkflowEnvironment
 
 from tests.harness import eventually
 
-from .conftest import (
+from ..conftest import (
     Caller,
     GatewayProcess,
     Stack,
     StripeProvider,
     count,
     make_caller,
-    new_tenant,
     rows,
-    serving_stack,
-    stripe_tools,
 )
 
-TOOLS = ("issue_coupon", "create_order", "charge_payment", "refund_payment")
 ORDER = {
     "customer_id": "c-client",
     "currency": "usd",
     "lines": [{"sku": "tee", "quantity": 1, "unit_price_cents": 2000}],
 }
-
-
-@pytest.fixture(scope="module")
-async def stack(
-    postgres_url: str, dev_server: WorkflowEnvironment, stripe_provider: StripeProvider
-) -> AsyncIterator[Stack]:
-    """The module's worker, with the payment tools talking to the module's provider."""
-    async with serving_stack(
-        postgres_url, dev_server, tools=stripe_tools(stripe_provider.base_url)
-    ) as served:
-        yield served
-
-
-@pytest.fixture
-async def agent(database: str) -> Caller:
-    """An agent of a fresh tenant allowed the four reference tools these tests call."""
-    return await make_caller(database, tenant=new_tenant(), tools=TOOLS)
 
 
 def charge(order_id: str, amount: int = 1500) -> dict[str, Any]:

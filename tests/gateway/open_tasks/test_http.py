@@ -9,18 +9,15 @@ orders and coupon tables, the idempotency records and the task workflows in Temp
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
-import pytest
 from onceflow_devstack.stripe_provider import Fault
-from temporalio.testing import WorkflowEnvironment
 
 from onceflow.tools import key_digest
 from tests.harness import eventually
 
-from .conftest import (
+from ..conftest import (
     Caller,
     GatewayProcess,
     Stack,
@@ -30,30 +27,11 @@ from .conftest import (
     new_tenant,
     open_service,
     rows,
-    serving_stack,
-    stripe_tools,
 )
+from .conftest import TOOLS
 
 PROBLEM = "application/problem+json"
-TOOLS = ("issue_coupon", "create_order", "charge_payment", "refund_payment")
 COUPON = {"user_id": "u-1", "coupon_id": "LATE"}
-
-
-@pytest.fixture(scope="module")
-async def stack(
-    postgres_url: str, dev_server: WorkflowEnvironment, stripe_provider: StripeProvider
-) -> AsyncIterator[Stack]:
-    """The module's worker, with the payment tools talking to the module's provider."""
-    async with serving_stack(
-        postgres_url, dev_server, tools=stripe_tools(stripe_provider.base_url)
-    ) as served:
-        yield served
-
-
-@pytest.fixture
-async def agent(database: str) -> Caller:
-    """An agent of a fresh tenant allowed the four reference tools these tests call."""
-    return await make_caller(database, tenant=new_tenant(), tools=TOOLS)
 
 
 def keyed(caller: Caller, key: str) -> dict[str, str]:
