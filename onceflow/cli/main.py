@@ -37,8 +37,8 @@ from onceflow.cli.plugin import (
 )
 from onceflow.settings import InvalidSettings, load_settings
 from onceflow.task_api import DecisionAnswer, TaskClient, connect_temporal
-from onceflow.telemetry import process_telemetry
-from onceflow.tools import CATALOGUE, check_idempotency_key, derive_task_workflow_id
+from onceflow.telemetry import boundary_span, process_telemetry
+from onceflow.tools import CATALOGUE, check_idempotency_key, derive_task_workflow_id, key_digest
 from onceflow.workflows.task_models import (
     AgentTaskInput,
     ApproveInput,
@@ -186,7 +186,9 @@ def call(
 
     The same key with other arguments is refused (exit 2), as the gateway refuses it
     (422). With --wait the exit code is the task's state: 0 succeeded, 3 failed,
-    4 parked, 5 awaiting approval.
+    4 parked, 5 awaiting approval. With the ``OTEL_*`` variables set the call is traced
+    like a gateway request: the task's trace starts at its ``cli.call`` span and its id
+    is in the task's memo.
     """
 
     from onceflow.cli._configuration import loaded_configuration
@@ -196,12 +198,25 @@ def call(
     async def body() -> None:
         task = _one_step_task(tool, tenant, principal, key, args)
         workflow_id = derive_task_workflow_id(tenant=tenant, scope=tool, idempotency_key=key)
-        client = await _task_client(temporal_address)
-        await _start_or_join(client, task, workflow_id)
-        if wait:
-            status = await _until_settled(client, workflow_id)
-        else:
-            status = await client.status(workflow_id)
+        # Before the first client: it carries the tracing interceptor and its runtime the
+        # metrics; leaving flushes the spans before the command exits.
+        async with process_telemetry("onceflow-cli"):
+            client = await _task_client(temporal_address)
+            with boundary_span(
+                f"cli.call {tool}",
+                {
+                    "onceflow.tenant": tenant,
+                    "onceflow.principal": principal,
+                    "onceflow.tool": tool,
+                    "onceflow.key_digest": key_digest(key),
+                    "onceflow.workflow_id": workflow_id,
+                },
+            ):
+                await _start_or_join(client, task, workflow_id)
+            if wait:
+                status = await _until_settled(client, workflow_id)
+            else:
+                status = await client.status(workflow_id)
         console.print_json(status.model_dump_json())
         if wait and WAIT_EXIT_CODES[status.state]:
             raise typer.Exit(WAIT_EXIT_CODES[status.state])

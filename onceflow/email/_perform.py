@@ -26,6 +26,7 @@ from typing import Any
 from onceflow.email._contract import SendEmailInput
 from onceflow.email._settings import EmailSettings
 from onceflow.email._store import EmailOutbox, EmailRequest, OutboxRow
+from onceflow.telemetry import W3CTraceContext
 from onceflow.tools import (
     ChildOperation,
     OutcomeClass,
@@ -87,7 +88,10 @@ class OutboxSending:
         )
         outbox = EmailOutbox(call.pool)
         try:
-            row, armed = await outbox.enqueue(request, attempt=call.attempt)
+            # The attempt's span (RunActivity): the relay's delivery continues its trace.
+            row, armed = await outbox.enqueue(
+                request, attempt=call.attempt, trace_context=W3CTraceContext.current()
+            )
         except Exception as error:  # every failure is classified, none escapes unlabelled
             outcome, reason = classify_database_error(error)
             evidence = {"event_id": event_id, "message_id": request.message_id}

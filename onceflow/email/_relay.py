@@ -14,6 +14,10 @@ then takes the row over and decides from what the dead claim recorded:
 
 A relay never retries on its own: it records the classified outcome and the workflow
 decides whether the email is armed again.
+
+Each delivery's span (``smtp deliver``) is a child of the ``send_email`` attempt that
+armed the email (its context travels in the outbox row), so it is part of the task's
+trace; a row without a valid stored context is delivered in a trace of its own.
 """
 
 import asyncio
@@ -128,6 +132,9 @@ class OutboxRelay:
                 "onceflow.email_arming": claim.arming,
                 "onceflow.relay": self.relay_id,
             },
+            # In the trace of the attempt that armed the email; a row without one starts
+            # a trace of its own.
+            parent=claim.trace_context.parent() if claim.trace_context else None,
         ) as span:
             try:
                 report = await asyncio.to_thread(

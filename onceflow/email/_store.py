@@ -23,8 +23,13 @@ expired claim knows from the table alone whether the dead relay may have passed
 consumers need not dedupe by ``Message-ID``), and the step parks until an operator
 decides; if not, nothing was sent and it delivers the email itself. A stalled relay
 whose claim was taken over cannot set the mark any more, so it never sends either.
+
+Each arming also stores the W3C trace context of the attempt that armed it, so the
+relay's delivery span joins the task's trace; a claim carries it validated, or None (a
+row armed before migration 9, outside a trace, or holding a malformed value).
 """
 
+import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -33,10 +38,13 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from onceflow.email._smtp import DeliveryOutcome, DeliveryReport, OutgoingMessage
+from onceflow.telemetry import W3CTraceContext
 
 FINISHED_STATES = frozenset({"delivered", "rejected", "transient", "unknown"})
 """States in which an arming has its outcome."""
 _RE_ARMABLE = ("transient", "unknown")
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,6 +94,9 @@ class Claim:
     took_over: bool
     """The row was claimed from a relay whose claim had expired."""
     message: OutgoingMessage
+    trace_context: W3CTraceContext | None = None
+    """The arming attempt's trace, which the delivery continues; None for a row armed
+    outside a trace or before migration 9, and for a malformed stored value."""
 
 
 _READ = """
@@ -104,15 +115,15 @@ ON CONFLICT (event_id) DO NOTHING
 RETURNING event_id
 """
 _INSERT_OUTBOX = """
-INSERT INTO email_outbox (event_id, state, arming, armed_by_attempt)
-VALUES (%(event_id)s, 'pending', 1, %(attempt)s)
+INSERT INTO email_outbox (event_id, state, arming, armed_by_attempt, traceparent, tracestate)
+VALUES (%(event_id)s, 'pending', 1, %(attempt)s, %(traceparent)s, %(tracestate)s)
 """
 _LOCK = "SELECT state, armed_by_attempt FROM email_outbox WHERE event_id = %(event_id)s FOR UPDATE"
 _RE_ARM = """
 UPDATE email_outbox
 SET state = 'pending', arming = arming + 1, armed_by_attempt = %(attempt)s, armed_at = now(),
     claimed_by = NULL, claim_expires_at = NULL, reason = NULL, smtp_reply = NULL,
-    updated_at = now()
+    traceparent = %(traceparent)s, tracestate = %(tracestate)s, updated_at = now()
 WHERE event_id = %(event_id)s
 """
 _WITHDRAW = """
@@ -134,6 +145,7 @@ SET state = 'sending', claim_token = o.claim_token + 1, claimed_by = %(relay_id)
 FROM due, email_messages AS m
 WHERE o.event_id = due.event_id AND m.event_id = o.event_id
 RETURNING o.event_id, o.arming, o.claim_token, due.was = 'sending' AS took_over,
+          o.traceparent, o.tracestate,
           m.message_id, m.sender, m.recipients, m.subject, m.body, m.created_at
 """
 _RENEW = """
@@ -191,12 +203,20 @@ class EmailOutbox:
 
     # ── the activity's side ─────────────────────────────────────────────────────────
 
-    async def enqueue(self, request: EmailRequest, *, attempt: int) -> tuple[OutboxRow, bool]:
+    async def enqueue(
+        self,
+        request: EmailRequest,
+        *,
+        attempt: int,
+        trace_context: W3CTraceContext | None = None,
+    ) -> tuple[OutboxRow, bool]:
         """Write the email and its outbox row in one transaction, or re-arm the row.
 
         A row whose last arming ended ``transient`` or ``unknown`` is armed again when a
         later workflow attempt asks (``attempt`` greater than the one that armed it), so
         a late duplicate of an old attempt never re-arms. Any other row is left alone.
+        An arming stores ``trace_context`` (the attempt's span), which the relay's
+        delivery continues.
 
         Returns:
             The row after the call, and whether this call armed it.
@@ -212,6 +232,8 @@ class EmailOutbox:
             "subject": request.subject,
             "body": request.body,
             "attempt": attempt,
+            "traceparent": trace_context.traceparent if trace_context else None,
+            "tracestate": trace_context.tracestate if trace_context else None,
         }
         async with self._pool.connection() as conn, conn.transaction():
             inserted = await (await conn.execute(_INSERT_MESSAGE, params)).fetchone()
@@ -266,6 +288,7 @@ class EmailOutbox:
                     body=row["body"],
                     date=row["created_at"],
                 ),
+                trace_context=_stored_trace_context(row),
             )
             for row in rows
         ]
@@ -387,6 +410,20 @@ class EmailOutbox:
         await cursor.execute(_READ, {"event_id": event_id})
         row = await cursor.fetchone()
         return OutboxRow(**row) if row else None
+
+
+def _stored_trace_context(row: dict[str, Any]) -> W3CTraceContext | None:
+    """The row's trace context, validated; a malformed one is ignored (the email still
+    goes out, in a trace of its own) and named by event id only."""
+    if row["traceparent"] is None:
+        return None
+    stored = W3CTraceContext.parse(row["traceparent"], row["tracestate"])
+    if stored is None:
+        _log.warning(
+            "email %s: ignored a malformed traceparent; it is delivered in a trace of its own",
+            row["event_id"],
+        )
+    return stored
 
 
 def _outcome(report: DeliveryReport) -> dict[str, Any]:

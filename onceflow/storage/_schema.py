@@ -275,4 +275,19 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         ALTER TABLE email_deliveries ALTER COLUMN message_sent_at SET DEFAULT now();
         """,
     ),
+    (
+        9,
+        "email: the trace context of the attempt that armed an email",
+        """
+        -- The W3C trace context of the send_email attempt that armed the row (set again
+        -- when a later attempt re-arms it): the relay's delivery span continues that
+        -- trace, so a task's trace holds its SMTP delivery. Ids and flags, never a
+        -- secret; relays validate it when they read it and ignore a malformed value.
+        -- NULL for rows armed before this migration or outside a trace: they deliver
+        -- in a trace of their own.
+        ALTER TABLE email_outbox
+            ADD COLUMN traceparent text,
+            ADD COLUMN tracestate  text;
+        """,
+    ),
 )

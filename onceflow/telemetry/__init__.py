@@ -4,7 +4,8 @@
 process's start and flushes them at its exit; ``tracing_interceptor`` is the Temporal
 integration every client carries; ``AttemptAnnotations`` puts onceflow's fields on each
 attempt's activity span; ``outbound_call`` and ``boundary_span`` are the spans onceflow
-opens itself; ``scrub`` removes card numbers and secrets from text, and
+opens itself; ``W3CTraceContext`` carries a trace to another process through a database
+row (the email outbox); ``scrub`` removes card numbers and secrets from text, and
 ``sensitive_locations`` / ``unstorable_locations`` find them (and text PostgreSQL or JSON
 cannot hold) in a request's arguments.
 """
@@ -28,6 +29,7 @@ from onceflow.telemetry._redaction import (
     unstorable_locations,
 )
 from onceflow.telemetry._tracing import (
+    W3CTraceContext,
     boundary_span,
     configure_tracing,
     current_trace_id,
@@ -40,6 +42,7 @@ __all__ = [
     "PARKED_QUERY",
     "AttemptAnnotations",
     "Finding",
+    "W3CTraceContext",
     "attempt_attributes",
     "boundary_span",
     "configure_logging",

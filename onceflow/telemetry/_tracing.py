@@ -4,27 +4,49 @@ Nothing is exported unless an OTLP endpoint (``OTEL_EXPORTER_OTLP_ENDPOINT`` or
 ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) or ``OTEL_TRACES_EXPORTER=otlp`` is set;
 ``OTEL_EXPORTER_OTLP_PROTOCOL`` picks ``grpc`` (default) or ``http/protobuf``.
 
-One trace per task: the gateway's request span (under FastAPI's HTTP server span; or,
-for a task started elsewhere, the ``StartTask`` span of ``TaskClient.start``) is the
-ancestor of Temporal's ``StartWorkflow`` span, whose context travels in the workflow's
-headers to every workflow and activity span, on every worker and across worker restarts.
+One trace per task: the gateway's request span (under FastAPI's HTTP server span), the
+``cli.call`` span of ``onceflow call`` or, for a task started elsewhere, the ``StartTask``
+span of ``TaskClient.start`` is the ancestor of Temporal's ``StartWorkflow`` span, whose
+context travels in the workflow's headers to every workflow and activity span, on every
+worker and across worker restarts.
 Temporal's ``TracingInterceptor`` is the one integration used (never also the plugin,
 which would double the spans): its spans are exported as they happen, so a parked task's
 attempts are visible while it waits, and it emits no workflow span while a history is
-being replayed.
+being replayed. Work another process finishes later (an email the relay delivers) carries
+its attempt's context as text (``W3CTraceContext``) in the row that hands it over, and
+that process's span continues the task's trace from there.
 """
 
 import os
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import (
+    NonRecordingSpan,
+    Span,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+    TraceState,
+)
 from opentelemetry.util.types import AttributeValue
 from temporalio.contrib.opentelemetry import TracingInterceptor
+
+from onceflow.telemetry._redaction import scrub
+
+_TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+"""W3C Trace Context version 00, the only version onceflow writes."""
+_TRACESTATE_MAX_LENGTH = 512
+"""W3C Trace Context: what every platform must propagate; longer ones may be dropped."""
 
 
 def _exporter() -> SpanExporter | None:
@@ -91,18 +113,91 @@ def current_trace_id() -> str | None:
     return trace.format_trace_id(context.trace_id) if context.is_valid else None
 
 
+@dataclass(frozen=True)
+class W3CTraceContext:
+    """A span's W3C trace context as text, stored with work another process takes over
+    (an outbox row), so that process's span continues the same trace.
+
+    Ids and flags only (``traceparent``), plus the vendors' ``tracestate`` when it is
+    valid, at most 512 characters and free of anything ``scrub`` would remove: never a
+    secret. Text read back is validated (``parse``); a malformed value is ignored.
+    """
+
+    traceparent: str
+    """``00-<trace id>-<parent span id>-<flags>``."""
+    tracestate: str | None = None
+    """The vendors' ``tracestate`` list, when there is one."""
+
+    @classmethod
+    def current(cls) -> "W3CTraceContext | None":
+        """The current span's context; None outside a trace (nothing to continue)."""
+        context = trace.get_current_span().get_span_context()
+        if not context.is_valid:
+            return None
+        traceparent = (
+            f"00-{trace.format_trace_id(context.trace_id)}-"
+            f"{trace.format_span_id(context.span_id)}-{context.trace_flags:02x}"
+        )
+        return cls.parse(traceparent, context.trace_state.to_header() or None)
+
+    @classmethod
+    def parse(cls, traceparent: object, tracestate: object = None) -> "W3CTraceContext | None":
+        """Validate stored text: None for a missing or malformed ``traceparent`` (version
+        00, lowercase hex, non-zero ids); a ``tracestate`` that is malformed, too long or
+        looks like it holds a secret is dropped."""
+        if not isinstance(traceparent, str):
+            return None
+        match = _TRACEPARENT.fullmatch(traceparent)
+        if match is None or int(match[1], 16) == 0 or int(match[2], 16) == 0:
+            return None
+        return cls(traceparent, _valid_tracestate(tracestate))
+
+    def parent(self) -> Context:
+        """A context whose current span is the (remote) span this text names: pass it as
+        a new span's parent to continue the trace."""
+        _, trace_id, span_id, flags = self.traceparent.split("-")
+        span_context = SpanContext(
+            trace_id=int(trace_id, 16),
+            span_id=int(span_id, 16),
+            is_remote=True,
+            trace_flags=TraceFlags(int(flags, 16)),
+            trace_state=TraceState.from_header([self.tracestate]) if self.tracestate else None,
+        )
+        return trace.set_span_in_context(NonRecordingSpan(span_context), Context())
+
+
+def _valid_tracestate(tracestate: object) -> str | None:
+    if not isinstance(tracestate, str) or not 0 < len(tracestate) <= _TRACESTATE_MAX_LENGTH:
+        return None
+    if scrub(tracestate) != tracestate:
+        return None
+    try:
+        # Any member that is not a W3C key=value empties the whole list.
+        parsed = TraceState.from_header([tracestate])
+    except Exception:
+        return None
+    return parsed.to_header() or None
+
+
 @contextmanager
 def outbound_call(
-    system: str, operation: str, attributes: dict[str, AttributeValue] | None = None
+    system: str,
+    operation: str,
+    attributes: dict[str, AttributeValue] | None = None,
+    *,
+    parent: Context | None = None,
 ) -> Iterator[Span]:
     """A client span around one call to a far-side service (Stripe, SMTP, a deploy target).
 
     The caller adds the correlation ids the answer carries. An exception marks the span
     as failed with the exception's type only: messages and tracebacks can quote data.
+    ``parent`` (default: the current context) is where a process continuing another's
+    work starts (``W3CTraceContext.parent``).
     """
     tracer = trace.get_tracer("onceflow.outbound")
     with tracer.start_as_current_span(
         f"{system} {operation}",
+        context=parent,
         kind=SpanKind.CLIENT,
         attributes={"onceflow.provider": system, **(attributes or {})},
         record_exception=False,
@@ -120,7 +215,8 @@ def boundary_span(name: str, attributes: dict[str, AttributeValue]) -> Iterator[
     """The span of one request at the boundary; a task it starts is its child.
 
     Internal: over HTTP, FastAPI's own server span (``POST /v1/tasks``) is its parent,
-    and a caller's ``traceparent`` continues the caller's trace; over MCP it is the root.
+    and a caller's ``traceparent`` continues the caller's trace; over MCP and for
+    ``onceflow call`` (``cli.call <tool>``) it is the root.
     A refusal carrying an HTTP ``status`` below 500 (the boundary's own errors) is the
     client's problem and leaves the span's status unset, as OpenTelemetry's HTTP
     conventions ask of server spans; anything else marks it failed by type only.

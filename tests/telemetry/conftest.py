@@ -5,7 +5,9 @@ The receiver is a gRPC server speaking the OTLP trace and metrics services; it d
 exactly as a collector would. ``onceflow worker`` and ``onceflow gateway`` run as real
 processes configured only through ``OTEL_*`` variables, with payments pointed at the
 local Stripe-compatible provider (served in the test's event loop) and JSON logs.
-One stack serves the whole package; every test works in a tenant of its own.
+One stack serves the whole package; every test works in a tenant of its own. Tests that
+send email add ``mail``: an ``onceflow relay`` process exporting to the same receiver and
+delivering to an SMTP sink served in the test's event loop.
 """
 
 import asyncio
@@ -22,6 +24,7 @@ from typing import Any
 import grpc
 import httpx
 import pytest
+from onceflow_devstack.smtp_sink import RunningSink, running_smtp_sink
 from onceflow_devstack.stripe_provider import ProviderConfig, ProviderControl, running_provider
 from opentelemetry.proto.collector.metrics.v1 import (
     metrics_service_pb2,
@@ -267,6 +270,9 @@ class TelemetryStack:
     otlp: OtlpReceiver
     gateway_url: str
     database_url: str
+    env: dict[str, str]
+    """The environment the worker and the gateway run with (the CLI and relay reuse it)."""
+    logs_dir: Path
     processes: list[OnceflowProcess] = field(default_factory=list)
 
     def logs(self) -> str:
@@ -397,10 +403,37 @@ async def stack(
                 otlp=otlp,
                 gateway_url=url,
                 database_url=postgres_url,
+                env=env,
+                logs_dir=logs,
                 processes=[worker, gateway],
             )
         finally:
             await asyncio.gather(worker.stop(), gateway.stop())
+
+
+@dataclass
+class MailRelay:
+    """The package's ``onceflow relay`` process and the SMTP sink it delivers to."""
+
+    sink: RunningSink
+    relay: OnceflowProcess
+
+
+@pytest.fixture(scope="package")
+async def mail(stack: TelemetryStack) -> AsyncIterator[MailRelay]:
+    """``onceflow relay`` exporting to ``otlp``, delivering the stack's emails to a sink."""
+    async with running_smtp_sink() as sink:
+        relay = await start_onceflow(
+            "relay",
+            ["relay"],
+            {**stack.env, "SMTP_URL": sink.smtp_url, "ONCEFLOW_EMAIL_POLL_INTERVAL": "PT0.1S"},
+            stack.logs_dir / "relay.log",
+            "ready, delivering to",
+        )
+        try:
+            yield MailRelay(sink=sink, relay=relay)
+        finally:
+            await relay.stop()
 
 
 @pytest.fixture
