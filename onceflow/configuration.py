@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict
 
 from onceflow.deployments import DeploymentToolSettings, DeployTargetSettings
 from onceflow.email import EmailSettings, EmailToolSettings
+from onceflow.encryption import PayloadEncryptionSettings
 from onceflow.gateway import GatewaySettings, RetentionTooShort, check_retention
 from onceflow.payments import PaymentToolSettings, StripeSettings
 from onceflow.settings import (
@@ -46,6 +47,9 @@ class OnceflowConfiguration(BaseModel):
     """``[tools.email]`` and ``ONCEFLOW_EMAIL_*``: same on every worker."""
     deployment_tool: DeploymentToolSettings
     """``[tools.deployments]`` and ``ONCEFLOW_DEPLOYMENTS_*``: same on every worker."""
+    payload_encryption: PayloadEncryptionSettings
+    """``[payload_encryption]`` and ``ONCEFLOW_PAYLOAD_KEYS``, ``ONCEFLOW_UI_ORIGIN``: the
+    same keys in every process that talks to Temporal."""
     config_file: Path | None = None
     """The file the sections were read from (``ONCEFLOW_CONFIG``). Default: none."""
 

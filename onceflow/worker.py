@@ -129,7 +129,8 @@ async def serve_worker(
     sections (``[stripe]``, ``[email]``, ``[deploy_target]``, ``[tools.*]``), and the
     custom tools of ``[onceflow] tools``, registered before anything connects (an unsafe
     tool stops the start-up with ``ToolRegistrationError``) and their clients opened for
-    the worker's lifetime. Relays run apart (``onceflow relay``). When the process
+    the worker's lifetime. Payloads are encrypted when ``[payload_encryption]`` holds
+    keys. Relays run apart (``onceflow relay``). When the process
     exports metrics, the worker also publishes the parked-task gauges.
     """
     settings = configuration.onceflow
@@ -138,7 +139,9 @@ async def serve_worker(
         raise InvalidSettings(*missing)
     tools = configured_tools(configuration)
     register_tools(tools)
-    client = await connect_temporal(address=temporal_address)
+    client = await connect_temporal(
+        address=temporal_address, encryption=configuration.payload_encryption
+    )
     async with (
         watch_parked_tasks(client, every=timedelta(seconds=settings.parked_scan_seconds)),
         build_pool(database_url, max_size=settings.db_pool_max_size) as pool,

@@ -19,6 +19,7 @@ from rich.console import Console
 
 from onceflow.cli.plugin import CommandFailed
 from onceflow.configuration import OnceflowConfiguration
+from onceflow.encryption import PayloadEncryptionSettings
 from onceflow.task_api import TaskClient, connect_temporal
 from onceflow.tools import derive_task_workflow_id
 from onceflow.workflows.task_models import AgentTaskInput, StepInput, TaskStatus
@@ -48,6 +49,8 @@ class _Endpoints:
     local_provider_url: str | None = None
     local_deploy_target_url: str | None = None
     smtp_sink_control_url: str | None = None
+    encryption: PayloadEncryptionSettings | None = None
+    """The stack's payload keys: the demo's client reads what its worker encrypted."""
 
 
 async def run_demo(
@@ -80,6 +83,7 @@ async def run_demo(
                         else None
                     ),
                     smtp_sink_control_url=services.smtp_sink_control_url if services else None,
+                    encryption=configuration.payload_encryption,
                 ),
             )
             console.print(
@@ -107,6 +111,7 @@ async def run_demo(
                 local_provider_url=running_stack_provider_url(settings.state_dir),
                 local_deploy_target_url=running_stack_deploy_target_url(settings.state_dir),
                 smtp_sink_control_url=running_stack_smtp_sink_control_url(settings.state_dir),
+                encryption=configuration.payload_encryption,
             ),
         )
 
@@ -190,7 +195,8 @@ async def run_agent_demo(
 
 async def _scenario(console: Console, endpoints: _Endpoints) -> None:
     client = TaskClient(
-        await connect_temporal(address=endpoints.temporal_address), task_queue=endpoints.task_queue
+        await connect_temporal(address=endpoints.temporal_address, encryption=endpoints.encryption),
+        task_queue=endpoints.task_queue,
     )
     customer = f"u-{uuid.uuid4().hex[:6]}"
     welcome = AgentTaskInput(

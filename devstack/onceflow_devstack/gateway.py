@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from onceflow.encryption import PayloadEncryptionSettings
 from onceflow.gateway import (
     ALL_TOOLS,
     GatewaySettings,
@@ -55,10 +56,12 @@ async def running_gateway(
     temporal_address: str,
     port: int | None,
     gateway_settings: GatewaySettings | None = None,
+    encryption: PayloadEncryptionSettings | None = None,
     progress: Callable[[str], None] = lambda message: None,
 ) -> AsyncIterator[DevGateway]:
     """Serve the HTTP API on ``127.0.0.1:port``, or with ``port`` None on ``GATEWAY_PORT``
-    (another free port if that is taken).
+    (another free port if that is taken). With payload keys in ``encryption`` its client
+    encrypts and it serves the codec endpoint at ``/codec`` for the Web UI.
 
     Raises:
         PortInUse: ``port`` is taken.
@@ -76,10 +79,14 @@ async def running_gateway(
     # Opened before the server, as `onceflow gateway` does, so a failure to open it is the
     # stack's start-up failure rather than a traceback uvicorn logs.
     async with open_boundary(
-        settings, configured, database_url=database_url, temporal_address=temporal_address
+        settings,
+        configured,
+        database_url=database_url,
+        temporal_address=temporal_address,
+        encryption=encryption,
     ) as service:
         server = HttpServer(
-            build_app(lambda: nullcontext(service)),
+            build_app(lambda: nullcontext(service), encryption=encryption),
             host="127.0.0.1",
             port=GATEWAY_PORT if port is None else port,
             handle_signals=False,

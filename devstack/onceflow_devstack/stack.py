@@ -13,6 +13,7 @@ import asyncio
 import fcntl
 import os
 import shlex
+import socket
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import SecretStr
 
 from onceflow.configuration import OnceflowConfiguration
+from onceflow.encryption import PayloadEncryptionSettings
 from onceflow.payments import StripeSettings
 from onceflow.storage import apply_migrations
 from onceflow.worker import serve_worker
@@ -30,7 +32,15 @@ from onceflow_devstack.email_deploy_services import (
     email_and_deploy_services,
 )
 from onceflow_devstack.gateway import running_gateway
-from onceflow_devstack.ports import DEFAULT_PORTS, FLAGS, PROVIDER_PORT, PortInUse, StackPorts
+from onceflow_devstack.ports import (
+    DEFAULT_PORTS,
+    FLAGS,
+    GATEWAY_PORT,
+    PROVIDER_PORT,
+    PortInUse,
+    StackPorts,
+    port_is_taken,
+)
 from onceflow_devstack.postgres import EmbeddedPostgres
 from onceflow_devstack.stripe_provider import running_provider
 from onceflow_devstack.temporal import TemporalDevServer
@@ -63,6 +73,9 @@ class StackInfo:
     join_file: Path | None = None
     """Shell exports that point other commands (``onceflow worker``, ``relay``, ``gateway``)
     at this stack; production commands never find a dev stack by themselves."""
+    codec_endpoint: str | None = None
+    """The gateway's codec endpoint the Web UI decodes payloads through, when they are
+    encrypted (``ONCEFLOW_PAYLOAD_KEYS``)."""
 
     def describe(self) -> list[tuple[str, str]]:
         """(what, where) pairs for printing."""
@@ -82,6 +95,17 @@ class StackInfo:
             ),
             ("gateway (HTTP API)", f"{self.gateway_url} (OpenAPI at {self.gateway_url}/docs)"),
             ("dev API key", f"{self.dev_api_key_file} (principal dev/dev-agent)"),
+            *(
+                [
+                    (
+                        "codec endpoint (payloads encrypted)",
+                        f"{self.codec_endpoint} (sign in at "
+                        f"{self.codec_endpoint}/login with the dev API key)",
+                    )
+                ]
+                if self.codec_endpoint
+                else []
+            ),
             *(self.email_and_deploy.describe() if self.email_and_deploy else []),
             ("state and logs", str(self.state_dir)),
             *([("join from another shell", f"source {self.join_file}")] if self.join_file else []),
@@ -137,7 +161,10 @@ async def embedded_stack(
     with _exclusive(state_dir / "dev.lock"):
         ports.refuse_taken()
         postgres: EmbeddedPostgres | None = None
-        temporal = TemporalDevServer(state_dir, port=ports.temporal, ui_port=ports.ui)
+        encryption, codec_endpoint, gateway_port = _codec_endpoint(configuration, ports)
+        temporal = TemporalDevServer(
+            state_dir, port=ports.temporal, ui_port=ports.ui, codec_endpoint=codec_endpoint
+        )
         stop_worker = asyncio.Event()
         worker_task: asyncio.Task[None] | None = None
         local_provider = AsyncExitStack()
@@ -189,7 +216,8 @@ async def embedded_stack(
                     state_dir=state_dir,
                     database_url=database_url,
                     temporal_address=endpoints.address,
-                    port=ports.gateway,
+                    port=gateway_port,
+                    encryption=encryption,
                     progress=progress,
                 )
             )
@@ -205,6 +233,7 @@ async def embedded_stack(
                     "SMTP_URL": email_and_deploy.smtp_url,
                     "DEPLOY_TARGET_URL": email_and_deploy.deploy_target.url,
                     "ONCEFLOW_GATEWAY_URL": boundary.url,
+                    **_encryption_exports(encryption),
                 },
                 notes={
                     "Temporal Web UI": endpoints.ui_url,
@@ -230,6 +259,7 @@ async def embedded_stack(
                 dev_api_key_file=boundary.api_key_file,
                 email_and_deploy=email_and_deploy,
                 join_file=join_file,
+                codec_endpoint=codec_endpoint,
             )
         finally:
             progress("stopping")
@@ -248,6 +278,48 @@ async def embedded_stack(
             temporal.stop()
             if postgres is not None:
                 postgres.stop()
+
+
+def _codec_endpoint(
+    configuration: OnceflowConfiguration, ports: StackPorts
+) -> tuple[PayloadEncryptionSettings, str | None, int | None]:
+    """The encryption settings of the stack's gateway, the codec endpoint the Web UI is
+    started with (None without payload keys) and the gateway's port.
+
+    With keys, the gateway's port is settled before the dev server starts, since the UI
+    is told the endpoint's address then; the endpoint is named on ``localhost`` like the
+    UI, so the sign-in cookie stays same-site; and unless ``ONCEFLOW_UI_ORIGIN`` says
+    otherwise, the one origin it answers is this stack's UI.
+    """
+    encryption = configuration.payload_encryption
+    if not encryption.enabled:
+        return encryption, None, ports.gateway
+    port = ports.gateway
+    if port is None:
+        port = GATEWAY_PORT if not port_is_taken(GATEWAY_PORT) else _free_port()
+    if "ui_origin" not in encryption.model_fields_set:
+        encryption = encryption.model_copy(update={"ui_origin": f"http://localhost:{ports.ui}"})
+    return encryption, f"http://localhost:{port}/codec", port
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port
+
+
+def _encryption_exports(encryption: PayloadEncryptionSettings) -> dict[str, str | None]:
+    """The payload keys, for commands that join the stack (they read its tasks)."""
+    if not encryption.enabled:
+        return {}
+    return {
+        "ONCEFLOW_PAYLOAD_KEYS": ",".join(
+            entry.get_secret_value() for entry in encryption.payload_keys
+        ),
+        "ONCEFLOW_PAYLOAD_KEY_ID": encryption.payload_key_id,
+        "ONCEFLOW_UI_ORIGIN": encryption.ui_origin,
+    }
 
 
 async def _stripe_for_worker(

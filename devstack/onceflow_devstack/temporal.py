@@ -31,10 +31,20 @@ class TemporalDevServer:
     folder) is stopped before a new one starts on the same database file.
     """
 
-    def __init__(self, state_dir: Path, *, port: int = 7233, ui_port: int = 8233) -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        port: int = 7233,
+        ui_port: int = 8233,
+        codec_endpoint: str | None = None,
+    ) -> None:
+        """``codec_endpoint``: the remote codec endpoint the Web UI decodes payloads
+        through (``--ui-codec-endpoint``), when payloads are encrypted. Default: none."""
         self._state_dir = state_dir
         self._port = port
         self._ui_port = ui_port
+        self._codec_endpoint = codec_endpoint
         self._pid_file = state_dir / "temporal.pid"
         self._log_file = state_dir / "temporal.log"
         self._process: subprocess.Popen[bytes] | None = None
@@ -66,6 +76,7 @@ class TemporalDevServer:
             str(self._ui_port),
             "--log-level",
             "warn",
+            *(("--ui-codec-endpoint", self._codec_endpoint) if self._codec_endpoint else ()),
             *(
                 argument
                 for key in ALL_SEARCH_ATTRIBUTES

@@ -56,6 +56,7 @@ def register(app: typer.Typer, operate: Operate) -> None:
         """Serve the HTTP API (OpenAPI at /openapi.json) until SIGTERM/SIGINT."""
         settings, database_url = settings_and_database()
         gateway_settings = _gateway_settings()
+        encryption = _configuration().payload_encryption
         # Before build_app: it documents a route per tool.
         register_configured_tools(_configuration())
 
@@ -76,9 +77,11 @@ def register(app: typer.Typer, operate: Operate) -> None:
                     gateway_settings,
                     database_url=database_url,
                     temporal_address=temporal_address,
+                    encryption=encryption,
                 ) as service,
             ):
-                app = build_app(lambda: nullcontext(service))
+                # With payload keys, also the codec endpoint at /codec (the Temporal UI's).
+                app = build_app(lambda: nullcontext(service), encryption=encryption)
                 async with _serving(app, host, port) as url:
                     ready.set()
                     print(f"onceflow gateway ready on {url} (pid {os.getpid()})", flush=True)
@@ -106,6 +109,7 @@ def register(app: typer.Typer, operate: Operate) -> None:
         """
         settings, database_url = settings_and_database()
         gateway_settings = _gateway_settings()
+        encryption = _configuration().payload_encryption
         register_configured_tools(_configuration())  # the MCP tools are the catalogue's
         api_key = os.environ.get(API_KEY_VARIABLE)
         if transport is McpTransport.STDIO and not api_key:
@@ -140,6 +144,7 @@ def register(app: typer.Typer, operate: Operate) -> None:
                     gateway_settings,
                     database_url=database_url,
                     temporal_address=temporal_address,
+                    encryption=encryption,
                 ) as service,
             ):
                 if transport is McpTransport.STDIO:

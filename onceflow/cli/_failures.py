@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from temporalio.client import WorkflowQueryFailedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from onceflow.encryption import ENCRYPTED_ENCODING, PayloadDecryptionFailed
 from onceflow.settings import InvalidSettings
 from onceflow.task_api import DecisionConflict, DecisionRefused
 from onceflow.tools import ToolRegistrationError, UnknownTool
@@ -71,6 +72,14 @@ def explain(error: BaseException) -> CommandFailed:
         )
     if isinstance(error, InvalidSettings | ToolRegistrationError | UnknownTool):
         return CommandFailed(str(error), exit_code=ExitCode.BAD_INPUT)
+    if isinstance(error, PayloadDecryptionFailed):
+        return CommandFailed(str(error), exit_code=ExitCode.BAD_INPUT)
+    if isinstance(error, KeyError) and ENCRYPTED_ENCODING.decode() in str(error):
+        return CommandFailed(
+            "the task's payloads are encrypted and this command has no key; fix: set "
+            "ONCEFLOW_PAYLOAD_KEYS to the keys the workers use",
+            exit_code=ExitCode.BAD_INPUT,
+        )
     if isinstance(error, DecisionRefused):
         return CommandFailed(f"refused by the task: {error}")
     if isinstance(error, DecisionConflict):

@@ -35,7 +35,7 @@ from onceflow.cli.plugin import (
     register_plugin_commands,
     stop_on_signals,
 )
-from onceflow.settings import InvalidSettings, load_settings
+from onceflow.settings import InvalidSettings, load_settings, read_settings
 from onceflow.task_api import DecisionAnswer, TaskClient, connect_temporal
 from onceflow.telemetry import boundary_span, process_telemetry
 from onceflow.tools import CATALOGUE, check_idempotency_key, derive_task_workflow_id, key_digest
@@ -83,8 +83,13 @@ def _operator_name() -> str:
 
 
 async def _task_client(address: str | None) -> TaskClient:
+    from onceflow.encryption import PayloadEncryptionSettings
+
     settings = load_settings()
-    return TaskClient(await connect_temporal(address=address), task_queue=settings.task_queue)
+    # Payloads written with keys are read with them: the same keys as the workers'.
+    encryption = read_settings(PayloadEncryptionSettings)
+    client = await connect_temporal(address=address, encryption=encryption)
+    return TaskClient(client, task_queue=settings.task_queue)
 
 
 @app.command()

@@ -8,6 +8,7 @@ into MCP tool errors). No message ever repeats a raw idempotency key or a reques
     ├── Unauthenticated                  401  no or unknown API key
     ├── ToolNotAllowed                   403  the principal may not call this tool
     ├── DecisionsNotAllowed              403  the principal may not approve or reconcile
+    ├── OriginNotAllowed                 403  a browser request from another site than the UI's
     ├── UnknownToolRequested             404  no tool of that name
     ├── TaskNotFound                     404  no such task for this tenant
     ├── MissingIdempotencyKey            400  a mutating call without a key
@@ -16,6 +17,7 @@ into MCP tool errors). No message ever repeats a raw idempotency key or a reques
     ├── RequestTooLarge                  413  the body is larger than the gateway reads
     ├── UnsupportedMediaType             415  a body that is not sent as JSON
     ├── KeyReusedWithDifferentRequest    422  same key, different fingerprint
+    ├── PayloadNotDecodable              422  the codec endpoint cannot decrypt a payload
     ├── RequestInProgress                409  another request holds the key's claim
     ├── DecisionRefused                  409  the task refused an approve/reconcile
     ├── DecisionConflict                 409  the step was decided otherwise, or the task ended
@@ -98,6 +100,22 @@ class DecisionsNotAllowed(BoundaryError):
     status = 403
     slug = "decisions-not-allowed"
     title = "Operator decisions not allowed for this principal"
+
+
+class OriginNotAllowed(BoundaryError):
+    """A browser request to the codec endpoint from an origin other than the Temporal UI's."""
+
+    status = 403
+    slug = "origin-not-allowed"
+    title = "Origin not allowed"
+
+
+class PayloadNotDecodable(BoundaryError):
+    """The codec endpoint holds no key for a payload, or the payload does not authenticate."""
+
+    status = 422
+    slug = "payload-not-decodable"
+    title = "Payload cannot be decrypted"
 
 
 class UnknownToolRequested(BoundaryError):

@@ -163,6 +163,21 @@ class PrincipalStore:
             raise Unauthenticated("the API key is not valid")
         return _principal(row)
 
+    async def authenticate_digest(self, key_hash: str) -> Principal:
+        """The principal of the API key whose digest (``api_key_digest``) a signed codec
+        session carries: a key revoked since the session began ends it.
+
+        Raises:
+            Unauthenticated: The key is unknown or revoked.
+        """
+        async with self._pool.connection() as conn:
+            cursor = conn.cursor(row_factory=dict_row)
+            await cursor.execute(_FIND_BY_KEY, {"key_hash": key_hash})
+            row = await cursor.fetchone()
+        if row is None:
+            raise Unauthenticated("the session's API key is no longer valid; sign in again")
+        return _principal(row)
+
 
 def _new_api_key() -> str:
     return API_KEY_PREFIX + secrets.token_urlsafe(32)

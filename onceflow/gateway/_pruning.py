@@ -19,6 +19,7 @@ from temporalio.client import (
     ScheduleSpec,
 )
 
+from onceflow.encryption import ClearText
 from onceflow.workflows.pruning import PruneIdempotencyRecordsWorkflow
 from onceflow.workflows.pruning_models import PruneInput
 
@@ -41,7 +42,7 @@ async def ensure_prune_schedule(
             PruneInput(),
             id=f"{schedule_id}-run",
             task_queue=task_queue,
-            static_summary="prune expired idempotency records",
+            static_summary=ClearText("prune expired idempotency records"),
         ),
         spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=every)]),
         policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP),

@@ -4,6 +4,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import timedelta
 
+from onceflow.encryption import PayloadEncryptionSettings
 from onceflow.gateway._principals import PrincipalStore
 from onceflow.gateway._pruning import ensure_prune_schedule
 from onceflow.gateway._records import IdempotencyStore
@@ -23,17 +24,19 @@ async def open_boundary(
     database_url: str,
     temporal_address: str | None = None,
     after_claim: Callable[[], Awaitable[None]] | None = None,
+    encryption: PayloadEncryptionSettings | None = None,
 ) -> AsyncIterator[BoundaryService]:
     """The boundary service with its clients, for the duration of the block.
 
     Refuses to start (``RetentionTooShort``) when results would be pruned inside the
     retry window, or (``ToolRegistrationError``) when a configured tool is unsafe, and
-    makes sure the prune schedule exists.
+    makes sure the prune schedule exists. Its Temporal client encrypts payloads when
+    ``encryption`` holds keys (``onceflow_data_converter``).
     """
     check_retention(gateway_settings)
     # The configured custom tools join the shared catalogue the boundary validates against.
     load_configured_tools(settings.tools)
-    client = await connect_temporal(address=temporal_address)
+    client = await connect_temporal(address=temporal_address, encryption=encryption)
     await ensure_prune_schedule(
         client,
         task_queue=settings.task_queue,

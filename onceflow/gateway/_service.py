@@ -348,6 +348,16 @@ class BoundaryService:
         """The tools this boundary serves."""
         return self._catalogue
 
+    @property
+    def principals(self) -> PrincipalStore:
+        """The principals and their API keys (the codec endpoint authenticates with them)."""
+        return self._principals
+
+    @property
+    def namespace(self) -> str:
+        """The Temporal namespace this boundary's tasks live in."""
+        return self._tasks.namespace
+
     async def authenticate(self, api_key: str | None) -> Principal:
         """The principal of an API key; raises ``Unauthenticated``."""
         async with _backend_errors():

@@ -34,6 +34,8 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from temporalio.service import RPCError
 
+from onceflow.encryption import PayloadEncryptionSettings
+from onceflow.gateway._codec_endpoint import install_codec_endpoint
 from onceflow.gateway._errors import (
     BackendUnavailable,
     BoundaryError,
@@ -305,12 +307,20 @@ _bearer = HTTPBearer(auto_error=False, description="An API key from `onceflow pr
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
 
-def build_app(open_service: ServiceOpener, *, catalogue: Catalogue = CATALOGUE) -> FastAPI:
+def build_app(
+    open_service: ServiceOpener,
+    *,
+    catalogue: Catalogue = CATALOGUE,
+    encryption: PayloadEncryptionSettings | None = None,
+) -> FastAPI:
     """The HTTP API around the service ``open_service`` yields for the app's lifetime.
 
     Args:
         open_service: Opens the boundary service (clients included) for the app's life.
         catalogue: The tools published in the OpenAPI document (the service's own).
+        encryption: The payload encryption settings; with keys, the app also serves the
+            codec endpoint at ``/codec`` (``gateway._codec_endpoint``), outside the
+            OpenAPI document. Default: none.
     """
 
     @asynccontextmanager
@@ -338,6 +348,14 @@ def build_app(open_service: ServiceOpener, *, catalogue: Catalogue = CATALOGUE) 
     )
     _install_error_handlers(app)
     _install_docs_pages(app)
+    if encryption is not None and encryption.enabled:
+        install_codec_endpoint(
+            app,
+            encryption,
+            principals=lambda request: _service(request).principals,
+            namespace=lambda request: _service(request).namespace,
+            problem=_problem_response,
+        )
 
     @app.get("/healthz", response_model=Health, tags=["operations"])
     async def healthz() -> Health:

@@ -20,6 +20,7 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from onceflow.encryption import ClearText
 from onceflow.telemetry import current_trace_id
 from onceflow.workflows import AgentTaskWorkflow
 from onceflow.workflows.agent_task import TRACE_ID_MEMO
@@ -103,6 +104,11 @@ class TaskClient:
         self._client = client
         self._task_queue = task_queue
 
+    @property
+    def namespace(self) -> str:
+        """The Temporal namespace the tasks live in."""
+        return self._client.namespace
+
     async def start(
         self, task: AgentTaskInput, *, workflow_id: str, memo: Mapping[str, Any] | None = None
     ) -> WorkflowHandle[AgentTaskWorkflow, TaskStatus]:
@@ -148,17 +154,23 @@ class TaskClient:
             tools = ", ".join(step.tool for step in task.steps)
             what = f"Agent task, {len(task.steps)} step(s): {tools},"
             summary = f"{task.tenant}: {tools}"
+        # Identifiers only, so they stay readable when payloads are encrypted (ClearText):
+        # the memo holds the trace id and the request fingerprint (a digest).
         return {
             "id": workflow_id,
             "task_queue": self._task_queue,
             "id_conflict_policy": WorkflowIDConflictPolicy.USE_EXISTING,
             "id_reuse_policy": WorkflowIDReusePolicy.REJECT_DUPLICATE,
-            "static_summary": summary,
-            "static_details": (
+            "static_summary": ClearText(summary),
+            "static_details": ClearText(
                 f"{what} of tenant `{task.tenant}` for principal `{task.principal}`."
                 + (f"\n\nTrace: `{trace_id}`" if trace_id else "")
             ),
-            "memo": memo,
+            "memo": {
+                name: ClearText(value) if isinstance(value, str) else value
+                for name, value in (memo or {}).items()
+            }
+            or None,
         }
 
     async def call(

@@ -30,6 +30,8 @@ from temporalio.exceptions import TimeoutError as TemporalTimeout
 with workflow.unsafe.imports_passed_through():
     from pydantic import BaseModel, ValidationError
 
+    # Summaries are identifiers only: readable in the UI when payloads are encrypted.
+    from onceflow.encryption import ClearText
     from onceflow.retry_policy import (
         FailStep,
         OutcomeClass,
@@ -386,7 +388,7 @@ class AgentTaskWorkflow:
                 await workflow.wait_condition(
                     lambda: self._changed,
                     timeout=timeout,
-                    timeout_summary="idle timeout or maximum lifetime",
+                    timeout_summary=ClearText("idle timeout or maximum lifetime"),
                 )
             except TimeoutError:
                 pass
@@ -614,7 +616,8 @@ class AgentTaskWorkflow:
             if isinstance(decision, RetryStep):
                 status.state = StepState.BACKING_OFF
                 await workflow.sleep(
-                    decision.delay, summary=f"backoff before retrying step {step.step_id}"
+                    decision.delay,
+                    summary=ClearText(f"backoff before retrying step {step.step_id}"),
                 )
                 closed = self._send_by_passed(policy, status)
                 if closed is not None:
@@ -688,7 +691,7 @@ class AgentTaskWorkflow:
                 result_type=TaskPolicy,
                 start_to_close_timeout=PIN_TIMEOUT,
                 retry_policy=ONE_ATTEMPT,
-                summary="pin the task's policy",
+                summary=ClearText("pin the task's policy"),
             )
         except (ActivityError, ApplicationError) as failure:
             # A local activity's failure may arrive unwrapped.
@@ -804,7 +807,7 @@ class AgentTaskWorkflow:
                 schedule_to_start_timeout=wait_for_worker,
                 heartbeat_timeout=policy.heartbeat_timeout,
                 retry_policy=ONE_ATTEMPT,
-                summary=f"{step.tool} · step {step.step_id} · attempt {attempt}",
+                summary=ClearText(f"{step.tool} · step {step.step_id} · attempt {attempt}"),
             )
         except ActivityError as failure:
             result = ToolAttemptResult(
@@ -888,7 +891,7 @@ class AgentTaskWorkflow:
                 result_type=ToolAttemptResult,
                 start_to_close_timeout=policy.attempt_timeout,
                 retry_policy=ONE_ATTEMPT,
-                summary=f"look up step {step.step_id}'s effect {why}",
+                summary=ClearText(f"look up step {step.step_id}'s effect {why}"),
             )
         except ActivityError as failure:
             status.evidence["lookup"] = _describe_activity_failure(failure)
@@ -911,7 +914,7 @@ class AgentTaskWorkflow:
                     outcome,
                     start_to_close_timeout=timedelta(seconds=30),
                     retry_policy=ONE_ATTEMPT,
-                    summary="record the task's result for repeated requests",
+                    summary=ClearText("record the task's result for repeated requests"),
                 )
                 return
             except ActivityError as failure:

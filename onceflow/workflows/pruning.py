@@ -10,6 +10,7 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
+    from onceflow.encryption import ClearText
     from onceflow.workflows.pruning_models import PRUNE_IDEMPOTENCY_RECORDS, PruneInput, PruneResult
 
 
@@ -25,6 +26,6 @@ class PruneIdempotencyRecordsWorkflow:
             result_type=PruneResult,
             start_to_close_timeout=timedelta(minutes=10),
             retry_policy=RetryPolicy(maximum_attempts=1),
-            summary="delete expired terminal idempotency records",
+            summary=ClearText("delete expired terminal idempotency records"),
         )
         return result
