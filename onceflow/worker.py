@@ -14,6 +14,7 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 from temporalio.client import Client
 from temporalio.worker import Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from onceflow.activities import (
     IdempotencyRecordActivities,
@@ -37,6 +38,16 @@ from onceflow.tools import (
 from onceflow.tools._checks import refuse
 from onceflow.workflows import AgentTaskWorkflow
 from onceflow.workflows.pruning import PruneIdempotencyRecordsWorkflow
+
+WORKFLOW_RUNNER = SandboxedWorkflowRunner(
+    restrictions=SandboxRestrictions.default.with_passthrough_modules("onceflow")
+)
+"""The sandbox with onceflow's own modules passed through, not imported again for every
+workflow. Re-importing ``onceflow/workflows/agent_task.py`` for each task was about 85% of
+the Python memory a waiting task held in a worker (170 of 200 KiB, tracemalloc) and the
+largest share of a new task's CPU (BENCHMARKS.md). Its determinism is proven where the
+strict sandbox still runs it: the workflow tests' workers and the replay tests re-import it
+per run, and fail on a non-deterministic call."""
 
 
 @asynccontextmanager
@@ -108,6 +119,7 @@ async def build_worker(
             ],
             graceful_shutdown_timeout=timedelta(seconds=settings.shutdown_grace_seconds),
             interceptors=[AttemptAnnotations()],
+            workflow_runner=WORKFLOW_RUNNER,
         ) as worker:
             yield worker
 
