@@ -13,7 +13,6 @@ from onceflow.cli.plugin import CommandFailed, console, errors, operate, stop_on
 from onceflow.telemetry import process_telemetry
 from onceflow_devstack.binaries import MissingBinary
 from onceflow_devstack.ports import PortInUse, StackPorts
-from onceflow_devstack.stack import StackAlreadyRunning
 
 T = TypeVar("T")
 
@@ -162,6 +161,10 @@ def _phrased(body: Callable[[], Awaitable[T]]) -> Callable[[], Awaitable[T]]:
     """``body`` with the stack's own failures phrased for the operator."""
 
     async def phrased() -> T:
+        # Imported here, as the stack itself is: loading it takes a quarter of a second
+        # that every other command (``onceflow tasks`` included) would pay at start-up.
+        from onceflow_devstack.stack import StackAlreadyRunning
+
         try:
             return await body()
         except (StackAlreadyRunning, PortInUse, MissingBinary) as failure:
