@@ -120,6 +120,7 @@ async def build_worker(
             graceful_shutdown_timeout=timedelta(seconds=settings.shutdown_grace_seconds),
             interceptors=[AttemptAnnotations()],
             workflow_runner=WORKFLOW_RUNNER,
+            max_cached_workflows=settings.max_cached_tasks,
         ) as worker:
             yield worker
 

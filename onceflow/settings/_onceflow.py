@@ -38,6 +38,11 @@ class OnceflowSettings(FileBackedSettings):
     (``ONCEFLOW_SHUTDOWN_GRACE_SECONDS``). Default 30."""
     db_pool_max_size: int = Field(default=10, ge=1, le=200)
     """Most database connections one worker process holds. Default 10."""
+    max_cached_tasks: int = Field(default=1000, ge=1, le=100_000)
+    """Most tasks one worker keeps in memory between their workflow tasks (Temporal's
+    workflow cache, ``ONCEFLOW_MAX_CACHED_TASKS``). Default 1,000. A waiting or parked task
+    past it is evicted and, when a call or a decision wakes it, replayed from its history:
+    worker memory stays bounded whatever the backlog, at the price of a replay per wake."""
     parked_scan_seconds: float = Field(default=30.0, gt=0, le=3600)
     """How often a worker that exports metrics counts parked tasks in Temporal's
     visibility store for the parked-task gauges (``ONCEFLOW_PARKED_SCAN_SECONDS``).
