@@ -13,6 +13,7 @@ cannot hold) in a request's arguments.
 from onceflow.telemetry._attempts import AttemptAnnotations, attempt_attributes
 from onceflow.telemetry._logging import LOG_FORMAT_VARIABLE, configure_logging, log_fields
 from onceflow.telemetry._metrics import (
+    OLDEST_PARKED_PRECISION,
     PARKED_QUERY,
     configure_metrics,
     metrics_enabled,
@@ -39,6 +40,7 @@ from onceflow.telemetry._tracing import (
 
 __all__ = [
     "LOG_FORMAT_VARIABLE",
+    "OLDEST_PARKED_PRECISION",
     "PARKED_QUERY",
     "AttemptAnnotations",
     "Finding",

@@ -144,16 +144,60 @@ class _ParkedTasks:
         return [Observation(max(age.total_seconds(), 0.0))]
 
 
-async def scan_parked_tasks(client: Client, *, limit: int = 10_000) -> tuple[int, datetime | None]:
-    """How many tasks are parked and when the longest-waiting one parked."""
-    count, oldest = 0, None
-    async for execution in client.list_workflows(PARKED_QUERY, limit=limit):
-        count += 1
-        # A task that parked before OnceflowParkedAt existed: its start bounds the wait.
-        parked_at = execution.typed_search_attributes.get(TASK_PARKED_AT) or execution.start_time
-        if oldest is None or parked_at < oldest:
-            oldest = parked_at
+OLDEST_PARKED_PRECISION = 0.01
+"""How closely the oldest parked task's age is found: within this share of the age (and
+never closer than a second)."""
+_OLDEST_SEARCHED = timedelta(days=400)
+"""How far back the oldest parked task is searched for; an older one reads as this old."""
+
+
+async def scan_parked_tasks(
+    client: Client, *, query: str = PARKED_QUERY
+) -> tuple[int, datetime | None]:
+    """How many tasks are parked and when the longest-waiting one parked.
+
+    Counted, never listed: a visibility count is one call however long the backlog, where
+    listing read every parked task (a page per thousand) on every scan of every worker.
+
+    Args:
+        query: The parked tasks to count. Default all of them (``PARKED_QUERY``).
+    """
+    count = (await client.count_workflows(query)).count
+    if count == 0:
+        return 0, None
+    oldest = await _oldest_parked_at(client, query)
+    # A task that parked before OnceflowParkedAt existed: its start bounds the wait.
+    async for execution in client.list_workflows(f"{query} AND {TASK_PARKED_AT.name} IS NULL"):
+        if oldest is None or execution.start_time < oldest:
+            oldest = execution.start_time
     return count, oldest
+
+
+async def _oldest_parked_at(client: Client, query: str) -> datetime | None:
+    """The earliest ``OnceflowParkedAt`` of the tasks ``query`` finds, to within
+    ``OLDEST_PARKED_PRECISION`` of its age: a bisection by counts, as visibility can order
+    by a search attribute only on Elasticsearch."""
+
+    async def any_parked_before(moment: datetime) -> bool:
+        stamp = moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        counted = await client.count_workflows(f"{query} AND {TASK_PARKED_AT.name} < '{stamp}'")
+        return counted.count > 0
+
+    now = datetime.now(UTC)
+    # A minute ahead: a task parked by a worker whose clock runs ahead still counts.
+    earliest, latest = now - _OLDEST_SEARCHED, now + timedelta(minutes=1)
+    if not await any_parked_before(latest):
+        return None  # every parked task predates OnceflowParkedAt
+    if await any_parked_before(earliest):
+        return earliest
+    # No parked task before ``earliest``; at least one before ``latest``.
+    while latest - earliest > max(timedelta(seconds=1), (now - latest) * OLDEST_PARKED_PRECISION):
+        middle = earliest + (latest - earliest) / 2
+        if await any_parked_before(middle):
+            latest = middle
+        else:
+            earliest = middle
+    return earliest
 
 
 @contextlib.asynccontextmanager
