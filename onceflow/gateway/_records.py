@@ -35,6 +35,11 @@ on the stored body so two refreshes never overwrite a final answer::
                                                           ▼
                                                       succeeded (200)
 
+A new key counts against its principal's quota of new keys per window, in 16 shards
+that each admit their share of it, so the shards together admit exactly the quota while
+concurrent claims of one principal count in different rows (``claim_idempotency_key``,
+migration 10); a replay never counts, an over-quota claim writes nothing.
+
 Every time comparison uses the database clock, so gateways with skewed clocks agree on
 who owns a lease. Every write after the claim names the fencing token (or the task's
 run) it expects, so a slow former owner can no longer change the record.
@@ -42,13 +47,14 @@ run) it expects, so a slow former owner can no longer change the record.
 
 import asyncio
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, TypeVar
 
-from psycopg import errors
+from psycopg import AsyncConnection, errors
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
@@ -160,46 +166,22 @@ _COLUMNS = """
     created_at, statement_timestamp() AS read_at
 """
 
-# One statement: the claim, and (only when it inserted) the principal's count of new keys
-# in the current quota window. Over quota, ``counted`` is 0 and the caller rolls the whole
-# transaction back, so an over-quota request reserves nothing; a replay of an existing
-# key inserts nothing and so never counts.
-_CLAIM = f"""
-WITH claimed AS (
-    INSERT INTO idempotency_records (
-        scope, idempotency_key, request_hash, state, owner_token, fencing_token,
-        lease_expires_at, tenant, principal_id, workflow_id, result_retention,
-        result_expires_at
-    ) VALUES (
-        %(scope)s, %(idempotency_key)s, %(request_hash)s, 'processing', %(owner_token)s, 1,
-        statement_timestamp() + %(lease)s, %(tenant)s, %(principal_id)s, %(workflow_id)s,
-        %(result_retention)s, statement_timestamp() + %(result_retention)s
-    )
-    -- No conflict target: the workflow id is derived from (scope, key) and unique too, and
-    -- two concurrent claims of one key can collide on that index first; with only the
-    -- (scope, key) arbiter the loser raised a unique violation (a 500) instead of
-    -- finding the winner's record. Found by the chaos run (bench/chaos.py).
-    ON CONFLICT DO NOTHING
-    RETURNING {_COLUMNS}
-), counted AS (
-    INSERT INTO principal_key_usage AS usage (principal_id, window_start, keys_claimed)
-    SELECT
-        principal_id,
-        to_timestamp(
-            floor(extract(epoch FROM statement_timestamp()) / %(window)s) * %(window)s
-        ),
-        1
-    FROM claimed
-    ON CONFLICT (principal_id, window_start)
-        DO UPDATE SET keys_claimed = usage.keys_claimed + 1
-        WHERE usage.keys_claimed < %(quota)s
-    RETURNING keys_claimed
+# One statement, run as its own transaction (autocommit): ``claim_idempotency_key``
+# (migration 10) inserts the record and, only when it inserted, counts the key in one of
+# the principal's quota-window shards; or returns the record that holds the key, so a
+# replay reads it in the same round trip and never counts. Over quota it raises
+# ``_QUOTA_SPENT``, which undoes the insert: an over-quota request reserves nothing.
+_CLAIM = """
+SELECT * FROM claim_idempotency_key(
+    %(scope)s, %(idempotency_key)s, %(request_hash)s, %(owner_token)s, %(lease)s,
+    %(tenant)s, %(principal_id)s, %(workflow_id)s, %(result_retention)s, %(quota)s,
+    %(window)s
 )
-SELECT claimed.*, (SELECT count(*) FROM counted) AS counted,
-    ceil(%(window)s - extract(epoch FROM statement_timestamp()) %% %(window)s)::int
-        AS window_left
-FROM claimed
 """
+
+_QUOTA_SPENT = "OF429"
+"""The SQLSTATE ``claim_idempotency_key`` raises over quota; its detail is the number of
+seconds left in the window."""
 
 _GET = f"""
 SELECT {_COLUMNS} FROM idempotency_records
@@ -278,13 +260,28 @@ DELETE FROM idempotency_records WHERE ctid IN (
 )
 """
 
+# Old windows of both quota tables (principal_key_usage is where gateways older than
+# migration 10 count); one window is one principal's window, however many shards it has.
 _PRUNE_USAGE = """
-DELETE FROM principal_key_usage WHERE window_start < statement_timestamp() - interval '1 day'
+WITH sharded AS (
+    DELETE FROM principal_key_usage_shards
+    WHERE window_start < statement_timestamp() - interval '1 day'
+    RETURNING principal_id, window_start
+), unsharded AS (
+    DELETE FROM principal_key_usage
+    WHERE window_start < statement_timestamp() - interval '1 day'
+    RETURNING principal_id, window_start
+)
+SELECT count(*) FROM (SELECT * FROM sharded UNION SELECT * FROM unsharded) AS windows
 """
 
 
 class IdempotencyStore:
-    """The ``idempotency_records`` table behind every boundary transport."""
+    """The ``idempotency_records`` table behind every boundary transport.
+
+    Every method runs single statements, each its own transaction (autocommit): one
+    round trip each, where an implicit transaction would add a BEGIN and a COMMIT.
+    """
 
     def __init__(self, pool: AsyncConnectionPool) -> None:
         self._pool = pool
@@ -309,36 +306,36 @@ class IdempotencyStore:
             "quota": new.key_quota,
             "window": new.quota_window_seconds,
         }
-        # A claim that conflicts with a record pruned or released between the two
-        # statements finds nothing to read; claiming again settles it.
+        # A claim that conflicts with a record pruned or released between the insert and
+        # the read finds nothing; claiming again settles it.
         for _ in range(5):
-            inserted = await _retry_serialization(lambda: self._insert_claim(params))
-            if inserted is not None:
-                return Claimed(inserted)
-            existing = await self.get(new.scope, new.idempotency_key)
-            if existing is not None:
-                return AlreadyClaimed(existing)
+            outcome = await _retry_serialization(lambda: self._insert_claim(params))
+            if outcome is not None:
+                return outcome
         raise RuntimeError("the idempotency record kept vanishing between claim and read")
 
-    async def _insert_claim(self, params: dict[str, Any]) -> IdempotencyRecord | None:
-        async with self._pool.connection() as conn, conn.transaction():
+    async def _insert_claim(self, params: dict[str, Any]) -> Claimed | AlreadyClaimed | None:
+        async with self._pool.connection() as conn, _autocommit(conn):
             cursor = conn.cursor(row_factory=dict_row)
-            await cursor.execute(_CLAIM, params)
-            row = await cursor.fetchone()
-            if row is None:
-                return None
-            if row["counted"] == 0:
-                # Raising rolls the claim back: an over-quota request reserves nothing.
+            try:
+                await cursor.execute(_CLAIM, params)
+            except errors.DatabaseError as error:
+                if error.sqlstate != _QUOTA_SPENT:
+                    raise
                 raise QuotaExceeded(
                     f"this principal may create at most {params['quota']} new idempotency "
                     f"keys per {params['window']} s",
-                    retry_after_seconds=max(int(row["window_left"]), 1),
-                )
-            return _record(row)
+                    retry_after_seconds=max(int(error.diag.message_detail or 1), 1),
+                ) from None
+            row = await cursor.fetchone()
+        if row is None:
+            return None
+        record = _record(row)
+        return Claimed(record) if row["claimed"] else AlreadyClaimed(record)
 
     async def get(self, scope: str, idempotency_key: str) -> IdempotencyRecord | None:
         """The record of ``(scope, key)``, read in its own statement."""
-        async with self._pool.connection() as conn:
+        async with self._pool.connection() as conn, _autocommit(conn):
             cursor = conn.cursor(row_factory=dict_row)
             await cursor.execute(_GET, {"scope": scope, "idempotency_key": idempotency_key})
             row = await cursor.fetchone()
@@ -357,7 +354,7 @@ class IdempotencyStore:
         }
 
         async def update() -> IdempotencyRecord | None:
-            async with self._pool.connection() as conn:
+            async with self._pool.connection() as conn, _autocommit(conn):
                 cursor = conn.cursor(row_factory=dict_row)
                 await cursor.execute(_TAKE_OVER, params)
                 row = await cursor.fetchone()
@@ -411,7 +408,7 @@ class IdempotencyStore:
             raise ValueError("only a completed record's answer can be refreshed")
 
         async def write() -> bool:
-            async with self._pool.connection() as conn:
+            async with self._pool.connection() as conn, _autocommit(conn):
                 cursor = await conn.execute(
                     _REFRESH,
                     {
@@ -438,7 +435,7 @@ class IdempotencyStore:
         }
 
         async def write() -> bool:
-            async with self._pool.connection() as conn:
+            async with self._pool.connection() as conn, _autocommit(conn):
                 cursor = await conn.execute(sql, params)
                 return cursor.rowcount == 1
 
@@ -468,7 +465,7 @@ class IdempotencyStore:
         }
 
         async def write() -> bool:
-            async with self._pool.connection() as conn:
+            async with self._pool.connection() as conn, _autocommit(conn):
                 cursor = await conn.execute(_RECORD_OUTCOME, params)
                 return cursor.rowcount == 1
 
@@ -482,14 +479,31 @@ class IdempotencyStore:
         """
         deleted = 0
         while True:
-            async with self._pool.connection() as conn:
+            async with self._pool.connection() as conn, _autocommit(conn):
                 cursor = await conn.execute(_PRUNE_RECORDS, {"batch": batch})
                 deleted += cursor.rowcount
             if cursor.rowcount < batch:
                 break
-        async with self._pool.connection() as conn:
-            usage = await conn.execute(_PRUNE_USAGE)
-        return PruneResult(records=deleted, usage_windows=usage.rowcount)
+        async with self._pool.connection() as conn, _autocommit(conn):
+            usage = await (await conn.execute(_PRUNE_USAGE)).fetchone()
+        return PruneResult(records=deleted, usage_windows=usage[0] if usage else 0)
+
+
+@asynccontextmanager
+async def _autocommit(conn: AsyncConnection[Any]) -> AsyncIterator[None]:
+    """Run single statements on a pooled connection as their own transactions: one round
+    trip each instead of three (BEGIN, the statement, COMMIT). The pool's connections are
+    shared with code that relies on implicit transactions, so the mode is put back."""
+    await conn.set_autocommit(True)
+    try:
+        yield
+    finally:
+        try:
+            await conn.set_autocommit(False)
+        except Exception:
+            # Still running a statement (cancelled) or broken: a connection that kept the
+            # mode must never serve other code, so it is closed and the pool drops it.
+            await conn.close()
 
 
 async def _retry_serialization(operation: Callable[[], Awaitable[T]]) -> T:

@@ -290,4 +290,125 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
             ADD COLUMN tracestate  text;
         """,
     ),
+    (
+        10,
+        "boundary: a sharded key quota and a one-statement claim",
+        """
+        -- A principal's count of new idempotency keys per quota window, in shards: shard s
+        -- of a window may count up to quota / 16, plus one when s < quota % 16, so the
+        -- shards together admit exactly the quota and never more. A claim counts in an
+        -- unlocked shard with room (its hashed one first), so concurrent claims of one
+        -- principal no longer queue on one row lock. Gateways older than this migration
+        -- keep counting in principal_key_usage until they are replaced: during that
+        -- rollout each version enforces the quota on its own count.
+        CREATE TABLE principal_key_usage_shards (
+            principal_id uuid NOT NULL REFERENCES principals (principal_id) ON DELETE CASCADE,
+            window_start timestamptz NOT NULL,
+            shard        smallint NOT NULL CHECK (shard BETWEEN 0 AND 15),
+            keys_claimed integer NOT NULL CHECK (keys_claimed >= 0),
+            PRIMARY KEY (principal_id, window_start, shard)
+        );
+
+        -- Claim (scope, key) in one statement, its own transaction: insert the record
+        -- and count it in the principal's window, or return the record that holds the
+        -- key (a replay never counts). Over quota it raises SQLSTATE OF429 (the seconds
+        -- left in the window as its detail), which undoes the insert: an over-quota
+        -- request reserves nothing. No row at all: the holder was pruned or released
+        -- between the insert and the read; the caller claims again.
+        CREATE FUNCTION claim_idempotency_key(
+            p_scope text, p_key text, p_request_hash text, p_owner_token text,
+            p_lease interval, p_tenant text, p_principal_id uuid, p_workflow_id text,
+            p_result_retention interval, p_quota integer, p_window integer
+        ) RETURNS TABLE (
+            claimed boolean, scope text, idempotency_key varchar, request_hash text,
+            state text, owner_token text, fencing_token bigint,
+            lease_expires_at timestamptz, tenant text, principal_id uuid, workflow_id text,
+            workflow_run_id text, workflow_started_at timestamptz, status_code integer,
+            resource_id text, response_body jsonb, result_expires_at timestamptz,
+            created_at timestamptz, read_at timestamptz
+        ) LANGUAGE plpgsql AS $claim$
+        #variable_conflict use_column
+        DECLARE
+            v_shards CONSTANT integer := 16;
+            v_used integer := least(v_shards, p_quota);
+            v_first integer := (hashtext(p_key) & 2147483647) % v_used;
+            v_window timestamptz := to_timestamp(
+                floor(extract(epoch FROM statement_timestamp()) / p_window) * p_window);
+            v_shard integer;
+        BEGIN
+            RETURN QUERY
+            INSERT INTO idempotency_records AS r (
+                scope, idempotency_key, request_hash, state, owner_token, fencing_token,
+                lease_expires_at, tenant, principal_id, workflow_id, result_retention,
+                result_expires_at
+            ) VALUES (
+                p_scope, p_key, p_request_hash, 'processing', p_owner_token, 1,
+                statement_timestamp() + p_lease, p_tenant, p_principal_id, p_workflow_id,
+                p_result_retention, statement_timestamp() + p_result_retention
+            )
+            -- No conflict target: the workflow id is derived from (scope, key) and unique
+            -- too, and two concurrent claims of one key can collide on that index first;
+            -- with only the (scope, key) arbiter the loser raised a unique violation (a
+            -- 500) instead of finding the winner's record. Found by the chaos run.
+            ON CONFLICT DO NOTHING
+            RETURNING true, r.scope, r.idempotency_key, r.request_hash, r.state,
+                r.owner_token, r.fencing_token, r.lease_expires_at, r.tenant,
+                r.principal_id, r.workflow_id, r.workflow_run_id, r.workflow_started_at,
+                r.status_code, r.resource_id, r.response_body, r.result_expires_at,
+                r.created_at, statement_timestamp();
+            IF NOT FOUND THEN
+                -- A statement of its own, so a new snapshot: it sees the record that won
+                -- the conflict (none if that one was pruned or released meanwhile).
+                RETURN QUERY
+                SELECT false, r.scope, r.idempotency_key, r.request_hash, r.state,
+                    r.owner_token, r.fencing_token, r.lease_expires_at, r.tenant,
+                    r.principal_id, r.workflow_id, r.workflow_run_id, r.workflow_started_at,
+                    r.status_code, r.resource_id, r.response_body, r.result_expires_at,
+                    r.created_at, statement_timestamp()
+                FROM idempotency_records r
+                WHERE r.scope = p_scope AND r.idempotency_key = p_key;
+                RETURN;
+            END IF;
+            FOR v_attempt IN 1..2 LOOP
+                -- A shard with room that no other claim holds, the hashed one first.
+                SELECT u.shard INTO v_shard FROM principal_key_usage_shards u
+                WHERE u.principal_id = p_principal_id AND u.window_start = v_window
+                  AND u.keys_claimed < p_quota / v_shards
+                      + CASE WHEN u.shard < p_quota % v_shards THEN 1 ELSE 0 END
+                ORDER BY (u.shard - v_first + v_used) % v_used
+                LIMIT 1 FOR UPDATE SKIP LOCKED;
+                IF FOUND THEN
+                    UPDATE principal_key_usage_shards u SET keys_claimed = u.keys_claimed + 1
+                    WHERE u.principal_id = p_principal_id AND u.window_start = v_window
+                      AND u.shard = v_shard;
+                    RETURN;
+                END IF;
+                EXIT WHEN v_attempt = 2;
+                -- The window's first claim creates its shards (only those that may count).
+                INSERT INTO principal_key_usage_shards (principal_id, window_start, shard,
+                    keys_claimed)
+                SELECT p_principal_id, v_window, n, 0 FROM generate_series(0, v_used - 1) n
+                ON CONFLICT DO NOTHING;
+            END LOOP;
+            -- Every shard is full or held by another claim: wait for each in turn (always
+            -- in shard order, so two waiting claims never deadlock) and take the first
+            -- with room. Only when all are full is the quota spent.
+            FOR v_next IN 0..v_used - 1 LOOP
+                UPDATE principal_key_usage_shards u SET keys_claimed = u.keys_claimed + 1
+                WHERE u.principal_id = p_principal_id AND u.window_start = v_window
+                  AND u.shard = v_next
+                  AND u.keys_claimed < p_quota / v_shards
+                      + CASE WHEN v_next < p_quota % v_shards THEN 1 ELSE 0 END;
+                IF FOUND THEN
+                    RETURN;
+                END IF;
+            END LOOP;
+            RAISE EXCEPTION 'the principal''s key quota for this window is spent'
+                USING ERRCODE = 'OF429', DETAIL = ceil(
+                    p_window - mod(extract(epoch FROM statement_timestamp()), p_window)
+                )::integer::text;
+        END
+        $claim$;
+        """,
+    ),
 )
