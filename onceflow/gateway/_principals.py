@@ -18,6 +18,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from onceflow.gateway._errors import Unauthenticated
+from onceflow.storage import autocommit
 
 ALL_TOOLS = "*"
 """In ``allowed_tools``: every tool of the catalogue, including ones registered later."""
@@ -155,7 +156,8 @@ class PrincipalStore:
             raise Unauthenticated("send an API key as 'Authorization: Bearer <key>'")
         if not api_key.startswith(API_KEY_PREFIX) or len(api_key) > 200:
             raise Unauthenticated("the API key is not valid")
-        async with self._pool.connection() as conn:
+        # One statement, its own transaction: every request pays for this read.
+        async with self._pool.connection() as conn, autocommit(conn):
             cursor = conn.cursor(row_factory=dict_row)
             await cursor.execute(_FIND_BY_KEY, {"key_hash": api_key_digest(api_key)})
             row = await cursor.fetchone()
@@ -170,7 +172,7 @@ class PrincipalStore:
         Raises:
             Unauthenticated: The key is unknown or revoked.
         """
-        async with self._pool.connection() as conn:
+        async with self._pool.connection() as conn, autocommit(conn):
             cursor = conn.cursor(row_factory=dict_row)
             await cursor.execute(_FIND_BY_KEY, {"key_hash": key_hash})
             row = await cursor.fetchone()

@@ -47,19 +47,19 @@ run) it expects, so a slow former owner can no longer change the record.
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, TypeVar
 
-from psycopg import AsyncConnection, errors
+from psycopg import errors
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from onceflow.gateway._errors import QuotaExceeded
+from onceflow.storage import autocommit
 
 T = TypeVar("T")
 
@@ -315,7 +315,7 @@ class IdempotencyStore:
         raise RuntimeError("the idempotency record kept vanishing between claim and read")
 
     async def _insert_claim(self, params: dict[str, Any]) -> Claimed | AlreadyClaimed | None:
-        async with self._pool.connection() as conn, _autocommit(conn):
+        async with self._pool.connection() as conn, autocommit(conn):
             cursor = conn.cursor(row_factory=dict_row)
             try:
                 await cursor.execute(_CLAIM, params)
@@ -335,7 +335,7 @@ class IdempotencyStore:
 
     async def get(self, scope: str, idempotency_key: str) -> IdempotencyRecord | None:
         """The record of ``(scope, key)``, read in its own statement."""
-        async with self._pool.connection() as conn, _autocommit(conn):
+        async with self._pool.connection() as conn, autocommit(conn):
             cursor = conn.cursor(row_factory=dict_row)
             await cursor.execute(_GET, {"scope": scope, "idempotency_key": idempotency_key})
             row = await cursor.fetchone()
@@ -354,7 +354,7 @@ class IdempotencyStore:
         }
 
         async def update() -> IdempotencyRecord | None:
-            async with self._pool.connection() as conn, _autocommit(conn):
+            async with self._pool.connection() as conn, autocommit(conn):
                 cursor = conn.cursor(row_factory=dict_row)
                 await cursor.execute(_TAKE_OVER, params)
                 row = await cursor.fetchone()
@@ -408,7 +408,7 @@ class IdempotencyStore:
             raise ValueError("only a completed record's answer can be refreshed")
 
         async def write() -> bool:
-            async with self._pool.connection() as conn, _autocommit(conn):
+            async with self._pool.connection() as conn, autocommit(conn):
                 cursor = await conn.execute(
                     _REFRESH,
                     {
@@ -435,7 +435,7 @@ class IdempotencyStore:
         }
 
         async def write() -> bool:
-            async with self._pool.connection() as conn, _autocommit(conn):
+            async with self._pool.connection() as conn, autocommit(conn):
                 cursor = await conn.execute(sql, params)
                 return cursor.rowcount == 1
 
@@ -465,7 +465,7 @@ class IdempotencyStore:
         }
 
         async def write() -> bool:
-            async with self._pool.connection() as conn, _autocommit(conn):
+            async with self._pool.connection() as conn, autocommit(conn):
                 cursor = await conn.execute(_RECORD_OUTCOME, params)
                 return cursor.rowcount == 1
 
@@ -479,31 +479,14 @@ class IdempotencyStore:
         """
         deleted = 0
         while True:
-            async with self._pool.connection() as conn, _autocommit(conn):
+            async with self._pool.connection() as conn, autocommit(conn):
                 cursor = await conn.execute(_PRUNE_RECORDS, {"batch": batch})
                 deleted += cursor.rowcount
             if cursor.rowcount < batch:
                 break
-        async with self._pool.connection() as conn, _autocommit(conn):
+        async with self._pool.connection() as conn, autocommit(conn):
             usage = await (await conn.execute(_PRUNE_USAGE)).fetchone()
         return PruneResult(records=deleted, usage_windows=usage[0] if usage else 0)
-
-
-@asynccontextmanager
-async def _autocommit(conn: AsyncConnection[Any]) -> AsyncIterator[None]:
-    """Run single statements on a pooled connection as their own transactions: one round
-    trip each instead of three (BEGIN, the statement, COMMIT). The pool's connections are
-    shared with code that relies on implicit transactions, so the mode is put back."""
-    await conn.set_autocommit(True)
-    try:
-        yield
-    finally:
-        try:
-            await conn.set_autocommit(False)
-        except Exception:
-            # Still running a statement (cancelled) or broken: a connection that kept the
-            # mode must never serve other code, so it is closed and the pool drops it.
-            await conn.close()
 
 
 async def _retry_serialization(operation: Callable[[], Awaitable[T]]) -> T:

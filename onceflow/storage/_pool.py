@@ -1,5 +1,10 @@
 """The connection pool every activity shares within one worker process."""
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 
@@ -29,3 +34,20 @@ def build_pool(database_url: str, *, max_size: int = 10) -> AsyncConnectionPool:
         check=AsyncConnectionPool.check_connection,
         reconnect_timeout=10.0,
     )
+
+
+@asynccontextmanager
+async def autocommit(conn: AsyncConnection[Any]) -> AsyncIterator[None]:
+    """Run single statements on a pooled connection as their own transactions: one round
+    trip each instead of three (BEGIN, the statement, COMMIT). The pool's connections are
+    shared with code that relies on implicit transactions, so the mode is put back."""
+    await conn.set_autocommit(True)
+    try:
+        yield
+    finally:
+        try:
+            await conn.set_autocommit(False)
+        except Exception:
+            # Still running a statement (cancelled) or broken: a connection that kept the
+            # mode must never serve other code, so it is closed and the pool drops it.
+            await conn.close()

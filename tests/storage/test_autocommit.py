@@ -1,12 +1,13 @@
-"""The idempotency store runs its statements in autocommit on connections it borrows from
-a pool shared with code that relies on implicit transactions: it must hand every
-connection back in the mode it found it, or make sure the pool drops it."""
+"""``autocommit``: the idempotency store and the principals run single statements in
+autocommit on connections they borrow from a pool shared with code that relies on
+implicit transactions: every connection must go back in the mode it was found in, or the
+pool must drop it."""
 
 import asyncio
 
 import psycopg
 
-from onceflow.gateway._records import _autocommit
+from onceflow.storage import autocommit
 from tests.harness import eventually
 
 
@@ -15,7 +16,7 @@ async def test_a_statement_cancelled_in_autocommit_never_leaves_the_mode_on(data
         backend = conn.info.backend_pid
 
         async def sleep_in_autocommit() -> None:
-            async with _autocommit(conn):
+            async with autocommit(conn):
                 await conn.execute("SELECT pg_sleep(30)")
 
         running = asyncio.create_task(sleep_in_autocommit())
@@ -40,7 +41,7 @@ async def test_a_statement_cancelled_in_autocommit_never_leaves_the_mode_on(data
 
 async def test_a_statement_in_autocommit_leaves_its_connection_as_it_was(database: str) -> None:
     async with await psycopg.AsyncConnection.connect(database) as conn:
-        async with _autocommit(conn):
+        async with autocommit(conn):
             await conn.execute("SELECT 1")
             assert conn.autocommit
 
