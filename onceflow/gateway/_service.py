@@ -141,6 +141,10 @@ log = logging.getLogger("onceflow.gateway")
 
 REQUEST_HASH_MEMO = "onceflow_request_hash"
 """Workflow memo field holding the fingerprint of the request that started the task."""
+STARTED_BY_CLAIM_MEMO = "onceflow_started_by_claim"
+"""Workflow memo field naming the claim whose owner started the task (a digest of its
+owner token): whether an answer is a replay depends on who started the task, not on
+whether the task is still running when the gateway looks."""
 TOOL_CALL_STEP_ID = "1"
 """Step id of the single step of a one-step task (a tool call)."""
 _POLL_FIRST, _POLL_MAX = 0.02, 0.25
@@ -1211,7 +1215,10 @@ class BoundaryService:
             handle = await self._tasks.start(
                 submission.task,
                 workflow_id=record.workflow_id,
-                memo={REQUEST_HASH_MEMO: record.request_hash},
+                memo={
+                    REQUEST_HASH_MEMO: record.request_hash,
+                    STARTED_BY_CLAIM_MEMO: _claim_mark(record),
+                },
             )
             described = await handle.describe()
         except RPCError as error:
@@ -1222,8 +1229,8 @@ class BoundaryService:
                 # claim would answer every retry 409 until its lease ran out.
                 await self._release_claim(record)
             raise
-        started_by = (await described.memo()).get(REQUEST_HASH_MEMO)
-        if started_by != record.request_hash:
+        memo = await described.memo()
+        if memo.get(REQUEST_HASH_MEMO) != record.request_hash:
             # Only after a pruned record: the key's task is still known to Temporal but
             # was started for another request. Nothing was started now, so the claim goes.
             await self._records.release(record)
@@ -1236,9 +1243,11 @@ class BoundaryService:
         run_id = described.run_id if submission.task.open is None else None
         if not await self._records.mark_started(record, run_id=run_id):
             log.warning("claim on task %s was taken over while starting it", record.workflow_id)
-        # A task that had already closed (a retry after its record was pruned) answers
-        # with its earlier result: this request executed nothing.
+        # A task another claim started (a retry after its record was pruned, or after
+        # the first owner's lease ran out) answers with its result: this request executed
+        # nothing. A task this claim started may already have ended: not a replay.
         already_closed = described.status is not WorkflowExecutionStatus.RUNNING
+        started_here = memo.get(STARTED_BY_CLAIM_MEMO) == _claim_mark(record)
         if submission.task.open is not None:
             if already_closed:
                 return await self._open_task_answer(record, replayed=True)
@@ -1257,7 +1266,7 @@ class BoundaryService:
                 task_id=record.workflow_id,
                 replayed=False,
             )
-        return await self._answer_when_done(record, deadline, replayed=already_closed)
+        return await self._answer_when_done(record, deadline, replayed=not started_here)
 
     async def _open_task_answer(
         self, record: IdempotencyRecord, *, replayed: bool
@@ -1415,6 +1424,12 @@ def derive_call_id(scope: str, idempotency_key: str) -> str:
     never reaches the task's history."""
     digest = hashlib.sha256(f"v1\x00{scope}\x00{idempotency_key}".encode()).hexdigest()
     return f"key-{digest[:32]}"
+
+
+def _claim_mark(record: IdempotencyRecord) -> str:
+    """What names a claim in its task's memo: a digest of the claim's owner token (the
+    token itself fences the record's writes, so it stays in the database)."""
+    return hashlib.sha256(f"claim\x00{record.owner_token}".encode()).hexdigest()[:32]
 
 
 def _scope(principal: Principal, target: str, operation: str) -> str:
