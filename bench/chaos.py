@@ -29,6 +29,15 @@ resource found there, else ``did_not_happen``, and ``abandon`` once a step has c
 parked after three ``did_not_happen`` with still nothing at the far side (a provider that
 stored a 500 under the key replays it for the key's whole retention).
 
+A share of the tasks are open tasks (``POST /v1/tasks`` with ``open``): the agent sends
+``issue_coupon``, ``create_order``, ``charge_payment`` (call id ``charge``) and
+``refund_payment`` of that charge one by one (``POST /v1/tasks/{id}/calls``, a key per
+call), waits for each to end (a person approves a big refund, reconciles a parked call),
+then closes the task (``POST /v1/tasks/{id}/close``) and sees it end ``closed``. Some first
+answers are lost (the agent stops waiting after a few ms) and asked for again under the
+same key; some final answers are asked for again; the model repeats some calls under a
+new key, always a refund that awaits approval while it waits.
+
 Then, with the faults healed, it checks a Jepsen-style history against the far sides'
 own records (provider ledger, the SMTP sink's applied Message-IDs, the deployment
 target's writes, PostgreSQL's business rows): every acknowledged task's succeeded steps
@@ -36,10 +45,19 @@ have exactly one effect, failed steps none, parked steps their evidence; no key 
 more than one task or effect; no effect belongs to no task; the provider's request log
 shows no idempotency key sent again once the provider may have forgotten it, nor a
 payment step's retired key generation sent after its next one; none is stuck (a task
-parked at the end, its key window closed say, is parked, not stuck).
+parked at the end, its key window closed say, is parked, not stuck). For open tasks:
+every call (key) is one step of its task however often it was sent, a call that ended
+ended as its agent was told, a final answer asked for again is the same, the model's
+repeat under a new key is answered by the first call (``repeat_of``, no attempt of its
+own) unless that one ended with no effect, each call's far-side identity (user, customer,
+order, the order's PaymentIntent and its refunds) has one effect when the call succeeded,
+none when it failed and never two, and the task ended ``closed`` (or is parked on a
+parked call).
 
-Usage: ``.venv/bin/python -m bench.chaos [--tasks 2000] [--concurrency 24] [--kill-every 6]``
-(exit status 1 on any violation). ``run_chaos`` is what ``tests/chaos`` calls at CI size.
+Usage: ``.venv/bin/python -m bench.chaos --tasks 2000 --kill-every 4 --min-worker-kills 50
+--json chaos.json`` (the large run; ``--help`` lists every flag; exit status 1 on any
+violation or stuck task, or fewer kills than asked). ``run_chaos`` is what ``tests/chaos``
+calls at CI size.
 """
 
 import argparse
@@ -88,6 +106,10 @@ TOOLS = (
     "send_email",
     "start_deployment",
 )
+OPEN_TASK = "open_task"
+"""The mix's open tasks: an agent's loop of calls (``POST /v1/tasks/{id}/calls``)."""
+OPEN_TASK_TOOLS = ("issue_coupon", "create_order", "charge_payment", "refund_payment")
+"""The tools an open task's agent calls, in this order (the refund refunds the charge)."""
 STRIPE_KEY = "sk_test_onceflow_chaos"
 BIG_REFUND = 12_000
 """Above ``ONCEFLOW_PAYMENTS_REFUND_APPROVAL_ABOVE`` (10,000): needs approval."""
@@ -113,6 +135,14 @@ PROVIDER_FAULTS = (
 )
 """Provider faults and their delays; the stack's Stripe request timeout is 1.25 s, so a
 3 s delay is a response that never arrives in time."""
+OPERATOR_PATIENCE = 8.0
+"""Seconds the operator leaves a parked step before deciding ``did_not_happen`` (a found
+effect is decided at once): long enough for any request still held at the provider (its
+slowest fault holds one 3 s before committing) to have committed and show in its ledger.
+An operator deciding sooner can authorise a second effect, which this run found: past
+the key's send-by deadline a ``did_not_happen`` sends the next key generation while the
+old key's last request may still be held at the provider. A known gap, open: onceflow
+should hold a new generation until no request under the old key can still commit."""
 ABANDON_AFTER = 3
 """An operator abandons a parked step after this many ``did_not_happen`` decisions that
 ended parked again with still no effect at the far side."""
@@ -199,6 +229,16 @@ class ChaosConfig:
             started again on the same data folder (None: never). Default 0.7.
         duplicate_share: Share of tasks whose first request is sent to both gateways at
             once. Default 0.2.
+        open_task_share: Share of tasks that are open tasks: an agent opens one, sends it
+            a call of each of ``OPEN_TASK_TOOLS`` (its own key each) and closes it.
+            Default 0.1.
+        lost_answer_share: Share of open-task calls whose first answer the agent loses
+            (it stops waiting after 10 to 300 ms) and asks for again under the same key.
+            Default 0.25.
+        model_repeat_share: Share of open-task calls the agent's "model" repeats under a
+            new key (while the first call waits for a person, if it does; a refund that
+            awaits approval always), which the task's repeat guard must answer with the
+            first call. Default 0.3.
         deny_share: Share of deployments the operator denies. Default 0.1.
         settle_seconds: After the last task was acknowledged and the faults healed, how
             long the tasks get to end before any still open counts as stuck. Default 120.
@@ -215,10 +255,42 @@ class ChaosConfig:
     restart_temporal_at: float | None = 0.45
     restart_postgres_at: float | None = 0.7
     duplicate_share: float = 0.2
+    open_task_share: float = 0.1
+    lost_answer_share: float = 0.25
+    model_repeat_share: float = 0.3
     deny_share: float = 0.1
     settle_seconds: float = 120.0
     seed: int = 7
     progress_every: float = 10.0
+
+
+@dataclass
+class CallRecord:
+    """One call of an open task (one key) and what its agent saw of it."""
+
+    index: int
+    tool: str
+    key: str
+    arguments: dict[str, Any]
+    call_id: str | None = None
+    """Sent as ``call_id`` (the charge, so the refund can name it); None: derived from
+    the key."""
+    repeats: "CallRecord | None" = None
+    """The earlier call the model repeats under this call's new key."""
+    lose_first_answer: bool = False
+    step_id: str | None = None
+    answers: Counter[int] = field(default_factory=Counter)
+    first: dict[str, Any] | None = None
+    """The first answer (200/202) the agent got."""
+    final: dict[str, Any] | None = None
+    """The answer that said the call ended."""
+    refusal: str | None = None
+
+    @property
+    def identity(self) -> int:
+        """The index of the call whose effect this one names (its own, or the repeated
+        call's)."""
+        return self.repeats.identity if self.repeats is not None else self.index
 
 
 @dataclass
@@ -240,6 +312,13 @@ class TaskRecord:
     refusal: str | None = None
     deny: bool = False
     """Whether the operator denies this task's approval (some deployments)."""
+    calls: list[CallRecord] = field(default_factory=list)
+    """An open task's calls, in the order its agent sends them."""
+    did_not_happen: Counter[str] = field(default_factory=Counter)
+    """``did_not_happen`` decisions per step."""
+    reconciled_steps: set[str] = field(default_factory=set)
+    parked_since: dict[str, float] = field(default_factory=dict)
+    """When the operator first saw each step parked (this run's monotonic clock)."""
 
     @property
     def task_id(self) -> str | None:
@@ -273,13 +352,20 @@ class ChaosReport:
             "stuck",
             "effects",
         )
-        lines = [f"{'tool':<18}" + "".join(f"{name:>14}" for name in columns)]
+        lines = [f"{'tool':<22}" + "".join(f"{name:>14}" for name in columns)]
         total: Counter[str] = Counter()
         for tool in TOOLS:
             counts = self.per_tool.get(tool, Counter())
             total.update(counts)
-            lines.append(f"{tool:<18}" + "".join(f"{counts[name]:>14}" for name in columns))
-        lines.append(f"{'all':<18}" + "".join(f"{total[name]:>14}" for name in columns))
+            lines.append(f"{tool:<22}" + "".join(f"{counts[name]:>14}" for name in columns))
+        lines.append(f"{'all':<22}" + "".join(f"{total[name]:>14}" for name in columns))
+        # An open task's calls, per tool ("tasks": calls; repeats answered by the guard
+        # count in their own row of the figures, not here).
+        for tool in OPEN_TASK_TOOLS:
+            counts = self.per_tool.get(f"open/{tool}", Counter())
+            lines.append(
+                f"{'open/' + tool:<22}" + "".join(f"{counts[name]:>14}" for name in columns)
+            )
         lines.append("")
         width = max(len(name) for name in self.figures)
         lines.extend(f"{name:<{width}}  {value}" for name, value in self.figures.items())
@@ -352,6 +438,73 @@ def plan_task(number: int, tool: str, rng: random.Random) -> dict[str, Any]:
     else:
         raise ValueError(tool)
     return {"steps": [{"step_id": "s1", "tool": tool, "arguments": arguments}], "budget": BUDGET}
+
+
+def plan_open_task(
+    number: int, config: ChaosConfig, rng: random.Random
+) -> tuple[dict[str, Any], list[CallRecord]]:
+    """An open task's body (``POST /v1/tasks``) and the calls its agent sends: one of each
+    of ``OPEN_TASK_TOOLS``, each with its own key and far-side identity (user, customer,
+    order id ``<task>-<call>``), some repeated by the model under a new key."""
+    order_id = f"ord-{number}-3"
+    planned: list[tuple[str, dict[str, Any], str | None]] = [
+        ("issue_coupon", {"user_id": f"u-{number}-1", "coupon_id": "CHAOS"}, None),
+        (
+            "create_order",
+            {
+                "customer_id": f"c-{number}-2",
+                "currency": "eur",
+                "lines": [{"sku": "mug", "quantity": 1 + number % 3, "unit_price_cents": 1100}],
+            },
+            None,
+        ),
+        (
+            "charge_payment",
+            {
+                "amount": 20_000,
+                "currency": "eur",
+                "customer": "cus_chaos",
+                "payment_method": "pm_card_visa",
+                "order_id": order_id,
+            },
+            "charge",
+        ),
+        # A big refund waits for approval: the model may repeat it meanwhile.
+        (
+            "refund_payment",
+            {"charge_step": "charge", "amount": BIG_REFUND if rng.random() < 0.3 else 500},
+            None,
+        ),
+    ]
+    calls: list[CallRecord] = []
+    for tool, arguments, call_id in planned:
+        first = CallRecord(
+            len(calls),
+            tool,
+            f"chaos-{number}-call-{len(calls)}",
+            arguments,
+            call_id=call_id,
+            lose_first_answer=rng.random() < config.lost_answer_share,
+        )
+        calls.append(first)
+        # A call that waits for approval is one the model is most tempted to make again
+        # (it was told nothing final): always repeated, while it waits.
+        waits = tool == "refund_payment" and arguments["amount"] == BIG_REFUND
+        if rng.random() < config.model_repeat_share or waits:
+            # The model picks the same tool with the same arguments again: a new tool
+            # call, so a new key (and no call id of its own).
+            calls.append(
+                CallRecord(
+                    len(calls),
+                    tool,
+                    f"chaos-{number}-call-{len(calls)}",
+                    arguments,
+                    repeats=first,
+                    lose_first_answer=rng.random() < config.lost_answer_share,
+                )
+            )
+    body = {"open": {"idle_timeout": "PT15M", "max_lifetime": "PT2H"}, "budget": BUDGET}
+    return body, calls
 
 
 # ── processes ──────────────────────────────────────────────────────────────────────────
@@ -608,7 +761,7 @@ class ChaosRun:
                 pause = min(pause * 2, 3)
                 continue
             record.answers[response.status_code] += 1
-            if response.status_code in (200, 202):
+            if response.status_code in (200, 201, 202):
                 body: dict[str, Any] = response.json()
                 record.task_ids.add(body["task_id"])
                 if response.headers.get("Idempotent-Replayed") == "true":
@@ -640,7 +793,10 @@ class ChaosRun:
         if not record.acknowledged:
             record.acknowledged = True
             self.acknowledged += 1
-        await self.follow(record, answer)
+        if record.tool == OPEN_TASK:
+            await self.run_open_task(record, answer["task_id"])
+        else:
+            await self.follow(record, answer)
 
     async def follow(self, record: TaskRecord, answer: dict[str, Any]) -> None:
         """Approve, reconcile and re-ask (same key) until the task ends."""
@@ -660,6 +816,146 @@ class ChaosRun:
                 return
             answer = next_answer
 
+    # open tasks ──────────────────────────────────────────────────────────────────────
+
+    def settling(self) -> bool:
+        """Whether agents still work: while driving, then until the settle deadline."""
+        return self.driving or time.monotonic() < self.settle_deadline
+
+    async def run_open_task(self, record: TaskRecord, task_id: str) -> None:
+        """The agent's loop: each call in turn until it ended (a person decides the
+        waiting ones), then close the task and see it end."""
+        for call in record.calls:
+            if not self.settling():
+                return
+            await self.run_call(record, task_id, call)
+        await self.close_open_task(record, task_id)
+
+    async def run_call(self, record: TaskRecord, task_id: str, call: CallRecord) -> None:
+        answer = await self.send_call(task_id, call)
+        while answer is not None and not answer["ended"] and self.settling():
+            if answer["state"] in ("parked", "awaiting_approval"):
+                # Told nothing final, the model picks the same call again (new key).
+                for twin in record.calls:
+                    if twin.repeats is call and twin.first is None:
+                        self.figures["open-task calls repeated while the first one waited"] += 1
+                        await self.send_call(task_id, twin)
+                status = await self.status(task_id)
+                if status is not None:
+                    await self.decide(record, status)
+                # The agent waits for the person's decision with the call's own key.
+                answer = await self.send_call(task_id, call, wait=True)
+            else:
+                await asyncio.sleep(0.5)  # scenario: the agent asks again at its pace
+                answer = await self.send_call(task_id, call)
+        if answer is None or not answer["ended"]:
+            return
+        call.final = answer
+        if self.rng.random() < 0.3:
+            # The final answer is lost on its way back: the same key gets it again.
+            again = await self.send_call(task_id, call)
+            fields = ("step_id", "state", "resource_id", "repeat_of")
+            if again is None or any(again[name] != answer[name] for name in fields):
+                self.violations.append(
+                    f"open task {record.number} call {call.index} ({call.tool}): asked again "
+                    f"with its key after it ended, answered "
+                    f"{ {n: (again or {}).get(n) for n in fields} } instead of "
+                    f"{ {n: answer.get(n) for n in fields} }"
+                )
+            else:
+                self.figures["open-task final answers asked again: the same answer"] += 1
+
+    async def send_call(
+        self, task_id: str, call: CallRecord, *, wait: bool = False
+    ) -> dict[str, Any] | None:
+        """POST the call with its key until the task answers it (200/202) or refuses it,
+        retrying like an agent (same key on a timeout, reset, 409 in progress, 429, 5xx)."""
+        body: dict[str, Any] = {"tool": call.tool, "arguments": call.arguments}
+        if call.call_id is not None:
+            body["call_id"] = call.call_id
+        pause = 0.2
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            lose = call.lose_first_answer and not call.answers
+            try:
+                response = await self.http.post(
+                    f"{self.gateway()}/v1/tasks/{task_id}/calls",
+                    json=body,
+                    headers=self.headers(call.key),
+                    params={"wait": "ended"} if wait else None,
+                    # scenario: an agent that stops waiting early loses the answer
+                    timeout=self.rng.uniform(0.01, 0.3) if lose else httpx.USE_CLIENT_DEFAULT,
+                )
+            except httpx.HTTPError:
+                if lose:
+                    call.lose_first_answer = False
+                    self.figures["open-task call answers lost (resent with the same key)"] += 1
+                else:
+                    self.figures["client retries after a timeout or reset"] += 1
+                await asyncio.sleep(pause)  # scenario: the agent backs off before retrying
+                pause = min(pause * 2, 3)
+                continue
+            call.answers[response.status_code] += 1
+            if response.status_code in (200, 202):
+                answer: dict[str, Any] = response.json()
+                if call.step_id is None:
+                    call.step_id = answer["step_id"]
+                    call.first = answer
+                elif answer["step_id"] != call.step_id:
+                    self.violations.append(
+                        f"call key {call.key}: answered as step {answer['step_id']} after "
+                        f"step {call.step_id}"
+                    )
+                return answer
+            problem = ""
+            if response.headers.get("content-type", "").startswith("application/problem+json"):
+                problem = str(response.json().get("type", ""))
+            if problem.endswith(":call-refused"):
+                call.refusal = str(response.json().get("reason"))
+                return None
+            if response.status_code in (409, 429) or response.status_code >= 500:
+                self.figures[f"answers {response.status_code} (retried, same key)"] += 1
+                retry_after = float(response.headers.get("Retry-After", pause))
+                backoff = min(retry_after, 3) * self.rng.uniform(0.5, 1.0)
+                await asyncio.sleep(backoff)  # scenario: the agent honours Retry-After
+                pause = min(pause * 2, 3)
+                continue
+            call.refusal = f"{response.status_code} {response.text[:300]}"
+            return None
+        call.refusal = "no gateway answered the call within 600 s"
+        return None
+
+    async def close_open_task(self, record: TaskRecord, task_id: str) -> None:
+        """Close the task (idempotent by itself: no key), then see it end closed."""
+        pause = 0.2
+        while self.settling():
+            try:
+                response = await self.http.post(
+                    f"{self.gateway()}/v1/tasks/{task_id}/close", headers=self.headers()
+                )
+            except httpx.HTTPError:
+                response = None
+            if response is not None and response.status_code == 200:
+                break
+            if response is not None and (
+                response.status_code not in (409, 429) and response.status_code < 500
+            ):
+                self.violations.append(
+                    f"open task {record.number}: close answered {response.status_code} "
+                    f"{response.text[:300]}"
+                )
+                return
+            await asyncio.sleep(pause)  # scenario: the agent retries its close
+            pause = min(pause * 2, 3)
+        while self.settling():
+            status = await self.status(task_id)
+            if status is not None and status["state"] == "closed":
+                record.final_state = "closed"
+                return
+            if status is not None and status["state"] in ("parked", "awaiting_approval"):
+                await self.decide(record, status)
+            await asyncio.sleep(0.5)  # scenario: the agent polls its closing task
+
     async def status(self, task_id: str) -> dict[str, Any] | None:
         try:
             response = await self.http.get(
@@ -675,6 +971,8 @@ class ChaosRun:
 
     async def decide(self, record: TaskRecord, status: dict[str, Any]) -> None:
         for step in status["steps"]:
+            if step.get("repeat_of"):
+                continue  # a repeat mirrors its earlier call, which is the one decided
             if step["state"] == "awaiting_approval":
                 approved = not record.deny
                 body = {
@@ -699,9 +997,13 @@ class ChaosRun:
                         "evidence": step.get("evidence"),
                     }
                 )
-                resource = await self.find_effect(record, step)
+                resource = await self.find_effect(status, step)
+                seen = record.parked_since.setdefault(step["step_id"], time.monotonic())
+                if not resource and time.monotonic() - seen < OPERATOR_PATIENCE:
+                    await asyncio.sleep(0.5)  # scenario: the operator looks again shortly
+                    continue
                 decision = "happened" if resource else "did_not_happen"
-                if not resource and record.reconciled.count("did_not_happen") >= ABANDON_AFTER:
+                if not resource and record.did_not_happen[step["step_id"]] >= ABANDON_AFTER:
                     # The provider keeps answering this key with the error it stored
                     # (Stripe replays a stored 500 for the key's whole retention), so an
                     # authorised attempt can never succeed; no effect exists: give up.
@@ -713,7 +1015,11 @@ class ChaosRun:
                     **({"resource_id": resource} if resource else {}),
                 }
                 if await self.decision(status["workflow_id"], "reconcile", body):
+                    record.parked_since.pop(step["step_id"], None)
                     record.reconciled.append(body["decision"])
+                    record.reconciled_steps.add(step["step_id"])
+                    if body["decision"] == "did_not_happen":
+                        record.did_not_happen[step["step_id"]] += 1
                     self.figures[f"parked steps reconciled: {body['decision']}"] += 1
                     if "send-by deadline" in (step.get("park_reason") or ""):
                         self.figures["parked steps whose key's send-by deadline passed"] += 1
@@ -727,11 +1033,19 @@ class ChaosRun:
             )
         except httpx.HTTPError:
             return False
-        return response.status_code == 200
+        # A decision the step already had (asked again before its state moved on) is
+        # answered with it, decides nothing new and is not counted again.
+        return response.status_code == 200 and not response.json().get("replayed")
 
-    async def find_effect(self, record: TaskRecord, step: dict[str, Any]) -> str | None:
-        """What an operator would look up: the effect of a parked step at the far side."""
-        order_id = f"ord-{record.number}"
+    async def find_effect(self, status: dict[str, Any], step: dict[str, Any]) -> str | None:
+        """What an operator would look up: the effect of a parked step at the far side,
+        by the order id its charge (the step itself, or the refund's ``charge_step``)
+        carries."""
+        charge = step
+        if step["tool"] == "refund_payment":
+            named = step["arguments"].get("charge_step")
+            charge = next((s for s in status["steps"] if s["step_id"] == named), step)
+        order_id = charge["arguments"].get("order_id")
         if step["tool"] == "charge_payment":
             for entry in await self.ledger():
                 if entry["kind"] == "charge" and entry["metadata"].get("order_id") == order_id:
@@ -966,7 +1280,8 @@ class ChaosRun:
                 f"t={time.monotonic() - self.started:4.0f}s submitted {self.submitted}/"
                 f"{self.config.tasks} acknowledged {self.acknowledged} ended "
                 f"{sum(done.values())} (succeeded {done['succeeded']}, failed "
-                f"{done['failed']}) kills {self.figures['workers SIGKILLed (each replaced)']}"
+                f"{done['failed']}, open tasks closed {done['closed']}) kills "
+                f"{self.figures['workers SIGKILLed (each replaced)']}"
                 f" pg-kills {self.figures['PostgreSQL connections terminated']}"
                 f" provider-faults {self.figures['provider faults injected']}"
                 f" smtp-faults {self.figures['SMTP faults injected']}"
@@ -980,9 +1295,19 @@ class ChaosRun:
     # the run ─────────────────────────────────────────────────────────────────────────
 
     def plan(self) -> None:
-        tools = [TOOLS[n % len(TOOLS)] for n in range(self.config.tasks)]
+        open_tasks = round(self.config.tasks * self.config.open_task_share)
+        plans = self.config.tasks - open_tasks
+        tools = [TOOLS[n % len(TOOLS)] for n in range(plans)]
         self.rng.shuffle(tools)
+        # An open task keeps its agent for several calls: none starts among the last
+        # sixth of the tasks, so the run does not end waiting on one agent's loop.
+        for _ in range(open_tasks):
+            tools.insert(self.rng.randint(0, plans * 5 // 6), OPEN_TASK)
         for n, tool in enumerate(tools):
+            if tool == OPEN_TASK:
+                body, calls = plan_open_task(n, self.config, self.rng)
+                self.records.append(TaskRecord(n, tool, f"chaos-{n}", body, calls=calls))
+                continue
             record = TaskRecord(n, tool, f"chaos-{n}", plan_task(n, tool, self.rng))
             record.deny = tool == "start_deployment" and self.rng.random() < self.config.deny_share
             self.records.append(record)
@@ -1071,12 +1396,16 @@ class ChaosRun:
                 )
             }
             records = defaultdict(list)
-            for key, workflow_id, state in conn.execute(
-                "SELECT idempotency_key, workflow_id, state FROM idempotency_records"
-                " WHERE tenant = %s",
+            call_records = defaultdict(list)
+            for key, scope, workflow_id, resource_id, state in conn.execute(
+                "SELECT idempotency_key, scope, workflow_id, resource_id, state"
+                " FROM idempotency_records WHERE tenant = %s",
                 (self.tenant,),
             ):
-                records[key].append((workflow_id, state))
+                if scope.endswith(":task:call"):
+                    call_records[key].append((resource_id, state))
+                else:
+                    records[key].append((workflow_id, state))
         charges: dict[str, list[dict[str, Any]]] = defaultdict(list)
         refunds: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for entry in ledger:
@@ -1133,6 +1462,18 @@ class ChaosRun:
             if record.task_id and key_records and key_records[0][0] != record.task_id:
                 violations.append(f"{label}: record names another task {key_records[0][0]}")
             status = await self.final_status(client, record.task_id) if record.task_id else None
+            if record.tool == OPEN_TASK:
+                found_violations, found_stuck = self.check_open_task(
+                    record,
+                    status,
+                    label,
+                    (charges, refunds, coupons, orders),
+                    call_records,
+                    per_tool,
+                )
+                violations.extend(found_violations)
+                stuck.extend(found_stuck)
+                continue
             effects = self.effects_of(
                 record, charges, refunds, emails, coupons, orders, services, deployments, claimed
             )
@@ -1193,6 +1534,12 @@ class ChaosRun:
                     )
         # Effects that belong to no task of the run.
         known_orders = {f"ord-{r.number}" for r in self.records}
+        known_orders |= {
+            str(call.arguments["order_id"])
+            for r in self.records
+            for call in r.calls
+            if call.tool == "charge_payment"
+        }
         for order_id in charges:
             if order_id not in known_orders:
                 violations.append(f"charge for unknown order {order_id}")
@@ -1219,6 +1566,168 @@ class ChaosRun:
             **dict(sorted(self.figures.items())),
         }
         return ChaosReport(self.config, self.records, figures, violations, stuck, per_tool)
+
+    def check_open_task(
+        self,
+        record: TaskRecord,
+        status: dict[str, Any] | None,
+        label: str,
+        far: tuple[
+            dict[str, list[dict[str, Any]]],
+            dict[str, list[dict[str, Any]]],
+            Counter[str],
+            Counter[str],
+        ],
+        call_records: dict[str, list[tuple[str | None, str]]],
+        per_tool: dict[str, Counter[str]],
+    ) -> tuple[list[str], list[str]]:
+        """An open task's calls against its final status and the far sides' records.
+
+        Each call (one key) is one step of the task, whatever its agent resent; a call
+        that ended ends as its agent was told; the model's repeat under a new key is
+        answered by the earlier call (``repeat_of``, no attempt of its own) unless that
+        one ended with no effect; each call's identity (user, customer, order, the
+        order's PaymentIntent) has at most one effect, exactly one when it succeeded and
+        none when it failed; the task ended closed, or is parked on a parked call.
+        """
+        charges, refunds, coupons, orders = far
+        violations: list[str] = []
+        stuck: list[str] = []
+        self.figures["open tasks"] += 1
+        self.figures["open-task calls sent (keys)"] += len(record.calls)
+        for call in record.calls:
+            if call.refusal is not None:
+                self.figures[f"open-task calls refused: {call.refusal[:48]}"] += 1
+                if not call.refusal.startswith("the task"):
+                    violations.append(f"{label}: call {call.index} refused: {call.refusal}")
+        if status is None:
+            if record.acknowledged:
+                stuck.append(f"{label}: no status from its task")
+            return violations, stuck
+        state = status["state"]
+        steps = {step["step_id"]: step for step in status["steps"]}
+        if state == "closed":
+            self.figures["open tasks closed"] += 1
+        elif state == "parked" and any(s["state"] == "parked" for s in steps.values()):
+            self.figures["open tasks parked at end (a call parked)"] += 1
+        else:
+            stuck.append(f"{label}: open task still {state} ({status['workflow_id']})")
+        answered = [call for call in record.calls if call.step_id is not None]
+        if len({call.step_id for call in answered}) != len(answered):
+            violations.append(f"{label}: two call keys were answered as one step")
+        unknown = set(steps) - {call.step_id for call in answered}
+        if unknown:
+            violations.append(f"{label}: the task lists calls no key was answered with {unknown}")
+        for call in record.calls:
+            if call.step_id is None:
+                if call.refusal is None and record.final_state is None:
+                    stuck.append(f"{label}: call {call.index} ({call.tool}) never answered")
+                continue
+            kept = call_records.get(call.key, [])
+            if len(kept) != 1 or kept[0][0] not in (None, status["workflow_id"]):
+                violations.append(f"{label}: call key {call.key} has records {kept}")
+            step = steps.get(call.step_id)
+            if step is None:
+                violations.append(
+                    f"{label}: call {call.index} answered as {call.step_id}, "
+                    "which the task does not list"
+                )
+                continue
+            self.count_key_window(status["workflow_id"], step)
+            final = call.final
+            if final is not None and (
+                step["state"] != final["state"] or step["resource_id"] != final["resource_id"]
+            ):
+                violations.append(
+                    f"{label}: call {call.index} ({call.tool}) was answered "
+                    f"{final['state']} {final['resource_id']} but ended {step['state']} "
+                    f"{step['resource_id']}"
+                )
+            if step["state"] not in (
+                "succeeded",
+                "failed",
+                "denied",
+                "abandoned",
+                "parked",
+                "awaiting_approval",
+            ):
+                stuck.append(f"{label}: call {call.index} ({call.tool}) still {step['state']}")
+            if call.repeats is not None:
+                original = steps.get(call.repeats.step_id or "")
+                if step.get("repeat_of"):
+                    self.figures["open-task repeats answered by the repeat guard"] += 1
+                    if step["repeat_of"] != call.repeats.step_id or step["attempts"]:
+                        violations.append(
+                            f"{label}: call {call.index} repeats {call.repeats.step_id} but is "
+                            f"answered by {step['repeat_of']} with {len(step['attempts'])} "
+                            "attempts of its own"
+                        )
+                elif original is None or original["state"] not in ("failed", "denied"):
+                    violations.append(
+                        f"{label}: call {call.index} repeats call {call.repeats.index} "
+                        f"({original and original['state']}) under a new key and ran again"
+                    )
+                else:
+                    self.figures["open-task repeats run again (the first one failed)"] += 1
+            elif step.get("repeat_of"):
+                violations.append(f"{label}: call {call.index} is a repeat of {step['repeat_of']}")
+        n = record.number
+        charged = [e["payment_intent"] for e in charges.get(f"ord-{n}-3", [])]
+        effects = {
+            "issue_coupon": [f"coupon u-{n}-1"] * coupons[f"u-{n}-1"],
+            "create_order": [f"order c-{n}-2"] * orders[f"c-{n}-2"],
+            "charge_payment": charged,
+            "refund_payment": [e["object_id"] for pi in charged for e in refunds.get(pi, [])],
+        }
+        for tool, found in effects.items():
+            counts = per_tool[f"open/{tool}"]
+            counts["effects"] += len(found)
+            ran = [
+                steps[call.step_id]
+                for call in record.calls
+                if call.tool == tool
+                and call.step_id in steps
+                and not steps[call.step_id].get("repeat_of")
+            ]
+            for step in ran:
+                counts["tasks"] += 1
+                counts[
+                    {
+                        "succeeded": "succeeded",
+                        "failed": "failed",
+                        "denied": "failed",
+                        "abandoned": "failed",
+                        "parked": "parked at end",
+                        "awaiting_approval": "parked at end",
+                    }.get(step["state"], "stuck")
+                ] += 1
+                counts["were parked"] += any(
+                    seen["step"] == step["step_id"] for seen in record.parked_seen
+                )
+                counts["reconciled"] += step["step_id"] in record.reconciled_steps
+            succeeded = [step for step in ran if step["state"] == "succeeded"]
+            parked = [step for step in ran if step["state"] == "parked"]
+            if len(found) > 1 or len(succeeded) > 1:
+                violations.append(
+                    f"{label}: {tool} {len(found)} effects {found} for "
+                    f"{len(succeeded)} succeeded calls of one identity"
+                )
+            elif succeeded and not found:
+                violations.append(f"{label}: {tool} call succeeded without an effect")
+            elif found and not succeeded and not parked:
+                violations.append(
+                    f"{label}: {tool} calls ended {[s['state'] for s in ran]} but effects {found}"
+                )
+            elif (
+                succeeded
+                and tool in ("charge_payment", "refund_payment")
+                and succeeded[0]["resource_id"] != found[0]
+            ):
+                violations.append(
+                    f"{label}: {tool} call names {succeeded[0]['resource_id']} but the "
+                    f"provider's effect is {found[0]}"
+                )
+        return violations, stuck
 
     def expired_key_sends(self, requests: list[dict[str, Any]]) -> list[str]:
         """Violations from the provider's request log: a POST under an idempotency key
@@ -1397,17 +1906,82 @@ async def run_chaos(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.chaos",
+        description=__doc__.splitlines()[0],
+        epilog=(
+            "The large run (>= 2,000 tasks, >= 50 worker kills, open tasks in the mix): "
+            "python -m bench.chaos --tasks 2000 --kill-every 4 --min-worker-kills 50 "
+            "--json chaos.json. Exit status 1 on any violation or stuck task, or on "
+            "fewer worker kills than --min-worker-kills."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     defaults = ChaosConfig()
-    parser.add_argument("--tasks", type=int, default=2000)
-    parser.add_argument("--concurrency", type=int, default=24)
-    parser.add_argument("--kill-every", type=float, default=defaults.kill_every)
-    parser.add_argument("--fault-every", type=float, default=defaults.fault_every)
-    parser.add_argument("--pg-kill-every", type=float, default=defaults.pg_kill_every)
-    parser.add_argument("--settle-seconds", type=float, default=300)
-    parser.add_argument("--seed", type=int, default=defaults.seed)
-    parser.add_argument("--scratch", type=Path, default=None, help="keep logs here")
-    parser.add_argument("--json", type=Path, default=None, help="write the figures here")
+    parser.add_argument(
+        "--tasks",
+        type=int,
+        default=2000,
+        help="tasks (keys) to drive: open tasks and one-tool plans of the six tools",
+    )
+    parser.add_argument("--concurrency", type=int, default=24, help="agents at once")
+    parser.add_argument(
+        "--kill-every",
+        type=float,
+        default=defaults.kill_every,
+        help="mean seconds between worker SIGKILLs (0: none; none while a worker is "
+        "SIGSTOPped or no worker is ready, so kills come at about half this rate)",
+    )
+    parser.add_argument(
+        "--fault-every",
+        type=float,
+        default=defaults.fault_every,
+        help="mean seconds between provider faults and between SMTP faults",
+    )
+    parser.add_argument(
+        "--pg-kill-every",
+        type=float,
+        default=defaults.pg_kill_every,
+        help="mean seconds between rounds of pg_terminate_backend",
+    )
+    parser.add_argument(
+        "--open-task-share",
+        type=float,
+        default=defaults.open_task_share,
+        help="share of the tasks that are open tasks (a call of each of "
+        f"{', '.join(OPEN_TASK_TOOLS)}, some resent or repeated, then closed)",
+    )
+    parser.add_argument(
+        "--lost-answer-share",
+        type=float,
+        default=defaults.lost_answer_share,
+        help="share of open-task calls whose first answer the agent loses and resends",
+    )
+    parser.add_argument(
+        "--model-repeat-share",
+        type=float,
+        default=defaults.model_repeat_share,
+        help="share of open-task calls the model repeats under a new key",
+    )
+    parser.add_argument(
+        "--settle-seconds",
+        type=float,
+        default=300,
+        help="after the faults heal, how long tasks get to end before counting as stuck",
+    )
+    parser.add_argument(
+        "--min-worker-kills",
+        type=int,
+        default=0,
+        help="fail the run (exit 1) if fewer workers were SIGKILLed than this",
+    )
+    parser.add_argument("--seed", type=int, default=defaults.seed, help="the driver's seed")
+    parser.add_argument(
+        "--scratch", type=Path, default=None, help="keep the processes' logs in this folder"
+    )
+    parser.add_argument(
+        "--json", type=Path, default=None, help="write the config, figures and findings here"
+    )
     arguments = parser.parse_args(argv)
     config = ChaosConfig(
         tasks=arguments.tasks,
@@ -1415,6 +1989,9 @@ def main(argv: list[str] | None = None) -> int:
         kill_every=arguments.kill_every,
         fault_every=arguments.fault_every,
         pg_kill_every=arguments.pg_kill_every,
+        open_task_share=arguments.open_task_share,
+        lost_answer_share=arguments.lost_answer_share,
+        model_repeat_share=arguments.model_repeat_share,
         settle_seconds=arguments.settle_seconds,
         seed=arguments.seed,
     )
@@ -1442,6 +2019,10 @@ def main(argv: list[str] | None = None) -> int:
                 default=str,
             )
         )
+    kills = int(report.figures.get("workers SIGKILLed (each replaced)", 0))
+    if kills < arguments.min_worker_kills:
+        print(f"only {kills} worker kills, fewer than --min-worker-kills", flush=True)
+        return 1
     return 0 if report.ok else 1
 
 

@@ -1,5 +1,6 @@
 """The chaos run (``bench/chaos.py``) at CI size: real gateways, workers, relays, Temporal,
-PostgreSQL and far sides, broken on purpose while tasks of every tool run through them.
+PostgreSQL and far sides, broken on purpose while tasks of every tool, and open tasks
+whose agents send calls one by one, run through them.
 
 The run checks its history against the far sides' own records (provider ledger and
 request log, SMTP sink, deployment target, business rows); this test asserts it found no
@@ -12,11 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from bench.chaos import TOOLS, ChaosConfig, run_chaos
+from bench.chaos import OPEN_TASK_TOOLS, TOOLS, ChaosConfig, run_chaos
 
-CI_SIZE = ChaosConfig(tasks=180, concurrency=24, kill_every=2.0, settle_seconds=45.0)
+CI_SIZE = ChaosConfig(
+    tasks=180, concurrency=24, kill_every=2.0, settle_seconds=45.0, open_task_share=0.08
+)
 """Sized for a 2-core CI machine: about a minute of driving, five to fifteen worker kills, a worker
-paused past the key window, Temporal and PostgreSQL each restarted once."""
+paused past the key window, Temporal and PostgreSQL each restarted once; 14 of the tasks are
+open tasks (about 70 calls), few enough to keep the run within its minute."""
 
 
 @pytest.mark.timeout(300)
@@ -38,3 +42,14 @@ async def test_no_task_has_two_effects_or_gets_stuck_under_chaos(tmp_path: Path)
     assert figures["pg_terminate_backend rounds"] > 0
     for tool in TOOLS:
         assert report.per_tool[tool]["succeeded"] > 0, tool
+    # Open tasks: every one ended closed (or parked on a parked call: not stuck, above),
+    # each of their tools had calls succeed, and the agents' resends and the model's
+    # repeats really happened (the run found each answered without a second effect).
+    assert figures["open tasks"] == round(CI_SIZE.tasks * CI_SIZE.open_task_share)
+    assert figures["open tasks closed"] > 0
+    for tool in OPEN_TASK_TOOLS:
+        assert report.per_tool[f"open/{tool}"]["succeeded"] > 0, tool
+    assert figures["open-task repeats answered by the repeat guard"] > 0
+    assert figures["open-task calls repeated while the first one waited"] > 0
+    assert figures["open-task call answers lost (resent with the same key)"] > 0
+    assert figures["open-task final answers asked again: the same answer"] > 0
