@@ -1,4 +1,5 @@
-"""A worker process that runs only the bare baseline workflows (for the memory benchmark).
+"""A worker process that runs only the bare baseline workflows (for the memory and the
+one-step task benchmarks).
 
 ``python -m bench._bare_worker TEMPORAL_ADDRESS TASK_QUEUE`` polls until SIGTERM; it
 prints ``bare worker ready`` once polling, so the benchmark measures the same kind of

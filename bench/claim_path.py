@@ -1,17 +1,22 @@
 """What the boundary's idempotency costs, measured against its floor in the same run.
 
 1. Claim path vs a raw ``INSERT … ON CONFLICT DO NOTHING``: ``IdempotencyStore.claim`` for
-   a new key (the claim insert and the principal's quota count in one transaction, with
-   the serialization-retry wrapper) next to a bare conflict-ignoring insert of a
-   ``(scope, key)`` row, on the same PostgreSQL, pool and concurrency.
+   a new key (one statement in its own transaction: the record's insert and the key's
+   count in one of the principal's quota shards, inside the serialization-retry wrapper)
+   next to a bare conflict-ignoring insert of a ``(scope, key)`` row, also one statement
+   in its own transaction, on the same PostgreSQL, pool and concurrency. A third arm, the
+   same insert inside ``BEGIN … COMMIT`` (what this benchmark used as its floor before the
+   claim became one statement), is reported beside it for comparison with older runs.
    Run twice: claims spread over as many principals as there are concurrent callers,
-   and all from one principal, whose quota-window counter row then serializes them.
+   and all from one principal (whose quota shards it then spreads over).
 2. A replayed request vs a trivial endpoint: ``POST /v1/tools/issue_coupon/calls`` with a
-   key whose task already finished (authenticate, validate, fingerprint, claim, read the
-   record, answer the stored body) next to ``GET /healthz`` on the same gateway process.
+   key whose task already finished (authenticate, validate, fingerprint, claim and read
+   the record in one statement, answer the stored body) next to ``GET /healthz`` on the
+   same gateway process.
 
 Arms run interleaved in rounds so drift hits both alike; the ratios are what to compare
-across machines.
+across machines. Each result records how it was made (``run_info``: command, arguments,
+machine, counts, load average before and after); numbers from a loaded machine are noisy.
 
 Usage: ``.venv/bin/python -m bench.claim_path [--claims 4000] [--requests 2000]``
 """
@@ -27,6 +32,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import httpx
 from onceflow_devstack.binaries import installed_binary
@@ -34,7 +40,7 @@ from onceflow_devstack.postgres import EmbeddedPostgres
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from bench._report import Arm, report
+from bench._report import Arm, report, run_info
 from onceflow.coupons import coupon_tools
 from onceflow.gateway import IdempotencyStore, NewClaim, PrincipalStore, request_fingerprint
 from onceflow.settings import OnceflowSettings
@@ -63,9 +69,15 @@ async def _measure(
 
 
 async def claim_path(
-    database_url: str, claims: int, concurrency: int, rounds: int, principals: int
+    database_url: str,
+    claims: int,
+    concurrency: int,
+    rounds: int,
+    principals: int,
+    arguments: dict[str, Any],
 ) -> None:
     raw, claim = Arm("raw INSERT ON CONFLICT"), Arm("IdempotencyStore.claim")
+    raw_in_transaction = Arm("raw INSERT in BEGIN/COMMIT")
     async with build_pool(database_url, max_size=concurrency) as pool:
         run = uuid.uuid4().hex[:8]
         owners = [
@@ -84,16 +96,30 @@ async def claim_path(
         store = IdempotencyStore(pool)
         fingerprint = request_fingerprint(operation="b", scope="b", route="b", body={})
 
-        async def raw_insert(number: int) -> None:
+        async def insert(number: int, *, autocommit: bool) -> None:
             async with pool.connection() as conn:
-                await conn.execute(
-                    "INSERT INTO bench_raw_claims VALUES (%s, %s) ON CONFLICT DO NOTHING"
-                    " RETURNING 1",
-                    (
-                        f"bench:{number % principals}",
-                        f"raw-{run}-{number}-{time.perf_counter_ns()}",
-                    ),
-                )
+                # In autocommit the INSERT is its own transaction, one round trip, as the
+                # claim's statement is; otherwise the pool's connection opens one on the
+                # first statement and commits it when it goes back: BEGIN, INSERT, COMMIT.
+                await conn.set_autocommit(autocommit)
+                try:
+                    await conn.execute(
+                        "INSERT INTO bench_raw_claims VALUES (%s, %s) ON CONFLICT DO NOTHING"
+                        " RETURNING 1",
+                        (
+                            f"bench:{number % principals}",
+                            f"raw-{run}-{number}-{time.perf_counter_ns()}",
+                        ),
+                    )
+                finally:
+                    if autocommit:
+                        await conn.set_autocommit(False)
+
+        async def raw_insert(number: int) -> None:
+            await insert(number, autocommit=True)
+
+        async def raw_insert_in_transaction(number: int) -> None:
+            await insert(number, autocommit=False)
 
         async def new_claim(number: int) -> None:
             owner = owners[number % principals]
@@ -114,11 +140,24 @@ async def claim_path(
             )
 
         await _measure(Arm("warm-up"), 200, concurrency, raw_insert)
+        await _measure(Arm("warm-up"), 200, concurrency, raw_insert_in_transaction)
         await _measure(Arm("warm-up"), 200, concurrency, new_claim)
         per_round = max(claims // rounds, 1)
         for _ in range(rounds):
             await _measure(raw, per_round, concurrency, raw_insert)
             await _measure(claim, per_round, concurrency, new_claim)
+            await _measure(raw_in_transaction, per_round, concurrency, raw_insert_in_transaction)
+    candidate, reference = claim.summary(), raw_in_transaction.summary()
+    ratios_to_reference = {
+        "p50": candidate["p50_ms"] / reference["p50_ms"],
+        "p99": candidate["p99_ms"] / reference["p99_ms"],
+        "mean": candidate["mean_ms"] / reference["mean_ms"],
+    }
+    print(
+        f"  (reference: {raw_in_transaction.name} p50 {reference['p50_ms']:.2f} ms, "
+        f"p99 {reference['p99_ms']:.2f} ms; claim / reference: "
+        f"p50 {ratios_to_reference['p50']:.2f}x  p99 {ratios_to_reference['p99']:.2f}x)"
+    )
     report(
         f"claim path vs raw insert with {principals} principals",
         raw,
@@ -129,11 +168,29 @@ async def claim_path(
             "rounds": rounds,
             "principals": principals,
         },
+        run=run_info(
+            n_per_arm=len(raw.latencies),
+            concurrency=concurrency,
+            rounds=rounds,
+            arguments=arguments,
+        ),
+        extra={
+            "reference": raw_in_transaction.name,
+            raw_in_transaction.name: reference,
+            "ratios to reference": ratios_to_reference,
+            # Issue 17's targets, for one principal: p50 ≤ 1.5×, p99 ≤ 2× the floor.
+            **({"target_ratio": 1.5, "target_ratio_p99": 2.0} if principals == 1 else {}),
+        },
     )
 
 
 async def replay_path(
-    database_url: str, requests: int, concurrency: int, rounds: int, scratch: Path
+    database_url: str,
+    requests: int,
+    concurrency: int,
+    rounds: int,
+    scratch: Path,
+    arguments: dict[str, Any],
 ) -> None:
     env = await WorkflowEnvironment.start_local(
         data_converter=pydantic_data_converter,
@@ -200,6 +257,13 @@ async def replay_path(
         trivial,
         replay,
         {"requests per arm": len(trivial.latencies), "concurrency": concurrency, "rounds": rounds},
+        run=run_info(
+            n_per_arm=len(trivial.latencies),
+            concurrency=concurrency,
+            rounds=rounds,
+            arguments=arguments,
+        ),
+        extra={"target_ratio": 1.5},
     )
 
 
@@ -208,16 +272,26 @@ async def _gateway_url(process: "subprocess.Popen[bytes]", log_path: Path) -> st
     return (await log_line(process, log_path, ready)).split(ready, 1)[1].split()[0]
 
 
-async def main(claims: int, requests: int, concurrency: int, rounds: int) -> None:
+async def main(arguments: argparse.Namespace) -> None:
+    claims, requests = arguments.claims, arguments.requests
+    concurrency, rounds = arguments.concurrency, arguments.rounds
+    recorded = vars(arguments)
     with tempfile.TemporaryDirectory() as scratch:
         postgres = EmbeddedPostgres(Path(scratch) / "pg", delete_on_stop=True)
         try:
             await apply_migrations(postgres.url)
-            # Many principals: the usual case. One principal: its quota-window row is
-            # locked by each new claim until commit, so its new claims serialize.
-            await claim_path(postgres.url, claims, concurrency, rounds, principals=concurrency)
-            await claim_path(postgres.url, claims, concurrency, rounds, principals=1)
-            await replay_path(postgres.url, requests, concurrency, rounds, Path(scratch))
+            if arguments.parts in ("all", "claims"):
+                # Many principals: the usual case. One principal: all its new claims
+                # count in its 16 quota shards of the window (in one row per window
+                # before migration 10, whose lock serialized them).
+                for principals in (concurrency, 1):
+                    await claim_path(
+                        postgres.url, claims, concurrency, rounds, principals, recorded
+                    )
+            if arguments.parts in ("all", "replay"):
+                await replay_path(
+                    postgres.url, requests, concurrency, rounds, Path(scratch), recorded
+                )
         finally:
             postgres.stop()
 
@@ -228,5 +302,10 @@ if __name__ == "__main__":
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=5)
-    arguments = parser.parse_args()
-    asyncio.run(main(arguments.claims, arguments.requests, arguments.concurrency, arguments.rounds))
+    parser.add_argument(
+        "--parts",
+        choices=("all", "claims", "replay"),
+        default="all",
+        help="what to measure (default: all)",
+    )
+    asyncio.run(main(parser.parse_args()))

@@ -6,7 +6,8 @@ in progress (and wait, bounded, for the task's result) and the rest are replays 
 stored answer. Baseline: the same number of requests at the same concurrency to
 ``GET /healthz`` on the same gateway process, i.e. the cost of the HTTP stack alone; the
 ratio is what the boundary adds when it absorbs a storm. Afterwards the run checks the
-business outcome: one coupon, one idempotency record and one task workflow per storm.
+business outcome: one coupon, one idempotency record, one task workflow and one key
+counted against the principal's quota per storm.
 
 Both arms run interleaved in rounds (one storm = one new key per round).
 
@@ -134,22 +135,28 @@ async def main(requests: int, concurrency: int, rounds: int) -> None:
                     "SELECT count(*) FROM idempotency_records WHERE idempotency_key = ANY(%s)",
                     (keys,),
                 ).fetchone()
+                # Every key the principal created, warm-up storm included: one per storm.
+                counted = conn.execute(
+                    "SELECT coalesce(sum(keys_claimed), 0) FROM principal_key_usage_shards"
+                ).fetchone()
             workflows = await settled_count(env.client, "WorkflowType = 'AgentTaskWorkflow'")
         finally:
             gateway.terminate()
             gateway.wait(timeout=30)
             await env.shutdown()
             postgres.stop()
-    assert coupons is not None and records is not None
+    assert coupons is not None and records is not None and counted is not None
     effects = {
         "storms (keys)": len(keys),
         "coupons issued": coupons[0],
         "idempotency records": records[0],
+        "keys counted against the quota (incl. warm-up)": counted[0],
         "task workflows (incl. warm-up)": workflows,
     }
     print(f"  business outcome: {effects}")
     print(f"  answers: {dict(sorted(answers.items()))}")
     assert coupons[0] == len(keys) and records[0] == len(keys), effects
+    assert counted[0] == len(keys) + 1, effects
     report(
         f"duplicate storm of {requests} requests on one key vs trivial endpoint",
         trivial,

@@ -7,10 +7,14 @@ Each arm is its own worker process on the same Temporal dev server (own task que
 - onceflow: ``onceflow worker`` (the real process, every activity registered) with
   ``start_deployment`` tasks waiting for approval, the longest wait a real task has.
 
-Tasks are started in batches; after each batch every open workflow is queried, which
-makes the worker hold it in its workflow cache (Temporal's default cache is 1,000
-workflows, so all of them fit), and the worker's resident set size (``VmRSS`` of its
-own process, from ``/proc``) is sampled. The plot shows RSS against open tasks.
+The arms run one after the other, not interleaved: first the bare worker is filled,
+then the onceflow worker (each starts empty, and memory does not drift with the
+machine's load the way latency does). Tasks are started in batches (20 starts at a
+time); after each batch the driver waits until every workflow of the batch has
+completed its first workflow task (its history shows it), so the worker holds it in its
+workflow cache (Temporal's default cache is 1,000 workflows, so all of them fit), then
+samples the worker's resident set size (``VmRSS`` of its own process, from ``/proc``)
+once it stops moving. The plot shows RSS against open tasks.
 
 Usage: ``.venv/bin/python -m bench.worker_memory [--tasks 1000] [--batch 100]``
 """
@@ -33,7 +37,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from bench._bare import BareWaitingWorkflow
-from bench._report import RESULTS, machine
+from bench._report import RESULTS, machine, run_info
 from onceflow.storage import apply_migrations
 from onceflow.task_api import TaskClient
 from onceflow.workflows.task_models import AgentTaskInput, StepInput
@@ -244,6 +248,12 @@ def _report(
             {
                 "title": title,
                 "machine": machine(),
+                "run": run_info(
+                    n_per_arm=tasks,
+                    concurrency=20,
+                    rounds=None,
+                    arguments={"tasks": tasks, "batch": batch},
+                ),
                 "notes": {"tasks": tasks, "batch": batch, "start concurrency": 20},
                 **rows,
                 "samples": {"bare worker": baseline, "onceflow worker": onceflow},
