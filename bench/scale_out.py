@@ -26,7 +26,6 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
@@ -35,7 +34,7 @@ from onceflow_devstack.postgres import EmbeddedPostgres
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from bench._report import RESULTS, Arm, machine
+from bench._report import RESULTS, Arm, machine, run_info
 from onceflow.storage import apply_migrations
 from onceflow.workflows.visibility import ALL_SEARCH_ATTRIBUTES
 from tests.harness import REPO, log_line_blocking
@@ -183,16 +182,12 @@ def report(arms: dict[str, Arm], calls: int, concurrency: int, rounds: int) -> N
         json.dumps(
             {
                 "title": "scale-out: two workers and two gateways vs one of each",
-                "machine": machine(),
-                "command": (
-                    f".venv/bin/python -m bench.scale_out --calls {calls} "
-                    f"--concurrency {concurrency} --rounds {rounds}"
+                "run": run_info(
+                    n_per_arm=calls,
+                    concurrency=concurrency,
+                    rounds=rounds,
+                    arguments={"calls": calls, "concurrency": concurrency, "rounds": rounds},
                 ),
-                "calls_per_configuration": calls,
-                "concurrency": concurrency,
-                "rounds": rounds,
-                "load_average_1m": os.getloadavg()[0],
-                "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
                 **dict(zip(CONFIGURATIONS, (one, two), strict=True)),
                 "ratios": ratios,
             },
