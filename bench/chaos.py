@@ -135,14 +135,12 @@ PROVIDER_FAULTS = (
 )
 """Provider faults and their delays; the stack's Stripe request timeout is 1.25 s, so a
 3 s delay is a response that never arrives in time."""
-OPERATOR_PATIENCE = 8.0
-"""Seconds the operator leaves a parked step before deciding ``did_not_happen`` (a found
-effect is decided at once): long enough for any request still held at the provider (its
-slowest fault holds one 3 s before committing) to have committed and show in its ledger.
-An operator deciding sooner can authorise a second effect, which this run found: past
-the key's send-by deadline a ``did_not_happen`` sends the next key generation while the
-old key's last request may still be held at the provider. A known gap, open: onceflow
-should hold a new generation until no request under the old key can still commit."""
+PROVIDER_SETTLE_SECONDS = 3.0
+"""``ONCEFLOW_PAYMENTS_SETTLE_TIME``: the provider's slowest fault holds a request 3 s
+before committing, counted from its arrival; the attempt that sent it ends later than
+that arrival. An operator here decides at once from the ledger, so a new key generation
+past the send-by deadline relies on onceflow waiting this out (the run found a second
+charge when it did not)."""
 ABANDON_AFTER = 3
 """An operator abandons a parked step after this many ``did_not_happen`` decisions that
 ended parked again with still no effect at the far side."""
@@ -192,6 +190,7 @@ def stack_environment(
         "ONCEFLOW_PAYMENTS_ATTEMPT_TIMEOUT": PAYMENT_ATTEMPT_TIMEOUT,
         "ONCEFLOW_PAYMENTS_KEY_RETENTION": f"PT{KEY_RETENTION_SECONDS:g}S",
         "ONCEFLOW_PAYMENTS_RETENTION_MARGIN": f"PT{KEY_RETENTION_MARGIN_SECONDS:g}S",
+        "ONCEFLOW_PAYMENTS_SETTLE_TIME": f"PT{PROVIDER_SETTLE_SECONDS:g}S",
         "SMTP_URL": far["smtp_url"],
         "ONCEFLOW_EMAIL_SMTP_TIMEOUT": "PT2S",
         "ONCEFLOW_EMAIL_CLAIM_LEASE": "PT4S",
@@ -317,7 +316,6 @@ class TaskRecord:
     did_not_happen: Counter[str] = field(default_factory=Counter)
     """``did_not_happen`` decisions per step."""
     reconciled_steps: set[str] = field(default_factory=set)
-    parked_since: dict[str, float] = field(default_factory=dict)
     """When the operator first saw each step parked (this run's monotonic clock)."""
 
     @property
@@ -998,10 +996,6 @@ class ChaosRun:
                     }
                 )
                 resource = await self.find_effect(status, step)
-                seen = record.parked_since.setdefault(step["step_id"], time.monotonic())
-                if not resource and time.monotonic() - seen < OPERATOR_PATIENCE:
-                    await asyncio.sleep(0.5)  # scenario: the operator looks again shortly
-                    continue
                 decision = "happened" if resource else "did_not_happen"
                 if not resource and record.did_not_happen[step["step_id"]] >= ABANDON_AFTER:
                     # The provider keeps answering this key with the error it stored
@@ -1015,7 +1009,6 @@ class ChaosRun:
                     **({"resource_id": resource} if resource else {}),
                 }
                 if await self.decision(status["workflow_id"], "reconcile", body):
-                    record.parked_since.pop(step["step_id"], None)
                     record.reconciled.append(body["decision"])
                     record.reconciled_steps.add(step["step_id"])
                     if body["decision"] == "did_not_happen":

@@ -82,6 +82,7 @@ def charge_payment_contract(
         start_to_close_timeout=settings.attempt_timeout,
         provider_key_retention=settings.key_retention,
         retention_margin=settings.retention_margin,
+        provider_settle_time=settings.settle_time,
         # An operator's "happened --resource-id" is retrieved and checked against the
         # step (operation id, amount, currency) before it is accepted.
         lookup_verifies_resource_ids=True,
@@ -109,6 +110,7 @@ def refund_payment_contract(
         ),
         provider_key_retention=settings.key_retention,
         retention_margin=settings.retention_margin,
+        provider_settle_time=settings.settle_time,
         # An operator's "happened --resource-id" is retrieved and checked against the
         # step (operation id, amount, currency) before it is accepted.
         lookup_verifies_resource_ids=True,

@@ -77,6 +77,10 @@ class PaymentToolSettings(FileBackedSettings):
     retention_margin: timedelta = Field(default=timedelta(hours=1), ge=timedelta(0))
     """Subtracted from ``key_retention`` before a repeat is still called safe, for clock
     skew and the time a request spends in flight. Default 1 h."""
+    settle_time: timedelta = Field(default=timedelta(minutes=5), ge=timedelta(0))
+    """Longest a request may still take effect at Stripe after the attempt that sent it
+    ended: an operator-authorised attempt under a new key waits this long after the old
+    key's last attempt and looks again first. Default 5 min."""
     refund_approval_above: int = Field(default=10_000, ge=0)
     """Refunds of more than this many minor units (or of an unstated amount) wait for a
     person's approval. Default 10 000 (100.00 in a two-decimal currency)."""

@@ -131,6 +131,14 @@ def _effect_problems(contract: ToolContract) -> list[Problem]:
                     "use a margin well below the retention",
                 )
             )
+        if contract.provider_settle_time < timedelta(0):
+            problems.append(
+                (
+                    f"provider_settle_time ({contract.provider_settle_time.total_seconds():g} s) "
+                    "is negative",
+                    "set how long the provider may still act on a request after it was sent",
+                )
+            )
     return problems
 
 

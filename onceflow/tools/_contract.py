@@ -67,6 +67,12 @@ class ToolContract:
     """How long the provider remembers an idempotency key (Stripe: about 24 h)."""
     retention_margin: timedelta = field(default=timedelta(hours=1))
     """Safety margin subtracted from ``provider_key_retention`` before repeating."""
+    provider_settle_time: timedelta = field(default=timedelta(minutes=5))
+    """Longest a request may still take effect at the provider after the attempt that
+    sent it ended (a provider can finish a request its client gave up on). Before an
+    operator-authorised attempt goes out under a new key, the task waits this long after
+    the old key's last attempt and looks the effect up again. Default 5 min (Stripe's
+    own SDKs give up on a request after 80 s)."""
     lookup_activity: str | None = None
     """Activity that looks the effect up by its correlation ids before the step parks.
 

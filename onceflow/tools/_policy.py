@@ -47,6 +47,9 @@ class ToolPolicy(BaseModel):
     the strategy is not a provider key. Default None."""
     retention_margin: timedelta = timedelta(0)
     """Subtracted from ``key_retention`` for the send-by deadline. Default 0."""
+    settle_time: timedelta = timedelta(minutes=5)
+    """Longest a request may still take effect at the provider after its attempt ended
+    (``ToolContract.provider_settle_time``). Default 5 min."""
     requires_approval: bool = False
     """A person approves the exact arguments before the first attempt. Default False."""
     approval_argument: str | None = None
@@ -73,6 +76,7 @@ class ToolPolicy(BaseModel):
             dedupe=contract.dedupe,
             key_retention=contract.provider_key_retention if keyed else None,
             retention_margin=contract.retention_margin if keyed else timedelta(0),
+            settle_time=contract.provider_settle_time,
             requires_approval=contract.requires_approval,
             approval_argument=threshold.argument if threshold else None,
             approval_above=threshold.above if threshold else None,

@@ -117,7 +117,20 @@ generation instead of the old key."""
 UNVERIFIED_RECORDED = "unverified-happened-recorded"
 """Patch id: a ``happened`` accepted unverified is handed to the tool's look-up, which
 records the resource in the step's operation record (a later refund reads it)."""
+START_PATCHES_FOLDED = "start-patches-folded-outcome-recorded-locally"
+"""Patch id: one marker stands for every patch a task took at its start
+(``MACHINE_TIME_DEADLINE``, ``SEND_BY_ENFORCED``, ``DECISIONS_CHECKED`` and, for a plan,
+``PINNED_POLICY``: each added a marker and a search-attribute upsert to every task), and
+the outcome is recorded by a local activity (no activity task and no workflow task more
+on the critical path). Tasks started before it replay by the four it replaces."""
+OLD_KEY_SETTLES = "new-key-after-old-key-settles"
+"""Patch id: a new key generation past the old key's send-by deadline waits until no
+request under the old key can still take effect (``ToolPolicy.settle_time`` after its
+last attempt) and looks the effect up again before it is sent."""
 PIN_TIMEOUT = timedelta(seconds=10)
+"""Longest the local activity pinning the task's policy may run (it reads memory only)."""
+OUTCOME_TIMEOUT = timedelta(seconds=30)
+"""Longest one write of the task's outcome may take."""
 ENDED_STEP_STATES = frozenset(
     {StepState.SUCCEEDED, StepState.FAILED, StepState.DENIED, StepState.ABANDONED}
 )
@@ -126,7 +139,6 @@ SETTLED_STEP_STATES = ENDED_STEP_STATES | {StepState.PARKED, StepState.AWAITING_
 """States a call's first answer waits for: ended, or waiting for a person."""
 NO_EFFECT_STEP_STATES = frozenset({StepState.FAILED, StepState.DENIED})
 """Ended with no effect: an identical later call is a new call, not a repeat."""
-"""Longest the local activity pinning the task's policy may run (it reads memory only)."""
 
 
 class ToolNotOnThisWorker(RuntimeError):
@@ -166,12 +178,13 @@ class AgentTaskWorkflow:
         self._send_by_enforced = False
         self._machine_time_deadline = False
         self._decisions_checked = False
+        self._outcome_recorded_locally = False
         self._checking: set[str] = set()
         """Steps whose reconcile decision is being checked: others wait for the answer."""
         self._verified: dict[str, ToolAttemptResult] = {}
         """Per step: what the look-up found when it verified an accepted ``happened``."""
-        self._unusable_keys: set[str] = set()
-        """Steps parked because no attempt may send under their key any more."""
+        self._unusable_keys: dict[str, KeyUnusable] = {}
+        """Steps parked because no attempt may send under their key any more, and why."""
         self._waited_for_people = timedelta(0)
         """Time spent awaiting approval or parked: not machine budget."""
         self._waiting_for_people = 0
@@ -214,10 +227,7 @@ class AgentTaskWorkflow:
                 TASK_STATE.value_set(self._state.value),
             ]
         )
-        self._machine_time_deadline = workflow.patched(MACHINE_TIME_DEADLINE)
-        self._send_by_enforced = workflow.patched(SEND_BY_ENFORCED)
-        self._decisions_checked = workflow.patched(DECISIONS_CHECKED)
-        if workflow.patched(PINNED_POLICY):
+        if self._take_start_patches(plan=True):
             self._policies = await self._pin_policies(sorted({s.tool for s in task.steps}))
         try:
             for step in task.steps:
@@ -231,6 +241,19 @@ class AgentTaskWorkflow:
         # A decision arriving as the task ends must finish before the workflow completes.
         await workflow.wait_condition(workflow.all_handlers_finished)
         return self._status()
+
+    def _take_start_patches(self, *, plan: bool) -> bool:
+        """Set the behaviours this run's history holds; True when a plan pins its
+        policies. A task started before ``START_PATCHES_FOLDED`` replays by the patches
+        it recorded one by one, in the order it recorded them."""
+        if workflow.patched(START_PATCHES_FOLDED):
+            self._machine_time_deadline = self._send_by_enforced = True
+            self._decisions_checked = self._outcome_recorded_locally = True
+            return True
+        self._machine_time_deadline = workflow.patched(MACHINE_TIME_DEADLINE)
+        self._send_by_enforced = workflow.patched(SEND_BY_ENFORCED)
+        self._decisions_checked = workflow.patched(DECISIONS_CHECKED)
+        return plan and workflow.patched(PINNED_POLICY)
 
     # ── queries, updates and signals ────────────────────────────────────────────────
 
@@ -345,9 +368,7 @@ class AgentTaskWorkflow:
     async def _run_open(self, task: AgentTaskInput) -> TaskStatus:
         options = task.open
         assert options is not None
-        self._machine_time_deadline = workflow.patched(MACHINE_TIME_DEADLINE)
-        self._send_by_enforced = workflow.patched(SEND_BY_ENFORCED)
-        self._decisions_checked = workflow.patched(DECISIONS_CHECKED)
+        self._take_start_patches(plan=False)
         self._state = self._open_state()
         tools = sorted({call.tool for call in self._steps.values()})
         workflow.upsert_search_attributes(
@@ -600,7 +621,9 @@ class AgentTaskWorkflow:
                 # No attempt may send under this key any more, whatever the budget says.
                 _count("onceflow_key_unusable", tool=step.tool, why=result.key_unusable.value)
                 reason = result.reason or f"the step's key is unusable ({result.key_unusable})"
-                if await self._look_up_or_park(step, policy, status, reason, key_unusable=True):
+                if await self._look_up_or_park(
+                    step, policy, status, reason, key_unusable=result.key_unusable
+                ):
                     return
                 operator_authorised, saw_unknown = True, False
                 continue
@@ -623,7 +646,9 @@ class AgentTaskWorkflow:
                 if closed is not None:
                     # The timer fired, but the worker that runs this may have come back
                     # (or got to it through a backlog) after the key's window.
-                    if await self._look_up_or_park(step, policy, status, closed, key_unusable=True):
+                    if await self._look_up_or_park(
+                        step, policy, status, closed, key_unusable=KeyUnusable.SEND_BY_PASSED
+                    ):
                         return
                     operator_authorised, saw_unknown = True, False
             elif isinstance(decision, FailStep):
@@ -643,7 +668,7 @@ class AgentTaskWorkflow:
         status: StepStatus,
         reason: str,
         *,
-        key_unusable: bool = False,
+        key_unusable: KeyUnusable | None = None,
     ) -> bool:
         """Look the effect up, else park: True when the step finished (found, or an
         operator found it happened); False when an operator authorised another attempt
@@ -652,11 +677,11 @@ class AgentTaskWorkflow:
         if found is not None:
             self._finish_step(status, found.resource_id, found.result)
             return True
-        if key_unusable:
-            self._unusable_keys.add(status.step_id)
+        if key_unusable is not None:
+            self._unusable_keys[status.step_id] = key_unusable
         finding = await self._park(status, reason)
         new_key = self._old_key_unusable(status)
-        self._unusable_keys.discard(status.step_id)
+        why_unusable = self._unusable_keys.pop(status.step_id, None)
         if (
             finding.decision is ReconcileDecision.DID_NOT_HAPPEN
             and new_key
@@ -665,6 +690,14 @@ class AgentTaskWorkflow:
             # Sending the old key again could not make progress (the provider replays
             # its stored failure) or could make a second effect (it may have forgotten
             # the key): the operator's attempt goes out under a new key.
+            if why_unusable is not KeyUnusable.STORED_FAILURE and workflow.patched(OLD_KEY_SETTLES):
+                # A stored failure proves the provider finished with the old key; past
+                # its send-by, its last request may still be held there and commit.
+                late = await self._old_key_settled(step, policy, status)
+                if late is not None:
+                    status.evidence["found_after_decision"] = "true"
+                    self._finish_step(status, late.resource_id, late.result)
+                    return True
             status.key_generation += 1
             status.evidence["key_generation"] = str(status.key_generation)
         if finding.decision is ReconcileDecision.HAPPENED:
@@ -679,6 +712,31 @@ class AgentTaskWorkflow:
                 f"step {step.step_id} abandoned by {finding.operator}: {finding.reason}",
             )
         return False
+
+    async def _old_key_settled(
+        self, step: StepInput, policy: ToolPolicy, status: StepStatus
+    ) -> ToolAttemptResult | None:
+        """Wait until no request under the step's current key can still take effect at
+        the provider (its last attempt's end + the policy's settle time), then look the
+        effect up again: what it finds is the step's (the operator's look came too early)."""
+        generation = status.key_generation
+        ended = [a.finished_at for a in status.attempts if a.key_generation == generation]
+        if not ended:
+            return None
+        settled_at = max(ended) + policy.settle_time
+        if workflow.now() < settled_at:
+            status.state = StepState.BACKING_OFF
+            status.evidence["old_key_settles_at"] = settled_at.isoformat()
+            await workflow.sleep(
+                settled_at - workflow.now(),
+                summary=ClearText(
+                    f"let step {step.step_id}'s last request under its old key settle at "
+                    "the provider before a new key is sent"
+                ),
+            )
+        return await self._look_up(
+            step, policy, status, why="once the old key's requests have settled"
+        )
 
     async def _pin_policies(self, tools: list[str]) -> dict[str, ToolPolicy]:
         """Resolve the tools' policies once (a plan's in its first workflow task, an open
@@ -907,21 +965,36 @@ class AgentTaskWorkflow:
         # local update, so the workflow (still the only retry owner) tries a few times;
         # if all fail, the boundary falls back to asking the workflow itself.
         outcome = TaskOutcomeInput(workflow_id=workflow.info().workflow_id, status=self._status())
+        summary = ClearText("record the task's result for repeated requests")
         for attempt in range(1, 6):
             try:
-                await workflow.execute_activity(
-                    RECORD_TASK_OUTCOME,
-                    outcome,
-                    start_to_close_timeout=timedelta(seconds=30),
-                    retry_policy=ONE_ATTEMPT,
-                    summary=ClearText("record the task's result for repeated requests"),
-                )
+                if self._outcome_recorded_locally:
+                    # One short write on the worker that ends the task: no activity task
+                    # and no further workflow task on the way to the task's end.
+                    await workflow.execute_local_activity(
+                        RECORD_TASK_OUTCOME,
+                        outcome,
+                        start_to_close_timeout=OUTCOME_TIMEOUT,
+                        retry_policy=ONE_ATTEMPT,
+                        summary=summary,
+                    )
+                else:
+                    await workflow.execute_activity(
+                        RECORD_TASK_OUTCOME,
+                        outcome,
+                        start_to_close_timeout=OUTCOME_TIMEOUT,
+                        retry_policy=ONE_ATTEMPT,
+                        summary=summary,
+                    )
                 return
-            except ActivityError as failure:
+            except (ActivityError, ApplicationError) as failure:
+                # A local activity's failure may arrive unwrapped.
                 workflow.logger.warning(
                     "recording the task outcome failed (attempt %d): %s",
                     attempt,
-                    _describe_activity_failure(failure),
+                    _describe_activity_failure(failure)
+                    if isinstance(failure, ActivityError)
+                    else f"the activity raised {failure.type or 'an error'}: {failure.message}",
                 )
                 await workflow.sleep(timedelta(seconds=2**attempt))
 
@@ -1135,6 +1208,11 @@ class AgentTaskWorkflow:
                 f" under a new key (generation {status.key_generation + 1}: the old key can "
                 "no longer be sent)"
             )
+            if self._unusable_keys.get(status.step_id) is not KeyUnusable.STORED_FAILURE:
+                retry += (
+                    ", once no request under the old key can still take effect and a "
+                    "look-up then finds nothing"
+                )
         consequences = {
             ReconcileDecision.HAPPENED: f"succeeds with resource {decision.resource_id}",
             ReconcileDecision.DID_NOT_HAPPEN: retry,

@@ -74,13 +74,15 @@ SHORT_RETENTION_CHARGE = replace(
         PaymentToolSettings(
             key_retention=timedelta(milliseconds=500),
             retention_margin=timedelta(milliseconds=100),
+            settle_time=timedelta(seconds=2.5),
             attempt_timeout=timedelta(seconds=10),
         ),
         name="charge_payment_short_key_retention",
     ),
 )
 """``charge_payment`` at a provider that keeps keys for half a second, so a first attempt
-that took a one-second client timeout is already older than the key's retention."""
+that took a one-second client timeout is already older than the key's retention, and
+may still act on a request 2.5 s after the attempt that sent it ended."""
 
 
 def stripe_settings(base_url: str, **overrides: Any) -> StripeSettings:

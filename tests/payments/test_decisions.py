@@ -294,6 +294,38 @@ async def test_did_not_happen_past_the_keys_send_by_deadline_sends_under_a_new_g
     assert result.step("pay").resource_id == charge.object_id
 
 
+async def test_did_not_happen_past_send_by_waits_for_the_old_keys_held_request_to_settle(
+    worker: Worker, tasks: TaskClient, control: ProviderControl
+) -> None:
+    # Stripe holds the request 2 s before charging; the client gives up after 1 s, so
+    # the step parks past its key's send-by with the charge not yet made. The operator
+    # looks at once, finds nothing and decides did_not_happen: a new key sent now would
+    # charge a second time when the held request commits.
+    await control.add_fault(
+        Fault.DELAY_BEFORE_COMMIT, path_prefix="/v1/payment_intents", delay_seconds=2.0
+    )
+    workflow_id = await start_task(
+        tasks, ("pay", SHORT_RETENTION_CHARGE.name, VISA_CHARGE), budget=ONE_UNKNOWN_PARKS
+    )
+    await wait_for(tasks, workflow_id, parked)
+    assert await control.ledger() == []
+
+    answer = await tasks.reconcile(workflow_id, decide(ReconcileDecision.DID_NOT_HAPPEN))
+
+    assert "once no request under the old key can still take effect" in answer.message
+    result = await tasks.result(workflow_id)
+    assert result.state is TaskState.SUCCEEDED, result.failure_reason
+    # The held request charged; the look-up after the settle time found it: one charge,
+    # and nothing was ever sent under a second key.
+    [charge] = await control.ledger()
+    assert [r.idempotency_key for r in posts(await control.requests())] == [
+        generation_key(workflow_id, 1)
+    ]
+    step = result.step("pay")
+    assert step.resource_id == charge.object_id
+    assert step.key_generation == 1 and step.evidence["found_after_decision"] == "true"
+
+
 async def test_did_not_happen_inside_the_keys_window_repeats_the_same_key(
     worker: Worker, tasks: TaskClient, control: ProviderControl
 ) -> None:

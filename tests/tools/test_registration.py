@@ -95,6 +95,7 @@ def test_every_other_mistake_is_named_with_its_fix_all_at_once() -> None:
         dedupe=DedupeStrategy.PROVIDER_IDEMPOTENCY_KEY,
         approval_threshold=ApprovalThreshold(argument="amonut", above=Decimal(10)),
         lookup_activity="look_up_somewhere",
+        provider_settle_time=timedelta(seconds=-1),
     )
     with pytest.raises(ToolRegistrationError) as refused:
         Catalogue().register(contract)
@@ -106,9 +107,10 @@ def test_every_other_mistake_is_named_with_its_fix_all_at_once() -> None:
         "marked both read_only and destructive",
         "does not say how long the provider remembers keys",
         "approval_threshold but requires_approval is False",
+        "provider_settle_time (-1 s) is negative",
     ):
         assert problem in message
-    assert message.count("; fix: ") == 6
+    assert message.count("; fix: ") == 7
 
     threshold_on_a_missing_field = replace(
         sample_tools.CONTRACT,

@@ -4,11 +4,13 @@ Run after an intended change to the workflow's commands, and commit the result:
 ``.venv/bin/python -m tests.workflows.record_histories``. Never run it to make a failing
 replay test pass without knowing why it failed: that failure means running tasks break.
 
-It writes the ``pinned_*`` histories (tasks that pinned their policy, with every patch
-of issue #13 applied) and the negative control ``nondeterministic/*.json``, which must
-fail replay. ``retries_then_success``, ``parked_then_did_not_happen`` and ``approved``
-were recorded before those patches and are kept as they are: they are the other side
-of every patch, and the workflow can no longer produce them.
+Record by name (below): every history is the other side of a later patch and must stay
+as its version wrote it. ``retries_then_success``, ``parked_then_did_not_happen`` and
+``approved`` predate the patches of issue #13; the ``pinned_*`` histories and the others
+recorded before ``start-patches-folded-outcome-recorded-locally`` take their start
+patches one by one; the ``folded_*`` ones and those recorded after take them as one
+marker and record the outcome by a local activity. The negative control
+``nondeterministic/*.json`` must fail replay.
 
 Names given on the command line record only those histories (the others are run but not
 written), so histories of tasks running under an earlier version stay as they were:
@@ -66,10 +68,16 @@ async def _until(env: WorkflowEnvironment, handle: Handle, state: TaskState) -> 
 async def _record(
     env: WorkflowEnvironment, queue: str, script: Script, only: frozenset[str]
 ) -> None:
-    async def start(*steps: StepInput) -> Handle:
+    async def start(*steps: StepInput, record_outcome: bool = False) -> Handle:
         return await env.client.start_workflow(
             AgentTaskWorkflow.run,
-            AgentTaskInput(tenant="acme", principal="agent", steps=list(steps), budget=BUDGET),
+            AgentTaskInput(
+                tenant="acme",
+                principal="agent",
+                steps=list(steps),
+                budget=BUDGET,
+                record_outcome=record_outcome,
+            ),
             id=f"history-{uuid.uuid4().hex[:8]}",
             task_queue=queue,
         )
@@ -265,11 +273,15 @@ async def _record(
 
     # An open task: a call retried, the model's repeat answered by it, a call parked
     # and decided, then closed by the agent.
-    async def open_task(**options: int) -> Handle:
+    async def open_task(record_outcome: bool = False, **options: int) -> Handle:
         return await env.client.start_workflow(
             AgentTaskWorkflow.run,
             AgentTaskInput(
-                tenant="acme", principal="agent", budget=BUDGET, open=OpenTaskOptions(**options)
+                tenant="acme",
+                principal="agent",
+                budget=BUDGET,
+                open=OpenTaskOptions(**options),
+                record_outcome=record_outcome,
             ),
             id=f"history-{uuid.uuid4().hex[:8]}",
             task_queue=queue,
@@ -321,6 +333,27 @@ async def _record(
         script.plan("gen", KeyUnusable.STORED_FAILURE, S),
         ReconcileDecision.DID_NOT_HAPPEN,
     )
+    # Tasks as the gateway starts them (their outcome recorded, by a local activity),
+    # taking their start patches as one marker.
+    folded = await start(
+        StepInput(step_id="a", tool="scripted_safe", arguments={"label": script.plan("f", T, S)}),
+        record_outcome=True,
+    )
+    await save("folded_plan_outcome_recorded_locally", folded)
+    folded_open = await open_task(record_outcome=True)
+    await folded_open.execute_update(
+        AgentTaskWorkflow.call, calling("c1", "scripted_safe", script.plan("fo", T, S))
+    )
+    await folded_open.execute_update(AgentTaskWorkflow.close)
+    await save("folded_open_task_outcome_recorded_locally", folded_open)
+
+    # The same past the key's send-by deadline: the new generation waits until the old
+    # key's last request has settled at the provider, and looks the effect up again.
+    await parks_then(
+        "key_generation_after_send_by_waits_for_old_key",
+        script.plan("sbgen", U, KeyUnusable.SEND_BY_PASSED, S),
+        ReconcileDecision.DID_NOT_HAPPEN,
+    )
 
 
 def _renamed_activity(name: str, old: str, new: str) -> None:
@@ -356,7 +389,7 @@ async def main() -> None:
             env.client,
             task_queue=queue,
             workflows=[AgentTaskWorkflow],
-            activities=script.activities(),
+            activities=[*script.activities(), script.outcome_recorder()],
         ):
             await _record(env, queue, script, frozenset(sys.argv[1:]))
     print(f"recorded {len(list(HISTORIES.glob('*.json')))} histories in {HISTORIES}")

@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 from temporalio import activity
 
+from onceflow.activities.idempotency_records import TaskOutcomeResult
 from onceflow.retry_policy import OutcomeClass
 from onceflow.tools import (
     CATALOGUE,
@@ -26,6 +27,7 @@ from onceflow.tools import (
     ToolContract,
     lookup_activity_name,
 )
+from onceflow.workflows.task_models import RECORD_TASK_OUTCOME, TaskOutcomeInput
 
 
 class ScriptedInput(BaseModel):
@@ -104,6 +106,7 @@ class Script:
         self.lookups: dict[str, int] = defaultdict(int)
         self.found: set[str] = set()
         self.recorded: dict[str, str] = {}
+        self.outcomes: list[TaskOutcomeInput] = []
 
     def plan(self, label: str, *outcomes: Planned) -> str:
         self._outcomes[label] = list(outcomes)
@@ -121,6 +124,17 @@ class Script:
             self._look_up(VERIFIED.name),
             PolicyPinning().pin_task_policy,
         ]
+
+    def outcome_recorder(self) -> Callable[..., Any]:
+        """Stands in for the boundary's record (``record_task_outcome``) where no
+        database is: keeps what the task reported in ``outcomes``."""
+
+        @activity.defn(name=RECORD_TASK_OUTCOME)
+        async def record_task_outcome(outcome: TaskOutcomeInput) -> TaskOutcomeResult:
+            self.outcomes.append(outcome)
+            return TaskOutcomeResult(recorded=True)
+
+        return record_task_outcome
 
     def _look_up(self, name: str) -> Callable[..., Any]:
         @activity.defn(name=lookup_activity_name(name))

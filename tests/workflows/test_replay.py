@@ -21,8 +21,10 @@ from onceflow.workflows.agent_task import (
     DECISIONS_CHECKED,
     KEY_GENERATIONS,
     MACHINE_TIME_DEADLINE,
+    OLD_KEY_SETTLES,
     PINNED_POLICY,
     SEND_BY_ENFORCED,
+    START_PATCHES_FOLDED,
     UNVERIFIED_RECORDED,
 )
 from tests.telemetry.replay_spans import spans_emitted_by_replay
@@ -40,6 +42,8 @@ PATCHES = (
     KEY_GENERATIONS,
     UNVERIFIED_RECORDED,
     DATABASE_WAITS,
+    OLD_KEY_SETTLES,
+    START_PATCHES_FOLDED,
 )
 
 
