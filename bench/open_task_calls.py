@@ -75,7 +75,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from bench._bare import BareUpdateWorkflow, no_op
-from bench._report import RESULTS, Arm, machine
+from bench._report import RESULTS, Arm, machine, run_info
 from onceflow.gateway import PrincipalStore
 from onceflow.settings import OnceflowSettings
 from onceflow.storage import apply_migrations, build_pool
@@ -857,6 +857,17 @@ async def main(
         {
             "title": TITLE,
             "machine": machine(),
+            "run": run_info(
+                n_per_arm=rounds * round_calls,
+                concurrency=1,
+                rounds=rounds,
+                arguments={
+                    "calls": calls,
+                    "rounds": rounds,
+                    "round_calls": round_calls,
+                    "paths": ",".join(wanted),
+                },
+            ),
             "target_ratio": TARGET_RATIO,
             "notes": notes,
             "per_call_cost": first,
