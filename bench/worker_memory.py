@@ -12,7 +12,8 @@ then the onceflow worker (each starts empty, and memory does not drift with the
 machine's load the way latency does). Tasks are started in batches (20 starts at a
 time); after each batch the driver waits until every workflow of the batch has
 completed its first workflow task (its history shows it), so the worker holds it in its
-workflow cache (Temporal's default cache is 1,000 workflows, so all of them fit), then
+workflow cache (Temporal's default cache is 1,000 workflows: up to that many all fit,
+past it both workers evict the least recent, so RSS stops growing), then
 samples the worker's resident set size (``VmRSS`` of its own process, from ``/proc``)
 once it stops moving. The plot shows RSS against open tasks.
 
