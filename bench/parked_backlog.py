@@ -32,13 +32,12 @@ import sys
 import tempfile
 import time
 import uuid
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from temporalio.testing import WorkflowEnvironment
 
-from bench._report import RESULTS, machine
+from bench._report import RESULTS, machine, run_info
 from bench._servers import embedded_servers
 from bench.worker_memory import rss_kib, steady_rss_kib
 from onceflow.task_api import TaskClient
@@ -106,11 +105,12 @@ async def main(tasks: int, concurrency: int) -> None:
                 worker.terminate()
                 worker.wait(timeout=60)
     results["machine"] = machine()
-    results["command"] = (
-        f".venv/bin/python -m bench.parked_backlog --tasks {tasks} --concurrency {concurrency}"
+    results["run"] = run_info(
+        n_per_arm=tasks,
+        concurrency=concurrency,
+        rounds=None,
+        arguments={"tasks": tasks, "concurrency": concurrency},
     )
-    results["finished_at"] = datetime.now(UTC).isoformat(timespec="seconds")
-    results["load_average_1m"] = os.getloadavg()[0]
     RESULTS.mkdir(exist_ok=True)
     target = RESULTS / f"parked_backlog_of_{tasks}_tasks.json"
     target.write_text(json.dumps(results, indent=2))
