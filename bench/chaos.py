@@ -13,21 +13,22 @@ What runs (all real processes, nothing mocked)::
       └─ faults, records ──▶ far sides (python -m bench._far_sides): Stripe-compatible
                              provider, SMTP sink, deployment target;  PostgreSQL
 
-While agents drive the tasks the run injects: SIGKILL of a random worker (a replacement
-is started each time), provider faults (responses dropped or delayed after the commit,
-resets, 429/500/503), SMTP faults (connection dropped after DATA with the message kept or
-lost, delayed replies, deferred recipients), ``pg_terminate_backend`` on onceflow's
-PostgreSQL connections, and three one-off faults that never overlap: a worker SIGSTOPped
-for longer than the provider keeps payment keys (the run shortens that to
+While agents drive the tasks the run injects, paced by the tasks that end (never by the
+clock, so a slower machine meets the same faults per task): SIGKILL of a ready worker (a
+replacement is started each time), provider faults (responses dropped or delayed after the
+commit, resets, 429/500/503), SMTP faults (connection dropped after DATA with the message
+kept or lost, delayed replies, deferred recipients), ``pg_terminate_backend`` on
+onceflow's PostgreSQL connections, and three one-off faults that never overlap: a worker
+SIGSTOPped for longer than the provider keeps payment keys (the run shortens that to
 ``KEY_RETENTION_SECONDS`` at the provider and in the workers' settings) then SIGCONTed,
 one restart of the Temporal dev server (its state persists in its db file), and one
 restart of PostgreSQL (stopped, then started on the same data folder once the gateways
 answer 503 for it). Steps that need approval are approved (a few deployments denied) by an
-operator principal through the HTTP API; a parked step is reconciled by that operator
-from the far side's own record (provider ledger, SMTP sink): ``happened`` with the
-resource found there, else ``did_not_happen``, and ``abandon`` once a step has come back
-parked after three ``did_not_happen`` with still nothing at the far side (a provider that
-stored a 500 under the key replays it for the key's whole retention).
+operator principal through the HTTP API; a parked step is reconciled by that operator from
+the far side's own record (provider ledger, SMTP sink): ``happened`` with the resource
+found there, else ``did_not_happen``, and ``abandon`` once a step has come back parked
+after three ``did_not_happen`` with still nothing at the far side (a provider that stored
+a 500 under the key replays it for the key's whole retention).
 
 A share of the tasks are open tasks (``POST /v1/tasks`` with ``open``): the agent sends
 ``issue_coupon``, ``create_order``, ``charge_payment`` (call id ``charge``) and
@@ -54,15 +55,16 @@ order, the order's PaymentIntent and its refunds) has one effect when the call s
 none when it failed and never two, and the task ended ``closed`` (or is parked on a
 parked call).
 
-Usage: ``.venv/bin/python -m bench.chaos --tasks 2000 --kill-every 4 --min-worker-kills 50
---json chaos.json`` (the large run; ``--help`` lists every flag; exit status 1 on any
-violation or stuck task, or fewer kills than asked). ``run_chaos`` is what ``tests/chaos``
-calls at CI size.
+Usage: ``.venv/bin/python -m bench.chaos --tasks 2000 --kill-every-tasks 16
+--min-worker-kills 50 --json chaos.json`` (the large run; ``--help`` lists every flag;
+exit status 1 on any violation or stuck task, or fewer kills than asked). ``run_chaos`` is
+what ``tests/chaos`` calls at CI size.
 """
 
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import math
 import os
@@ -216,9 +218,13 @@ class ChaosConfig:
     Attributes:
         tasks: Tasks to drive (spread evenly over the six tools). Default 300.
         concurrency: Agents driving tasks at once. Default 16.
-        kill_every: Mean seconds between worker SIGKILLs (0: none). Default 6.
-        fault_every: Mean seconds between provider faults and between SMTP faults. Default 1.
-        pg_kill_every: Mean seconds between rounds of ``pg_terminate_backend``. Default 10.
+        kill_every_tasks: Tasks that end between two worker SIGKILLs (0: none). Each kill
+            waits for a worker that said it is ready (never the SIGSTOPped one), so a
+            victim has always had work to lose. Default 16.
+        fault_every_tasks: Tasks that end between provider faults and between SMTP faults
+            (0: none). Default 2.
+        pg_kill_every_tasks: Tasks that end between rounds of ``pg_terminate_backend``
+            (0: none). Default 25.
         pause_worker_at: Share of tasks submitted when a worker is SIGSTOPped for
             ``PAUSE_SECONDS`` (past the provider's key retention), then SIGCONTed (None:
             never). Default 0.15.
@@ -240,16 +246,20 @@ class ChaosConfig:
             first call. Default 0.3.
         deny_share: Share of deployments the operator denies. Default 0.1.
         settle_seconds: After the last task was acknowledged and the faults healed, how
-            long the tasks get to end before any still open counts as stuck. Default 120.
+            long the tasks get to end before any still open counts as stuck: a safety net,
+            since the run goes on as soon as every agent is done. Default 120.
+        time_limit: Seconds the whole run may take (stack, chaos, settling, the check)
+            before it stops and raises :class:`ChaosTimeout` saying where it stood (None:
+            no limit). Default None.
         seed: Seed of every random choice the driver makes. Default 7.
         progress_every: Seconds between progress lines. Default 10.
     """
 
     tasks: int = 300
     concurrency: int = 16
-    kill_every: float = 6.0
-    fault_every: float = 1.0
-    pg_kill_every: float = 10.0
+    kill_every_tasks: int = 16
+    fault_every_tasks: int = 2
+    pg_kill_every_tasks: int = 25
     pause_worker_at: float | None = 0.15
     restart_temporal_at: float | None = 0.45
     restart_postgres_at: float | None = 0.7
@@ -259,6 +269,7 @@ class ChaosConfig:
     model_repeat_share: float = 0.3
     deny_share: float = 0.1
     settle_seconds: float = 120.0
+    time_limit: float | None = None
     seed: int = 7
     progress_every: float = 10.0
 
@@ -321,6 +332,10 @@ class TaskRecord:
     @property
     def task_id(self) -> str | None:
         return next(iter(self.task_ids)) if len(self.task_ids) == 1 else None
+
+
+class ChaosTimeout(Exception):
+    """The run passed its ``time_limit``; the message says where it stood."""
 
 
 @dataclass
@@ -588,6 +603,9 @@ class ChaosRun:
         self.acknowledged = 0
         self.finished = 0
         self.driving = True
+        self.progressed = asyncio.Event()
+        """Set (and replaced) whenever a task is submitted or ends, or driving stops: the
+        nemesis paces its faults by this work, never by the clock."""
         self.started = time.monotonic()
         self.temporal_down = asyncio.Event()
         self.violations: list[str] = []
@@ -729,6 +747,7 @@ class ChaosRun:
                 except Exception as error:  # an agent must never die silently
                     self.violations.append(f"task {record.number}: driver error {error!r}")
                 self.finished += 1
+                self.note_progress()
 
         await asyncio.gather(*(agent() for _ in range(self.config.concurrency)))
 
@@ -779,6 +798,7 @@ class ChaosRun:
 
     async def run_task(self, record: TaskRecord) -> None:
         self.submitted += 1
+        self.note_progress()
         if self.rng.random() < self.config.duplicate_share:
             # The same request at the same moment through both gateways.
             self.figures["tasks sent to both gateways at once"] += 1
@@ -1068,17 +1088,36 @@ class ChaosRun:
 
     # nemesis ─────────────────────────────────────────────────────────────────────────
 
-    async def every(self, mean: float, action: Callable[[], Any]) -> None:
-        if mean <= 0:
+    def note_progress(self) -> None:
+        """Wake everything waiting for work to be done (see :meth:`until_work`)."""
+        self.progressed.set()
+        self.progressed = asyncio.Event()
+
+    async def until_work(self, done: Callable[[], bool]) -> bool:
+        """Wait until ``done()`` holds, checked each time a task is submitted or ends;
+        False if driving stopped first."""
+        while self.driving and not done():
+            await self.progressed.wait()
+        return self.driving
+
+    async def every(self, tasks: int, action: Callable[[], Any]) -> None:
+        """Run ``action`` each time another ``tasks`` tasks have ended, while driving.
+
+        Paced by work, not by the clock: on a machine half as fast the same tasks meet
+        the same faults, instead of twice as many kills per task.
+        """
+        if tasks <= 0:
             return
-        while self.driving:
-            await asyncio.sleep(mean * self.rng.uniform(0.5, 1.5))  # scenario: fault cadence
-            if not self.driving:
-                return
+        mark = tasks
+        while await self.until_work(functools.partial(self.ended_at_least, mark)):
             try:
                 await action()
             except Exception as error:  # a failed injection is reported, never fatal
                 self.figures[f"injections that failed ({type(error).__name__})"] += 1
+            mark = self.finished + tasks
+
+    def ended_at_least(self, count: int) -> bool:
+        return self.finished >= count
 
     def ready_workers(self) -> list[Process]:
         """Running workers that said they are ready, except a SIGSTOPped one."""
@@ -1088,10 +1127,21 @@ class ChaosRun:
             if w is not self.paused and w.process.poll() is None and "ready" in w.log()
         ]
 
+    def killable_workers(self) -> list[Process]:
+        """Ready workers, none while one is SIGSTOPped: the stopped worker is that
+        moment's fault, and the other one must run."""
+        return [] if self.paused is not None else self.ready_workers()
+
     async def kill_a_worker(self) -> None:
-        if self.paused is not None:
-            return  # the stopped worker is this moment's fault; the other one must run
-        ready = self.ready_workers()
+        """SIGKILL a ready worker (waiting for one: a replacement still starting, or
+        Temporal restarting, has none) and start its replacement."""
+        ready = await eventually(
+            lambda: [] if not self.driving else self.killable_workers(),
+            until=lambda ready: not self.driving or bool(ready),
+            what="a worker is ready to be killed",
+            timeout=math.inf,
+            interval=0.2,
+        )
         if not ready:
             return
         victim = self.rng.choice(ready)
@@ -1265,20 +1315,32 @@ class ChaosRun:
                 self.violations.append(f"after the PostgreSQL restart: {error}")
             self.say(f"PostgreSQL back; gateways answer after {time.monotonic() - began:.1f} s")
 
+    def standing(self) -> str:
+        """Where the run stands, in one line."""
+        done = Counter(r.final_state for r in self.records if r.final_state)
+        return (
+            f"t={time.monotonic() - self.started:4.0f}s submitted {self.submitted}/"
+            f"{self.config.tasks} acknowledged {self.acknowledged} ended "
+            f"{sum(done.values())} (succeeded {done['succeeded']}, failed "
+            f"{done['failed']}, open tasks closed {done['closed']}) kills "
+            f"{self.figures['workers SIGKILLed (each replaced)']}"
+            f" pg-kills {self.figures['PostgreSQL connections terminated']}"
+            f" provider-faults {self.figures['provider faults injected']}"
+            f" smtp-faults {self.figures['SMTP faults injected']}"
+        )
+
+    def unfinished(self) -> str:
+        """The tasks whose agents are not done yet, as ``number tool`` (at most 20)."""
+        waiting = [
+            f"{r.number} {r.tool}" for r in self.records if not r.final_state and not r.refusal
+        ]
+        shown = ", ".join(waiting[:20]) + (" ..." if len(waiting) > 20 else "")
+        return f"{len(waiting)} tasks not ended: {shown or 'none'}"
+
     async def progress(self) -> None:
         while True:
             await asyncio.sleep(self.config.progress_every)  # the progress report's cadence
-            done = Counter(r.final_state for r in self.records if r.final_state)
-            self.say(
-                f"t={time.monotonic() - self.started:4.0f}s submitted {self.submitted}/"
-                f"{self.config.tasks} acknowledged {self.acknowledged} ended "
-                f"{sum(done.values())} (succeeded {done['succeeded']}, failed "
-                f"{done['failed']}, open tasks closed {done['closed']}) kills "
-                f"{self.figures['workers SIGKILLed (each replaced)']}"
-                f" pg-kills {self.figures['PostgreSQL connections terminated']}"
-                f" provider-faults {self.figures['provider faults injected']}"
-                f" smtp-faults {self.figures['SMTP faults injected']}"
-            )
+            self.say(self.standing())
 
     async def heal(self) -> None:
         with contextlib.suppress(httpx.HTTPError):
@@ -1306,26 +1368,51 @@ class ChaosRun:
             self.records.append(record)
 
     async def run(self) -> ChaosReport:
+        """The whole run, stopped with :class:`ChaosTimeout` past the time limit (a safety
+        net: the run ends as soon as its tasks have settled and been checked)."""
         self.plan()
         limits = httpx.Limits(max_connections=self.config.concurrency * 3)
-        async with self.stack(), httpx.AsyncClient(timeout=15, limits=limits) as self.http:
-            return await self.chaos()
+        try:
+            async with asyncio.timeout(self.config.time_limit):
+                async with (
+                    self.stack(),
+                    httpx.AsyncClient(timeout=15, limits=limits) as self.http,
+                ):
+                    return await self.chaos()
+        except TimeoutError:
+            where = f"{self.standing()}; {self.unfinished()}"
+            self.say(f"time limit of {self.config.time_limit:g} s passed: {where}")
+            raise ChaosTimeout(
+                f"the chaos run passed its time limit of {self.config.time_limit:g} s"
+                f" ({where}); the processes' logs are in {self.logs}"
+            ) from None
 
     async def chaos(self) -> ChaosReport:
+        background: list[asyncio.Task[Any]] = []
+        try:
+            return await self.drive_and_check(background)
+        finally:
+            for task in background:  # a time limit or an error must not leave them running
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+
+    async def drive_and_check(self, background: list[asyncio.Task[Any]]) -> ChaosReport:
         self.settle_deadline = float("inf")
         self.started_driving = time.monotonic()
         progress = asyncio.create_task(self.progress())
         supervisor = asyncio.create_task(self.supervise_workers())
         driving = asyncio.create_task(self.drive())
+        config = self.config
         nemesis = [
-            asyncio.create_task(self.every(self.config.kill_every, self.kill_a_worker)),
-            asyncio.create_task(self.every(self.config.fault_every, self.provider_fault)),
-            asyncio.create_task(self.every(self.config.fault_every, self.smtp_fault)),
-            asyncio.create_task(self.every(self.config.pg_kill_every, self.kill_connections)),
+            asyncio.create_task(self.every(config.kill_every_tasks, self.kill_a_worker)),
+            asyncio.create_task(self.every(config.fault_every_tasks, self.provider_fault)),
+            asyncio.create_task(self.every(config.fault_every_tasks, self.smtp_fault)),
+            asyncio.create_task(self.every(config.pg_kill_every_tasks, self.kill_connections)),
             asyncio.create_task(self.pause_a_worker_once()),
             asyncio.create_task(self.restart_temporal_once()),
             asyncio.create_task(self.restart_postgres_once()),
         ]
+        background += [progress, supervisor, driving, *nemesis]
         await eventually(
             lambda: (
                 self.acknowledged + sum(1 for r in self.records if r.refusal)
@@ -1338,6 +1425,7 @@ class ChaosRun:
         )
         # Every task has been acknowledged: stop breaking things, let them end.
         self.driving = False
+        self.note_progress()
         self.settle_deadline = time.monotonic() + self.config.settle_seconds
         await asyncio.gather(*nemesis)
         await self.heal()
@@ -1904,7 +1992,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__.splitlines()[0],
         epilog=(
             "The large run (>= 2,000 tasks, >= 50 worker kills, open tasks in the mix): "
-            "python -m bench.chaos --tasks 2000 --kill-every 4 --min-worker-kills 50 "
+            "python -m bench.chaos --tasks 2000 --kill-every-tasks 16 --min-worker-kills 50 "
             "--json chaos.json. Exit status 1 on any violation or stuck task, or on "
             "fewer worker kills than --min-worker-kills."
         ),
@@ -1919,23 +2007,23 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--concurrency", type=int, default=24, help="agents at once")
     parser.add_argument(
-        "--kill-every",
-        type=float,
-        default=defaults.kill_every,
-        help="mean seconds between worker SIGKILLs (0: none; none while a worker is "
-        "SIGSTOPped or no worker is ready, so kills come at about half this rate)",
+        "--kill-every-tasks",
+        type=int,
+        default=defaults.kill_every_tasks,
+        help="tasks that end between worker SIGKILLs (0: none); each kill waits for a "
+        "ready worker, never the SIGSTOPped one",
     )
     parser.add_argument(
-        "--fault-every",
-        type=float,
-        default=defaults.fault_every,
-        help="mean seconds between provider faults and between SMTP faults",
+        "--fault-every-tasks",
+        type=int,
+        default=defaults.fault_every_tasks,
+        help="tasks that end between provider faults and between SMTP faults (0: none)",
     )
     parser.add_argument(
-        "--pg-kill-every",
-        type=float,
-        default=defaults.pg_kill_every,
-        help="mean seconds between rounds of pg_terminate_backend",
+        "--pg-kill-every-tasks",
+        type=int,
+        default=defaults.pg_kill_every_tasks,
+        help="tasks that end between rounds of pg_terminate_backend (0: none)",
     )
     parser.add_argument(
         "--open-task-share",
@@ -1963,6 +2051,12 @@ def main(argv: list[str] | None = None) -> int:
         help="after the faults heal, how long tasks get to end before counting as stuck",
     )
     parser.add_argument(
+        "--time-limit",
+        type=float,
+        default=None,
+        help="stop the run after this many seconds, saying where it stood (default: none)",
+    )
+    parser.add_argument(
         "--min-worker-kills",
         type=int,
         default=0,
@@ -1979,13 +2073,14 @@ def main(argv: list[str] | None = None) -> int:
     config = ChaosConfig(
         tasks=arguments.tasks,
         concurrency=arguments.concurrency,
-        kill_every=arguments.kill_every,
-        fault_every=arguments.fault_every,
-        pg_kill_every=arguments.pg_kill_every,
+        kill_every_tasks=arguments.kill_every_tasks,
+        fault_every_tasks=arguments.fault_every_tasks,
+        pg_kill_every_tasks=arguments.pg_kill_every_tasks,
         open_task_share=arguments.open_task_share,
         lost_answer_share=arguments.lost_answer_share,
         model_repeat_share=arguments.model_repeat_share,
         settle_seconds=arguments.settle_seconds,
+        time_limit=arguments.time_limit,
         seed=arguments.seed,
     )
 

@@ -159,7 +159,7 @@ class OtlpReceiver(
         )
 
     async def wait_for_spans(
-        self, done: Callable[[list[ReceivedSpan]], bool], *, timeout: float = 15.0
+        self, done: Callable[[list[ReceivedSpan]], bool], *, timeout: float = 60.0
     ) -> list[ReceivedSpan]:
         """Poll until ``done`` holds for the spans (or metrics) received so far."""
 

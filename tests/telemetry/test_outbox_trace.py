@@ -18,7 +18,7 @@ from onceflow.workflows.agent_task import TRACE_ID_MEMO
 from onceflow.workflows.task_models import TaskState
 
 from .conftest import MailRelay, ReceivedSpan, TelemetryStack
-from .test_trace import attempts_of, children
+from .test_trace import attempts_of, children, gateway_request_arrived
 
 
 def deliveries_of(spans: list[ReceivedSpan], message_id: str) -> list[ReceivedSpan]:
@@ -79,10 +79,18 @@ async def test_a_task_s_trace_holds_the_gateway_the_attempt_and_the_relay_s_deli
     trace_id = (await (await stack.client.get_workflow_handle(task_id).describe()).memo())[
         TRACE_ID_MEMO
     ]
+    # Three processes export on their own schedules: wait for every span asserted on.
     spans = await stack.otlp.wait_for_spans(
         lambda spans: (
             bool(deliveries_of(spans, message_id))
+            and bool(attempts_of(spans, task_id, "send_email"))
             and bool(attempts_of(spans, task_id, "record_task_outcome"))
+            and any(
+                s.name == "RunWorkflow:AgentTaskWorkflow"
+                and s.attributes.get("temporalWorkflowID") == task_id
+                for s in spans
+            )
+            and gateway_request_arrived(spans, tenant)
         )
     )
     # Gateway: the request's spans open the trace.
