@@ -22,6 +22,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from onceflow.encryption import ClearText
 from onceflow.telemetry import current_trace_id
+from onceflow.tools import CATALOGUE, Catalogue
 from onceflow.workflows import AgentTaskWorkflow
 from onceflow.workflows.agent_task import TRACE_ID_MEMO
 from onceflow.workflows.task_models import (
@@ -98,11 +99,19 @@ class TaskSummary:
 
 
 class TaskClient:
-    """onceflow's operations on tasks, over one Temporal client."""
+    """onceflow's operations on tasks, over one Temporal client.
 
-    def __init__(self, client: Client, *, task_queue: str) -> None:
+    Every task and call it starts carries its tools' policies, resolved here from
+    ``catalogue`` (this process's contracts and settings): the task decides from them on
+    every replay, and no local activity pins them on its first workflow task.
+    """
+
+    def __init__(
+        self, client: Client, *, task_queue: str, catalogue: Catalogue = CATALOGUE
+    ) -> None:
         self._client = client
         self._task_queue = task_queue
+        self._catalogue = catalogue
 
     @property
     def namespace(self) -> str:
@@ -136,12 +145,21 @@ class TaskClient:
             trace_id = current_trace_id()
             if trace_id is not None:
                 memo = {**(memo or {}), TRACE_ID_MEMO: trace_id}
+            task = self._pinned(task)
             try:
                 return await self._client.start_workflow(
                     AgentTaskWorkflow.run, task, **self._start_options(task, workflow_id, memo)
                 )
             except WorkflowAlreadyStartedError:
                 return self._client.get_workflow_handle_for(AgentTaskWorkflow.run, workflow_id)
+
+    def _pinned(self, task: AgentTaskInput) -> AgentTaskInput:
+        """``task`` with its plan's policies, when it has none yet and every tool is known
+        here (an open task's come with each call)."""
+        if task.policies is not None or task.open is not None:
+            return task
+        policies = self._catalogue.policies(step.tool for step in task.steps)
+        return task if policies is None else task.model_copy(update={"policies": policies})
 
     def _start_options(
         self, task: AgentTaskInput, workflow_id: str, memo: Mapping[str, Any] | None
@@ -195,6 +213,10 @@ class TaskClient:
         Raises:
             CallRefused: The task refused the call (or has ended); nothing was recorded.
         """
+        if request.policy is None:
+            policies = self._catalogue.policies([request.tool])
+            if policies is not None:
+                request = request.model_copy(update={"policy": policies[request.tool]})
         try:
             if start is None:
                 handle = self._client.get_workflow_handle_for(AgentTaskWorkflow.run, workflow_id)

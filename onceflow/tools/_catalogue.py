@@ -1,9 +1,10 @@
 """The catalogue: every tool a worker and the boundary know, by name."""
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from onceflow.tools._checks import contract_problems, refuse
 from onceflow.tools._contract import ToolContract
+from onceflow.tools._policy import ToolPolicy
 
 
 class UnknownTool(LookupError):
@@ -38,6 +39,15 @@ class Catalogue:
             return self._contracts[name]
         except KeyError:
             raise UnknownTool(f"unknown tool {name!r}") from None
+
+    def policies(self, tools: Iterable[str]) -> dict[str, ToolPolicy] | None:
+        """Every named tool's policy under this process's contracts, for a task or a call
+        to carry from its admission into its history; None when one of them is not
+        registered here (the task then pins it on a worker that knows it)."""
+        names = sorted(set(tools))
+        if not all(name in self._contracts for name in names):
+            return None
+        return {name: self._contracts[name].policy() for name in names}
 
     def __contains__(self, name: object) -> bool:
         return name in self._contracts

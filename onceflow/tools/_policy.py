@@ -1,18 +1,22 @@
 """Pinned policy: every value of a tool's contract that a workflow decision depends on,
 as plain data resolved once when a task starts and carried in the task's history.
 
-    ToolContract (code + this worker's settings) ──ToolPolicy.from_contract──▶ ToolPolicy
-        pinned by the task's first workflow task (``pin_task_policy``, a local activity
-        whose result Temporal records), then read by every replay on every worker
+    ToolContract (code + the admitting process's settings)
+        ──ToolPolicy.from_contract──▶ ToolPolicy, carried in the task's start input
+        (``AgentTaskInput.policies``) or the call's (``CallInput.policy``) by
+        ``TaskClient``, then read by every replay on every worker
 
-A worker restarted with other settings builds other contracts, which only tasks
-started afterwards pin; a task in flight keeps deciding by its own ``ToolPolicy``.
-Pure code: no I/O, no clock.
+A process restarted with other settings builds other contracts, which only tasks
+started afterwards pin; a task in flight keeps deciding by its own ``ToolPolicy``. A task
+started without policies (by hand, with ``temporal workflow start``) pins them on its
+first workflow task with the local activity ``pin_task_policy``, as every task did
+before. Pure code: no I/O, no clock.
 """
 
+from collections.abc import Mapping
 from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -64,6 +68,10 @@ class ToolPolicy(BaseModel):
     """Activity that looks the effect up before a step parks. Default None."""
     lookup_verifies_resource_ids: bool = False
     """The look-up checks an operator's ``happened`` resource id. Default False."""
+    deliberate_repeats: bool | None = None
+    """A call may ask for a second identical effect (``ToolContract.deliberate_repeats``).
+    None in a policy pinned before this field: the catalogue's contract decides. Default
+    None."""
 
     @classmethod
     def from_contract(cls, contract: "ToolContract") -> "ToolPolicy":
@@ -86,6 +94,7 @@ class ToolPolicy(BaseModel):
             lookup_verifies_resource_ids=(
                 contract.lookup_verifies_resource_ids and contract.lookup_activity is not None
             ),
+            deliberate_repeats=contract.deliberate_repeats,
         )
 
     @property
@@ -107,17 +116,24 @@ class ToolPolicy(BaseModel):
         window = self.send_window
         return None if window is None else first_sent_at + window
 
-    def needs_approval(self, args: BaseModel) -> bool:
-        """Whether these validated arguments must be approved before the first attempt."""
+    def needs_approval(self, args: BaseModel | Mapping[str, Any]) -> bool:
+        """Whether these validated arguments (the model, or the normalized JSON a task
+        recorded at admission) must be approved before the first attempt."""
         if not self.requires_approval:
             return False
         if self.approval_argument is None or self.approval_above is None:
             return True
-        value = getattr(args, self.approval_argument)
+        if isinstance(args, Mapping):
+            value = args.get(self.approval_argument)
+        else:
+            value = getattr(args, self.approval_argument)
         if value is None:
             # An omitted amount (a full refund) is not known to be below the limit.
             return True
-        return Decimal(str(value)) > self.approval_above
+        try:
+            return Decimal(str(value)) > self.approval_above
+        except ArithmeticError:
+            return True  # not a number: not known to be below the limit either
 
     def safe_repeat_window(self, first_attempt_age: timedelta) -> timedelta | None:
         """For how much longer repeating the operation is provably harmless.

@@ -5,11 +5,15 @@ The workflow is the only retry owner: every activity runs with ``maximum_attempt
 and after each attempt the workflow asks ``retry_policy`` what to do. An unknown outcome
 whose repeat is not provably safe parks the step until an operator decides.
 
-It decides only from its pinned policy: the first workflow task resolves every tool's
-``ToolPolicy`` (local activity ``pin_task_policy``, recorded in history), so a worker
-with other settings changes new tasks, never this one. A repeat under a key the
-provider forgets is checked against the key's send-by deadline after every backoff,
-bounded by it while it waits for a worker, and checked again by the attempt itself.
+It decides only from its pinned policy: every tool's ``ToolPolicy`` comes in the start
+input (a plan) or with the tool's first call (an open task), resolved by the process
+that admitted it, so a process with other settings changes new tasks, never this one. A
+task started without them pins them with the local activity ``pin_task_policy``,
+recorded in history (a time read right after that activity would not replay: Core may
+deliver its result one workflow task later live than on replay, so the admitted path
+reads none). A repeat under a key the provider forgets is checked against the key's
+send-by deadline after every backoff, bounded by it while it waits for a worker, and
+checked again by the attempt itself.
 
 Open tasks share the step machinery (one workflow keeps one budget, one decision path,
 one park): each call is a step run concurrently with the others; the repeat guard
@@ -202,6 +206,9 @@ class AgentTaskWorkflow:
         self._runs = 1
         self._changed = False
         """Something the open task's main loop reacts to happened (a call, an end)."""
+        self._call_crash: BaseException | None = None
+        """What a call's coroutine raised that was not the call's own end (a worker
+        without the tool, a bug): the main loop raises it, failing the workflow task."""
         carried = task.carried
         if carried is not None:
             self._started_at = carried.started_at
@@ -227,11 +234,17 @@ class AgentTaskWorkflow:
                 TASK_STATE.value_set(self._state.value),
             ]
         )
+        pinned_at = None
         if self._take_start_patches(plan=True):
-            self._policies = await self._pin_policies(sorted({s.tool for s in task.steps}))
+            if task.policies is not None:
+                self._policies = dict(task.policies)
+            else:
+                pinned_at = workflow.now()
+                self._policies = await self._pin_policies(sorted({s.tool for s in task.steps}))
         try:
             for step in task.steps:
-                await self._run_step(step)
+                await self._run_step(step, admitted=task.policies is not None, pinned_at=pinned_at)
+                pinned_at = None
             self._set_state(TaskState.SUCCEEDED)
         except _StepStopped as stopped:
             self._failure_reason = str(stopped)
@@ -332,13 +345,19 @@ class AgentTaskWorkflow:
         self._last_call_at = workflow.now()
         self._changed = True
         if not self._known_call(request.call_id):
-            await self._pin_tool(request.tool)
-            # Another update with this call id may have been accepted while pinning.
-            problem = self._call_problem(request)
+            pinned_at = None
+            if request.policy is not None:
+                # Admitted with its policy: the first call of a tool pins it for the task.
+                self._policies.setdefault(request.tool, request.policy)
+            else:
+                pinned_at = workflow.now()
+                await self._pin_tool(request.tool)
+            # Another update (this call id again, a close) may have been accepted meanwhile.
+            problem = self._call_state_problem(request, now=pinned_at)
             if problem:
                 raise ApplicationError(problem, type="CallRefused", non_retryable=True)
             if not self._known_call(request.call_id):
-                self._accept_call(request)
+                self._accept_call(request, pinned_at)
         original = self._steps[self._repeat_of.get(request.call_id, request.call_id)]
         done = ENDED_STEP_STATES if request.wait_until_ended else SETTLED_STEP_STATES
         await workflow.wait_condition(lambda: original.state in done)
@@ -381,6 +400,10 @@ class AgentTaskWorkflow:
         )
         lifetime_ends = self._started_at + options.max_lifetime
         while True:
+            if self._call_crash is not None:
+                # Visible in the UI and retried by Temporal (on a worker with the tool, or
+                # after a fix); never a call left running with its Update unanswered.
+                raise self._call_crash
             self._changed = False
             self._publish_state(self._open_state())
             workflow.set_current_details(self._open_details())
@@ -421,7 +444,31 @@ class AgentTaskWorkflow:
         return self._status()
 
     def _call_problem(self, request: CallInput) -> str | None:
-        """Why a call cannot run, checked before anything is written; None if it can."""
+        """Why a call cannot run, checked by the validator before anything is written;
+        None if it can. Validators never run on replay: this is the one place a call's
+        arguments meet this worker's input model."""
+        problem = self._call_state_problem(request)
+        if problem is not None or self._known_call(request.call_id):
+            return problem
+        if request.policy is not None and request.policy.tool != request.tool:
+            return f"the call carries tool {request.policy.tool!r}'s policy, not {request.tool!r}'s"
+        try:
+            CATALOGUE.get(request.tool).input_model.model_validate(request.arguments)
+        except UnknownTool as unknown:
+            return str(unknown)
+        except ValidationError as invalid:
+            problems = "; ".join(
+                f"{'.'.join(str(part) for part in error['loc']) or 'arguments'}: {error['msg']}"
+                for error in invalid.errors()
+            )
+            return f"invalid arguments: {problems}"
+        return None
+
+    def _call_state_problem(self, request: CallInput, *, now: datetime | None = None) -> str | None:
+        """Why the task's state refuses a call, from history alone (the pinned policy,
+        the calls so far): what the handler checks again, on every replay too. ``now``:
+        the time before a local activity pinned the tool, for a check that follows it."""
+        now = now or workflow.now()
         if self._open is None:
             return "this task is a plan: its steps were given when it started"
         if self._known_call(request.call_id):
@@ -436,23 +483,12 @@ class AgentTaskWorkflow:
             return None  # the same call again: answered with its status
         if self._closing is not None:
             return f"the task takes no more calls: {self._closing}"
-        if workflow.now() >= self._started_at + self._open.max_lifetime:
+        if now >= self._started_at + self._open.max_lifetime:
             return f"the task's maximum lifetime ({self._open.max_lifetime}) has ended"
         allowed = self._open.allowed_tools
         if allowed is not None and request.tool not in allowed:
             return f"tool {request.tool!r} is not allowed in this task"
-        try:
-            contract = CATALOGUE.get(request.tool)
-            contract.input_model.model_validate(request.arguments)
-        except UnknownTool as unknown:
-            return str(unknown)
-        except ValidationError as invalid:
-            problems = "; ".join(
-                f"{'.'.join(str(part) for part in error['loc']) or 'arguments'}: {error['msg']}"
-                for error in invalid.errors()
-            )
-            return f"invalid arguments: {problems}"
-        if request.deliberate_repeat and not contract.deliberate_repeats:
+        if request.deliberate_repeat and not self._allows_deliberate_repeats(request):
             return (
                 f"tool {request.tool!r} does not allow deliberate repeats: an identical "
                 "earlier call answers this one"
@@ -463,12 +499,23 @@ class AgentTaskWorkflow:
                 f"the task's retry budget is spent ({self._budgeted_attempts} of "
                 f"{budget.max_attempts_per_task} attempts used)"
             )
-        used = workflow.now() - self._started_at - self._people_time()
+        used = now - self._started_at - self._people_time()
         if used >= budget.deadline:
             return f"the task's deadline ({budget.deadline} of machine time) has passed"
         return None
 
-    def _accept_call(self, request: CallInput) -> None:
+    def _allows_deliberate_repeats(self, request: CallInput) -> bool:
+        """From the pinned policy (or the call's, before its tool is pinned); a policy
+        pinned before it held this says nothing, and the contract here decides."""
+        policy = self._policies.get(request.tool) or request.policy
+        if policy is not None and policy.deliberate_repeats is not None:
+            return policy.deliberate_repeats
+        try:
+            return CATALOGUE.get(request.tool).deliberate_repeats
+        except UnknownTool:
+            return False
+
+    def _accept_call(self, request: CallInput, pinned_at: datetime | None) -> None:
         digest = digest_arguments(request.tool, request.arguments)
         earlier = None if request.deliberate_repeat else self._identical_call(digest)
         status = StepStatus(
@@ -490,7 +537,9 @@ class AgentTaskWorkflow:
                 [TASK_TOOLS.value_set(sorted({call.tool for call in self._steps.values()}))]
             )
         step = StepInput(step_id=request.call_id, tool=request.tool, arguments=request.arguments)
-        asyncio.create_task(self._run_call(step))
+        asyncio.create_task(
+            self._run_call(step, admitted=request.policy is not None, pinned_at=pinned_at)
+        )
 
     def _identical_call(self, digest: str) -> StepStatus | None:
         """The earliest call with the same tool and arguments that has not ended with
@@ -500,12 +549,16 @@ class AgentTaskWorkflow:
                 return call
         return None
 
-    async def _run_call(self, step: StepInput) -> None:
+    async def _run_call(
+        self, step: StepInput, *, admitted: bool, pinned_at: datetime | None
+    ) -> None:
         in_workflow = True
         try:
-            await self._run_step(step)
+            await self._run_step(step, admitted=admitted, pinned_at=pinned_at)
         except _StepStopped:
             pass  # the call's own state says how it ended; the task goes on
+        except Exception as crash:
+            self._call_crash = crash
         except GeneratorExit:
             # Closed by the garbage collector after the task left the worker's cache: no
             # longer in the workflow's event loop, where workflow.now() would raise.
@@ -602,16 +655,38 @@ class AgentTaskWorkflow:
 
     # ── application logic ───────────────────────────────────────────────────────────
 
-    async def _run_step(self, step: StepInput) -> None:
+    async def _run_step(
+        self, step: StepInput, *, admitted: bool, pinned_at: datetime | None = None
+    ) -> None:
+        """Run one step to its end (or until it parks for good).
+
+        ``admitted``: the step came with its policy from the process that admitted it,
+        which validated its arguments and recorded them normalized; replay then never
+        asks this worker's input model (a changed model still finishes old tasks), and
+        the approval threshold reads the recorded arguments.
+
+        ``pinned_at``: the time before a local activity pinned the step's policy, when
+        the step runs right after it. A clock read there would not replay (Core may
+        deliver the activity's result a workflow task later live than on replay), so
+        the first attempt's start, or the wait for approval, counts from it instead.
+        """
         status = self._steps[step.step_id]
-        _, arguments = self._validated(step, status)
+        if admitted:
+            self._require_tool(step, status)
+            arguments: BaseModel | dict[str, Any] = step.arguments
+        else:
+            _, arguments = self._validated(step, status)
         policy = self._policy(step.tool)
         if policy.needs_approval(arguments):
-            await self._await_approval(status)
+            await self._await_approval(status, now=pinned_at)
+            pinned_at = None
         operator_authorised = False
         saw_unknown = False
         while True:
-            result = await self._attempt(step, policy, status, operator_authorised)
+            result = await self._attempt(
+                step, policy, status, operator_authorised, started_at=pinned_at
+            )
+            pinned_at = None
             if result.outcome is OutcomeClass.SUCCEEDED:
                 self._finish_step(status, result.resource_id, result.result)
                 return
@@ -804,6 +879,12 @@ class AgentTaskWorkflow:
             "nothing was sent again"
         )
 
+    def _require_tool(self, step: StepInput, status: StepStatus) -> None:
+        """Fail the workflow task while this worker lacks the step's tool (Temporal
+        retries it until a worker with the tool takes it)."""
+        if step.tool not in CATALOGUE:
+            self._validated(step, status)  # raises, as for a task admitted unpinned
+
     def _validated(self, step: StepInput, status: StepStatus) -> tuple[ToolContract, BaseModel]:
         try:
             contract = CATALOGUE.get(step.tool)
@@ -834,10 +915,12 @@ class AgentTaskWorkflow:
         policy: ToolPolicy,
         status: StepStatus,
         operator_authorised: bool,
+        *,
+        started_at: datetime | None = None,
     ) -> ToolAttemptResult:
         attempt = len(status.attempts) + 1
         status.state = StepState.RUNNING
-        started_at = workflow.now()
+        started_at = started_at or workflow.now()
         # A repeat under a key the provider forgets must start before the key's send-by
         # deadline: a stopped or backlogged worker must not pick it up later.
         send_by = None if operator_authorised else self._send_by(policy, status)
@@ -1000,11 +1083,11 @@ class AgentTaskWorkflow:
 
     # ── approval and parking plumbing ───────────────────────────────────────────────
 
-    async def _await_approval(self, status: StepStatus) -> None:
+    async def _await_approval(self, status: StepStatus, *, now: datetime | None = None) -> None:
         status.state = StepState.AWAITING_APPROVAL
         self._set_state(TaskState.AWAITING_APPROVAL)
         self._show_details(_approval_details(status))
-        self._begin_waiting_for_people()
+        self._begin_waiting_for_people(now)
         await workflow.wait_condition(lambda: status.step_id in self._approvals)
         self._end_waiting_for_people()
         approval = self._approvals[status.step_id]
@@ -1038,11 +1121,11 @@ class AgentTaskWorkflow:
         self._set_state(TaskState.RUNNING)
         return finding
 
-    def _begin_waiting_for_people(self) -> None:
+    def _begin_waiting_for_people(self, now: datetime | None = None) -> None:
         # Calls of an open task may wait side by side: people time is the time at least
         # one of them waits, counted once.
         if self._waiting_for_people == 0:
-            self._waiting_since = workflow.now()
+            self._waiting_since = now or workflow.now()
         self._waiting_for_people += 1
 
     def _end_waiting_for_people(self) -> None:

@@ -127,6 +127,11 @@ class AgentTaskInput(BaseModel):
     """Set for an open task: no steps up front, one Update ``call`` per tool call."""
     carried: CarriedCalls | None = None
     """Only in a continued open task: what its earlier runs did."""
+    policies: dict[str, ToolPolicy] | None = None
+    """A plan's tools' policies, resolved by the process that admitted it (``TaskClient``
+    fills them in from its catalogue) and read from history by every replay. None: the
+    task pins them on its first workflow task (local activity ``pin_task_policy``).
+    Default None."""
 
     @model_validator(mode="after")
     def _step_ids_are_unique(self) -> "AgentTaskInput":
@@ -156,6 +161,10 @@ class CallInput(BaseModel):
     wait_until_ended: bool = False
     """Answer only once the call has ended; by default the answer comes as soon as the
     call ends, parks or awaits approval."""
+    policy: ToolPolicy | None = None
+    """The tool's policy, resolved by the process that admitted the call (``TaskClient``
+    fills it in); the first call of a tool pins it for the task. None: the task pins it
+    with the local activity ``pin_task_policy``. Default None."""
 
 
 class CallAnswer(BaseModel):

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
+from unittest import mock
 
 import psycopg
 import pytest
@@ -26,6 +27,8 @@ from psycopg_pool import AsyncConnectionPool
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from onceflow.activities import builtin_tools
+from onceflow.configuration import load_configuration
 from onceflow.payments import (
     PaymentToolSettings,
     StripePaymentProvider,
@@ -38,7 +41,7 @@ from onceflow.retry_policy import RetryBudget
 from onceflow.settings import OnceflowSettings
 from onceflow.storage import build_pool
 from onceflow.task_api import TaskClient
-from onceflow.tools import Tool, derive_task_workflow_id
+from onceflow.tools import Catalogue, Tool, derive_task_workflow_id
 from onceflow.worker import build_worker
 from onceflow.workflows.task_models import AgentTaskInput, StepInput
 from tests.harness import (
@@ -190,14 +193,15 @@ def operation_row(database: str, child_key: str) -> tuple[Any, ...] | None:
 READY = "onceflow worker ready"
 
 WorkerProcess = Callable[..., Awaitable[asyncio.subprocess.Process]]
+AdmittingClient = Callable[..., TaskClient]
 
 
 @pytest.fixture
-async def worker_process(
+def process_environment(
     dev_server: WorkflowEnvironment, database: str, task_queue: str, provider: RunningProvider
-) -> AsyncIterator[WorkerProcess]:
-    """Starts ready ``onceflow worker`` processes with payments pointed at the provider."""
-    environment = {
+) -> dict[str, str]:
+    """The environment of the test's onceflow processes: payments pointed at the provider."""
+    return {
         **os.environ,
         "TEMPORAL_ADDRESS": dev_server.client.service_client.config.target_host,
         "DATABASE_URL": database,
@@ -212,6 +216,30 @@ async def worker_process(
         # Short, so the server gives up on the killed worker's attempt quickly.
         "ONCEFLOW_PAYMENTS_ATTEMPT_TIMEOUT": "PT4S",
     }
+
+
+@pytest.fixture
+def admitting(
+    dev_server: WorkflowEnvironment, task_queue: str, process_environment: dict[str, str]
+) -> AdmittingClient:
+    """``admitting(**settings)``: a ``TaskClient`` that admits tasks as a gateway set like
+    ``worker_process(**settings)`` would: each task carries the payment tools' policies
+    those settings give (the admitting process pins them, never the worker)."""
+
+    def client(**settings: str) -> TaskClient:
+        with mock.patch.dict(os.environ, {**process_environment, **settings}, clear=True):
+            configuration = load_configuration()
+        tools = builtin_tools(configuration)
+        catalogue = Catalogue(tuple(tool.registered_contract for tool in tools))
+        return TaskClient(dev_server.client, task_queue=task_queue, catalogue=catalogue)
+
+    return client
+
+
+@pytest.fixture
+async def worker_process(process_environment: dict[str, str]) -> AsyncIterator[WorkerProcess]:
+    """Starts ready ``onceflow worker`` processes with payments pointed at the provider."""
+    environment = process_environment
     started: list[tuple[asyncio.subprocess.Process, asyncio.Task[None]]] = []
 
     async def start(**settings: str) -> asyncio.subprocess.Process:

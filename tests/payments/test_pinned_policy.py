@@ -1,8 +1,9 @@
-"""Payment settings pinned per task, judged by the provider's ledger: a worker replaced
-by one configured differently finishes the task by the first worker's values, and time
+"""Payment settings pinned per task, judged by the provider's ledger: a task admitted
+with one set of values finishes by them on a worker configured differently, and time
 spent waiting for a person is not machine budget.
 
-Real ``onceflow worker`` processes, configured only through the environment.
+Real ``onceflow worker`` processes, configured only through the environment; tasks are
+admitted by a ``TaskClient`` whose catalogue those same settings built, as a gateway's is.
 """
 
 import asyncio
@@ -14,10 +15,9 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.testing import WorkflowEnvironment
 
 from onceflow.retry_policy import OutcomeClass, RetryBudget
-from onceflow.task_api import TaskClient
 from onceflow.workflows.task_models import ApproveInput, TaskState, TaskStatus
 
-from .conftest import VISA_CHARGE, WorkerProcess, start_task, wait_for
+from .conftest import VISA_CHARGE, AdmittingClient, WorkerProcess, start_task, wait_for
 
 pytestmark = [pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")]
 
@@ -50,9 +50,10 @@ def approval(status: TaskStatus) -> ApproveInput:
 async def test_a_task_finishes_by_the_settings_it_started_with_on_a_differently_set_worker(
     dev_server: WorkflowEnvironment,
     worker_process: WorkerProcess,
-    tasks: TaskClient,
+    admitting: AdmittingClient,
     control: ProviderControl,
 ) -> None:
+    tasks = admitting(**STRICT)  # a gateway with the strict settings admits the task
     strict = await worker_process(**STRICT)
     workflow_id = await start_task(
         tasks, ("pay", "charge_payment", VISA_CHARGE), ("refund", "refund_payment", REFUND)
@@ -81,9 +82,12 @@ async def test_a_task_finishes_by_the_settings_it_started_with_on_a_differently_
         e for e in history.events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED
     ]
     assert failed == []  # no non-determinism on the other worker
-    # A task started now pins the new worker's values: no approval.
+    # A task admitted now by a gateway set like the new worker pins its values: no
+    # approval.
     fresh = await start_task(
-        tasks, ("pay", "charge_payment", VISA_CHARGE), ("refund", "refund_payment", REFUND)
+        admitting(**LAX),
+        ("pay", "charge_payment", VISA_CHARGE),
+        ("refund", "refund_payment", REFUND),
     )
     fresh_result = await tasks.result(fresh)
     assert fresh_result.state is TaskState.SUCCEEDED and fresh_result.decisions == []
@@ -91,8 +95,9 @@ async def test_a_task_finishes_by_the_settings_it_started_with_on_a_differently_
 
 
 async def test_a_refund_approved_after_the_deadline_still_retries_a_rate_limit(
-    worker_process: WorkerProcess, tasks: TaskClient, control: ProviderControl
+    worker_process: WorkerProcess, admitting: AdmittingClient, control: ProviderControl
 ) -> None:
+    tasks = admitting(**STRICT)
     await worker_process(**STRICT)
     brief = RetryBudget(
         deadline=timedelta(seconds=2),

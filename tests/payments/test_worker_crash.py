@@ -19,7 +19,7 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
 from onceflow.retry_policy import RetryBudget
-from onceflow.task_api import DecisionRefused, TaskClient
+from onceflow.task_api import DecisionRefused
 from onceflow.tools import derive_child_key
 from onceflow.workflows.task_models import ReconcileDecision, ReconcileInput, TaskState
 from tests.harness import eventually, parked
@@ -28,6 +28,7 @@ from .conftest import (
     ACCOUNT,
     TENANT,
     VISA_CHARGE,
+    AdmittingClient,
     WorkerProcess,
     operation_row,
     start_task,
@@ -39,10 +40,11 @@ pytestmark = [pytest.mark.filterwarnings("ignore:Use 'content=<...>':Deprecation
 
 async def test_a_worker_killed_after_the_provider_committed_leaves_one_charge(
     worker_process: WorkerProcess,
-    tasks: TaskClient,
+    admitting: AdmittingClient,
     control: ProviderControl,
     database: str,
 ) -> None:
+    tasks = admitting()
     first = await worker_process()
     # The provider commits, then holds the answer long enough to kill the worker.
     await control.add_fault(
@@ -112,9 +114,10 @@ async def retry_decided(client: Client, workflow_id: str) -> list[HistoryEvent]:
 async def test_a_worker_paused_after_a_retry_was_decided_never_sends_the_forgotten_key(
     dev_server: WorkflowEnvironment,
     worker_process: WorkerProcess,
-    tasks: TaskClient,
+    admitting: AdmittingClient,
     control: ProviderControl,
 ) -> None:
+    tasks = admitting(**SHORT_KEY_WINDOW)
     await control.configure(key_retention_seconds=KEY_RETENTION_SECONDS, search_lag_seconds=3600)
     # Each round: Stripe charges, the connection drops before the answer (unknown); the
     # workflow decides a same-key retry inside the window and starts its backoff timer.

@@ -1,84 +1,201 @@
-"""A task decides on replay exactly as it did live, whichever workflow task a local
-activity's result arrived in.
+"""A task decides on replay exactly as it did live, whoever asked about it meanwhile.
 
-Live, a local activity's result can come one workflow task after the one that started it
-(here: the pin outlasts the workflow task's heartbeat, as it does when a query was
-buffered on the task's first workflow task); on replay Core resolves it from its marker
-inside the first. A time read right after it would differ, and so would every deadline
-counted from it.
+When a task's first workflow task carries a query (an agent asked for the task's status
+while no worker polled: after a Temporal restart, a worker outage, a backlog), Core
+answers the query, completes the workflow task early and delivers a local activity's
+result in the next one; on replay it resolves that result from its marker inside the
+first. A time read right after the local activity then differs between the two, and so
+does every deadline counted from it (the key's send-by, the first attempt's age): the
+task's first replay decides otherwise and the task is stuck for good.
+
+A task admitted through ``TaskClient`` carries its policies, so no local activity runs
+before its first attempt; a task started by hand still pins them with one, and counts
+from the time before it. Each test compares what the task recorded live with what a
+worker that caches nothing rebuilds from its history (its status query, after the task
+ended, replays the whole history).
 """
 
 import asyncio
 import uuid
-from collections.abc import Callable
-from datetime import timedelta
-from typing import Any
+from collections.abc import AsyncIterator, Iterable
 
-from temporalio import activity
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowHandle, WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Worker
+from temporalio.worker import Replayer, Worker
 
-from onceflow.tools import PIN_TASK_POLICY, PinPolicyInput, PolicyPinning, TaskPolicy
+from onceflow.task_api import CallRefused, TaskClient
 from onceflow.workflows import AgentTaskWorkflow
-from onceflow.workflows.task_models import AgentTaskInput, StepInput, TaskState
+from onceflow.workflows.task_models import (
+    AgentTaskInput,
+    CallInput,
+    OpenTaskOptions,
+    StepInput,
+    TaskState,
+    TaskStatus,
+)
 
 from .scripted_tools import PROVIDER_KEYED, Script
 
-SLOW_PIN = timedelta(seconds=1.5)
-"""Longer than the task's workflow task timeout (1 s): Core heartbeats the first workflow
-task, and the pin's result arrives in a later one."""
+LOCAL_ACTIVITY_MARKER = "core_local_activity"
+LEADS = (0.5, 1.0, 2.0, 4.0)
+"""How long the agent's query waits before a worker polls, one round each until the
+history shows the scenario happened."""
+
+Handle = WorkflowHandle[AgentTaskWorkflow, TaskStatus]
 
 
-def slow_pin() -> Callable[..., Any]:
-    pinning = PolicyPinning()
-
-    @activity.defn(name=PIN_TASK_POLICY)
-    async def pin_task_policy(request: PinPolicyInput) -> TaskPolicy:
-        await asyncio.sleep(SLOW_PIN.total_seconds())  # scenario: the pin outlasts a task
-        return await pinning.pin_task_policy(request)
-
-    return pin_task_policy
-
-
-async def test_a_pin_answered_a_workflow_task_late_replays_the_same_attempt_times(
-    dev_server: WorkflowEnvironment, task_queue: str, script: Script
-) -> None:
-    activities = [a for a in script.activities() if a is not None][:-1]
-    label = script.plan("late-pin")
-    task = AgentTaskInput(
+def a_plan(label: str) -> AgentTaskInput:
+    return AgentTaskInput(
         tenant="acme",
         principal="agent-1",
         steps=[StepInput(step_id="pay", tool=PROVIDER_KEYED.name, arguments={"label": label})],
     )
-    workflow_id = f"late-pin-{uuid.uuid4().hex}"
-    handle = await dev_server.client.start_workflow(
-        AgentTaskWorkflow.run,
-        task,
-        id=workflow_id,
-        task_queue=task_queue,
-    )
+
+
+async def run_with_a_query_waiting(
+    env: WorkflowEnvironment, task_queue: str, script: Script, handle: Handle, lead: float
+) -> TaskStatus:
+    """Ask for the task's status while no worker polls, then let a worker take the task;
+    the task's result as it was recorded live."""
     asked = asyncio.create_task(handle.query(AgentTaskWorkflow.status))
-    await asyncio.sleep(1)
+    await asyncio.sleep(lead)  # scenario: no worker polls while the agent's query waits
     async with Worker(
-        dev_server.client,
+        env.client,
         task_queue=task_queue,
         workflows=[AgentTaskWorkflow],
-        activities=[*activities, PolicyPinning().pin_task_policy],
+        activities=script.activities(),
     ):
         live = await handle.result()
-        print("query answered", (await asked).state)
+        await asked
+    return live
+
+
+async def replayed_status(
+    env: WorkflowEnvironment, task_queue: str, script: Script, handle: Handle
+) -> TaskStatus:
+    """The status a worker caching nothing rebuilds from the ended task's history."""
+    async with Worker(
+        env.client,
+        task_queue=task_queue,
+        workflows=[AgentTaskWorkflow],
+        activities=script.activities(),
+        max_cached_workflows=0,
+    ):
+        return await handle.query(AgentTaskWorkflow.status)
+
+
+async def pin_answered_a_task_late(handle: Handle) -> bool | None:
+    """Whether the task's first attempt was scheduled a workflow task after the one that
+    recorded the pin's marker (the scenario); None when no local activity pinned."""
+    pinned = late = False
+    async for event in handle.fetch_history_events():
+        if (
+            event.event_type == EventType.EVENT_TYPE_MARKER_RECORDED
+            and event.marker_recorded_event_attributes.marker_name == LOCAL_ACTIVITY_MARKER
+        ):
+            pinned = True
+        elif pinned and event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED:
+            late = True
+        elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+            break
+    return late if pinned else None
+
+
+async def test_an_admitted_task_runs_no_local_activity_and_replays_its_attempts_exactly(
+    dev_server: WorkflowEnvironment, task_queue: str, script: Script
+) -> None:
+    tasks = TaskClient(dev_server.client, task_queue=task_queue)
+    handle = await tasks.start(
+        a_plan(script.plan("admitted")), workflow_id=f"admitted-{uuid.uuid4().hex}"
+    )
+    live = await run_with_a_query_waiting(dev_server, task_queue, script, handle, LEADS[0])
     assert live.state is TaskState.SUCCEEDED
-    history = await handle.fetch_history()
-    for event in history.events:
-        print(event.event_id, event.event_time.ToDatetime(), event.WhichOneof("attributes"))
+    assert live.policies[PROVIDER_KEYED.name].tool == PROVIDER_KEYED.name
+    assert await pin_answered_a_task_late(handle) is None
+    replayed = await replayed_status(dev_server, task_queue, script, handle)
+    assert replayed.step("pay").attempts == live.step("pay").attempts
+
+
+async def test_a_task_started_by_hand_counts_its_first_attempt_from_before_the_pin(
+    dev_server: WorkflowEnvironment, task_queue: str, script: Script
+) -> None:
+    rounds = []
+    for lead in LEADS:
+        handle = await dev_server.client.start_workflow(
+            AgentTaskWorkflow.run,
+            a_plan(script.plan(f"by-hand-{lead}")),
+            id=f"by-hand-{uuid.uuid4().hex}",
+            task_queue=task_queue,
+        )
+        live = await run_with_a_query_waiting(dev_server, task_queue, script, handle, lead)
+        assert live.state is TaskState.SUCCEEDED
+        replayed = await replayed_status(dev_server, task_queue, script, handle)
+        # Live and replayed, whichever workflow task the pin's result came in.
+        assert replayed.step("pay").attempts == live.step("pay").attempts
+        rounds.append(await pin_answered_a_task_late(handle))
+        if rounds[-1]:
+            break
+    # The scenario happened: the first attempt came a workflow task after the pin.
+    assert rounds[-1], rounds
+
+
+PARALLEL_TOOLS = ("scripted_safe", "scripted_unsafe", "scripted_provider", "scripted_verified")
+ROUNDS = 40
+"""Open tasks, each taking its first call of every tool at once, a close racing them
+(200 rounds replayed here before and after the policies came with the calls; 40 keep the
+guard in CI)."""
+
+
+async def one_round(tasks: TaskClient, script: Script, number: int) -> str:
+    """An open task whose agent sends a first call of each tool at once (a model's
+    parallel tool calls) and closes the task while they run; its workflow id."""
+    workflow_id = f"parallel-{number}-{uuid.uuid4().hex}"
+    await tasks.start(
+        AgentTaskInput(tenant="acme", principal="agent-1", open=OpenTaskOptions()),
+        workflow_id=workflow_id,
+    )
+    calls = [
+        CallInput(call_id=f"c{n}", tool=tool, arguments={"label": f"p{number}-{n}"})
+        for n, tool in enumerate(PARALLEL_TOOLS)
+    ]
+    answers = await asyncio.gather(
+        *(tasks.call(workflow_id, call) for call in calls),
+        tasks.close(workflow_id),
+        return_exceptions=True,
+    )
+    for answer in answers:
+        assert not isinstance(answer, Exception) or isinstance(answer, CallRefused), answer
+    await tasks.result(workflow_id)
+    return workflow_id
+
+
+async def test_parallel_first_calls_of_several_tools_and_a_racing_close_replay(
+    dev_server: WorkflowEnvironment, task_queue: str, script: Script
+) -> None:
+    tasks = TaskClient(dev_server.client, task_queue=task_queue)
     async with Worker(
         dev_server.client,
         task_queue=task_queue,
         workflows=[AgentTaskWorkflow],
-        activities=[*activities, slow_pin()],
-        max_cached_workflows=0,
+        activities=script.activities(),
     ):
-        # The task has ended: the query replays its whole history on this worker.
-        replayed = await handle.query(AgentTaskWorkflow.status)
-    print(live.step("pay").attempts[0].started_at, replayed.step("pay").attempts[0].started_at)
-    assert replayed.step("pay").attempts == live.step("pay").attempts
+        ids = []
+        for batch in range(0, ROUNDS, 20):
+            ids += await asyncio.gather(
+                *(one_round(tasks, script, n) for n in range(batch, batch + 20))
+            )
+    histories = [await dev_server.client.get_workflow_handle(i).fetch_history() for i in ids]
+    replayer = Replayer(workflows=[AgentTaskWorkflow], data_converter=pydantic_data_converter)
+    failures = []
+    async with replayer.workflow_replay_iterator(iter_histories(histories)) as replays:
+        async for result in replays:
+            if result.replay_failure is not None:
+                failures.append(f"{result.history.workflow_id}: {result.replay_failure}")
+    assert failures == [], f"{len(failures)} of {ROUNDS} did not replay: {failures[:3]}"
+
+
+async def iter_histories(histories: Iterable[WorkflowHistory]) -> AsyncIterator[WorkflowHistory]:
+    for history in histories:
+        yield history
