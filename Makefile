@@ -24,7 +24,7 @@ demo-agent: $(STAMP)
 	$(VENV)/bin/onceflow demo --agent
 
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest
+	$(VENV)/bin/python -m pytest -n 2 --dist loadfile
 
 dev: $(STAMP)
 	$(VENV)/bin/onceflow dev

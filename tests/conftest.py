@@ -3,10 +3,12 @@
 Nothing here skips: the servers are installed with the test dependencies.
 """
 
+import os
 import socket
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -22,8 +24,9 @@ from onceflow import storage
 from onceflow.workflows.visibility import ALL_SEARCH_ATTRIBUTES
 from tests.harness import ReplayReport, StartedWorkflows, replay_every_task
 
-REPLAYS: list[ReplayReport] = []
-"""What replaying each session server's task histories found (printed at the end)."""
+REPLAYS: list[str] = []
+"""What replaying each session server's task histories found, as summary lines printed
+at the end (under pytest-xdist, each worker's lines travel back to the controller)."""
 
 BUSINESS_TABLES = (
     "order_lines",
@@ -77,7 +80,9 @@ async def database(postgres_url: str) -> AsyncIterator[str]:
 
 
 @pytest.fixture(scope="session")
-async def time_skipping_env() -> AsyncIterator[WorkflowEnvironment]:
+async def time_skipping_env(
+    request: pytest.FixtureRequest,
+) -> AsyncIterator[WorkflowEnvironment]:
     """Temporal's time-skipping test server with onceflow's search attributes."""
     started = StartedWorkflows()
     env = await WorkflowEnvironment.start_time_skipping(
@@ -89,7 +94,7 @@ async def time_skipping_env() -> AsyncIterator[WorkflowEnvironment]:
     )
     await _register_search_attributes(env.client)
     yield env
-    await _replay_every_task(env.client, "the time-skipping server", started.ids)
+    await _replay_every_task(request.config, env.client, "the time-skipping server", started.ids)
     await env.shutdown()
 
 
@@ -103,7 +108,9 @@ def temporal_ui_port() -> int:
 
 
 @pytest.fixture(scope="session")
-async def dev_server(temporal_ui_port: int) -> AsyncIterator[WorkflowEnvironment]:
+async def dev_server(
+    temporal_ui_port: int, request: pytest.FixtureRequest
+) -> AsyncIterator[WorkflowEnvironment]:
     """The real Temporal dev server (the one ``onceflow dev`` runs), in memory, with its UI."""
     env = await WorkflowEnvironment.start_local(
         data_converter=pydantic_data_converter,
@@ -114,32 +121,48 @@ async def dev_server(temporal_ui_port: int) -> AsyncIterator[WorkflowEnvironment
         ui_port=temporal_ui_port,
     )
     yield env
-    await _replay_every_task(env.client, "the dev server")
+    await _replay_every_task(request.config, env.client, "the dev server")
     await env.shutdown()
 
 
 async def _replay_every_task(
-    client: Client, server: str, workflow_ids: list[str] | None = None
+    config: pytest.Config, client: Client, server: str, workflow_ids: list[str] | None = None
 ) -> None:
     """Replay every task history the session made on ``server``: a task whose replay
     decides otherwise than it did live fails the run, naming its workflow id."""
     report = await replay_every_task(client, server, workflow_ids=workflow_ids)
-    REPLAYS.append(report)
+    lines = _summary(report)
+    worker_output = getattr(config, "workeroutput", None)  # set in a pytest-xdist worker
+    if worker_output is not None:
+        worker_output.setdefault("replays", []).extend(lines)
+    else:
+        REPLAYS.extend(lines)
     assert report.diverged == [], (
         f"{len(report.diverged)} of {report.replayed} task histories on {server} diverged "
         "on replay:\n" + "\n".join(report.diverged)
     )
 
 
+def _summary(report: ReplayReport) -> list[str]:
+    where = report.server + (
+        f" ({os.environ['PYTEST_XDIST_WORKER']})" if "PYTEST_XDIST_WORKER" in os.environ else ""
+    )
+    return [
+        f"replayed {report.replayed} task histories from {where}: {len(report.diverged)} "
+        f"diverged, {len(report.not_replayable)} not replayable here (a workflow task that "
+        "failed live fails again)",
+        *(f"  not replayable: {line[:300]}" for line in report.not_replayable[:10]),
+    ]
+
+
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """pytest-xdist, in the controller: a worker's replay summary came back with it."""
+    REPLAYS.extend(node.workeroutput.get("replays", []))
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    for report in REPLAYS:
-        terminalreporter.write_line(
-            f"replayed {report.replayed} task histories from {report.server}: "
-            f"{len(report.diverged)} diverged, {len(report.not_replayable)} not replayable "
-            "here (a workflow task that failed live fails again)"
-        )
-        for line in report.not_replayable[:10]:
-            terminalreporter.write_line(f"  not replayable: {line[:300]}")
+    for line in REPLAYS:
+        terminalreporter.write_line(line)
 
 
 @pytest.fixture
