@@ -91,8 +91,6 @@ TRACE_ID_MEMO = "trace_id"
 """Memo field with the id of the trace that started the task (set by ``TaskClient``)."""
 
 
-UNREGISTERED_TOOL_WAITS = "unregistered-tool-waits-for-a-worker"
-"""Patch id: an unknown tool fails the workflow task instead of the step (see _validated)."""
 UNREGISTERED_ACTIVITY_IS_TRANSIENT = "unregistered-activity-is-transient"
 """Patch id: an attempt no worker could run (activity not registered) ran nothing."""
 
@@ -889,16 +887,16 @@ class AgentTaskWorkflow:
         try:
             contract = CATALOGUE.get(step.tool)
             return contract, contract.input_model.model_validate(step.arguments)
-        except UnknownTool as unknown:
-            if workflow.patched(UNREGISTERED_TOOL_WAITS):
-                # The boundary only starts tasks with catalogued tools, so this worker is
-                # missing a custom tool: fail the workflow task (Temporal retries it, the UI
-                # shows why) until a worker with the tool picks it up; fail nothing for good.
-                raise ToolNotOnThisWorker(
-                    f"tool {step.tool!r} is not registered on this worker; load it on every "
-                    "worker of the task queue (ONCEFLOW_TOOLS)"
-                ) from None
-            self._stop_step(status, StepState.FAILED, f"step {step.step_id}: {unknown}")
+        except UnknownTool:
+            # The boundary only starts tasks with catalogued tools, so this worker is
+            # missing a custom tool: fail the workflow task (Temporal retries it, the UI
+            # shows why) until a worker with the tool picks it up; fail nothing for good.
+            # Always, on every replay: a failed workflow task records nothing, so no
+            # history could ever hold a patch marker taken on this path.
+            raise ToolNotOnThisWorker(
+                f"tool {step.tool!r} is not registered on this worker; load it on every "
+                "worker of the task queue (ONCEFLOW_TOOLS)"
+            ) from None
         except ValidationError as invalid:
             problems = "; ".join(
                 f"{'.'.join(str(part) for part in error['loc']) or 'arguments'}: {error['msg']}"

@@ -37,7 +37,14 @@ from onceflow.email import OutboxRelay
 from onceflow.storage import build_pool
 from tests.email.conftest import email_settings
 from tests.gateway.conftest import Caller, make_caller, new_tenant
-from tests.harness import REPO, eventually, log_line, onceflow_command, settled_count
+from tests.harness import (
+    REPO,
+    eventually,
+    log_line,
+    onceflow_command,
+    replay_tools_from,
+    settled_count,
+)
 
 EXAMPLE = REPO / "examples" / "support_agent"
 AGENT_TOOLS = ("look_up_order", "refund_payment", "send_email")
@@ -104,6 +111,7 @@ async def shop(
 ) -> AsyncIterator[Shop]:
     root = tmp_path_factory.mktemp("support-agent")
     site = install_example(root)
+    replay_tools_from(site, "support_agent")  # its tasks replay at the end of the run
     python_path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
     temporal_address = dev_server.client.service_client.config.target_host
     processes: list[subprocess.Popen[bytes]] = []

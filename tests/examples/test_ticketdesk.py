@@ -24,7 +24,7 @@ import httpx
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from tests.harness import REPO, eventually_blocking, onceflow_command
+from tests.harness import REPO, eventually_blocking, onceflow_command, replay_tools_from
 
 EXAMPLE = REPO / "examples" / "ticketdesk"
 TOOLS = "create_ticket,create_ticket_unkeyed"
@@ -173,6 +173,7 @@ def desk(
     logs = root / "logs"
     logs.mkdir()
     site = install_example(root)
+    replay_tools_from(site, "ticketdesk")  # its tasks replay at the end of the run
     python_path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
     processes: list[subprocess.Popen[bytes]] = []
     try:

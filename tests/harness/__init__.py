@@ -24,7 +24,7 @@ from ._processes import (
     wait_for_line,
 )
 from ._quiescence import passed_marker, settled_count, workflow_idle
-from ._replay_all import ReplayReport, StartedWorkflows, replay_every_task
+from ._replay_all import ReplayReport, StartedWorkflows, replay_every_task, replay_tools_from
 from ._tasks import parked, wait_for
 
 __all__ = [
@@ -40,6 +40,7 @@ __all__ = [
     "parked",
     "passed_marker",
     "replay_every_task",
+    "replay_tools_from",
     "settled_count",
     "spawn",
     "stop",

@@ -6,8 +6,11 @@ history is replayed from its first event in the workflow sandbox, with nothing c
 as a worker that took the task over would.
 """
 
+import sys
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any
 
 from temporalio.client import (
@@ -22,6 +25,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
 
+from onceflow.tools import CATALOGUE, ENTRY_POINT_GROUP, load_tools, register_tools
 from onceflow.workflows import AgentTaskWorkflow
 
 
@@ -63,6 +67,7 @@ async def replay_every_task(
     """Replay every ``AgentTaskWorkflow`` history ``client``'s namespace holds (or those
     of ``workflow_ids``, where the server cannot list them)."""
     report = ReplayReport(server)
+    register_installed_tools()
     replayer = Replayer(workflows=[AgentTaskWorkflow], data_converter=pydantic_data_converter)
     histories: AsyncIterator[WorkflowHistory]
     if workflow_ids is None:
@@ -87,3 +92,26 @@ async def replay_every_task(
 async def _fetched(client: Client, workflow_ids: Iterable[str]) -> AsyncIterator[WorkflowHistory]:
     for workflow_id in dict.fromkeys(workflow_ids):
         yield await client.get_workflow_handle(workflow_id).fetch_history()
+
+
+INSTALLED_ELSEWHERE: list[tuple[Path, str]] = []
+"""``(folder, ONCEFLOW_TOOLS spec)`` of custom tools a test installed outside this
+environment for its own workers (the examples): the replay loads them from there."""
+
+
+def replay_tools_from(folder: Path, spec: str) -> None:
+    """Let the end-of-run replay load ``spec``'s tools from ``folder``, where a test
+    installed them for its workers."""
+    INSTALLED_ELSEWHERE.append((folder, spec))
+
+
+def register_installed_tools() -> None:
+    """Register the custom tools the run's workers loaded with ``ONCEFLOW_TOOLS`` (from
+    this environment, or where a test installed them), so their tasks replay here too."""
+    specs = [point.name for point in entry_points(group=ENTRY_POINT_GROUP)]
+    for folder, spec in INSTALLED_ELSEWHERE:
+        if str(folder) not in sys.path:
+            sys.path.append(str(folder))
+        specs.append(spec)
+    for spec in dict.fromkeys(specs):
+        register_tools(tool for tool in load_tools([spec]) if tool.name not in CATALOGUE)
