@@ -97,7 +97,7 @@ from onceflow.gateway import PrincipalStore
 from onceflow.storage import apply_migrations, build_pool
 from onceflow.task_api import connect_temporal
 from onceflow.workflows import AgentTaskWorkflow
-from tests.harness import eventually, log_line, settled_count
+from tests.harness import eventually, log_line, replay_every_task, settled_count
 
 REPO = Path(__file__).resolve().parent.parent
 TOOLS = (
@@ -1330,12 +1330,12 @@ class ChaosRun:
         )
 
     def unfinished(self) -> str:
-        """The tasks whose agents are not done yet, as ``number tool`` (at most 20)."""
+        """The acknowledged tasks that have not ended, as ``number tool`` (at most 20)."""
         waiting = [
-            f"{r.number} {r.tool}" for r in self.records if not r.final_state and not r.refusal
+            f"{r.number} {r.tool}" for r in self.records if r.acknowledged and not r.final_state
         ]
         shown = ", ".join(waiting[:20]) + (" ..." if len(waiting) > 20 else "")
-        return f"{len(waiting)} tasks not ended: {shown or 'none'}"
+        return f"{len(waiting)} acknowledged tasks not ended: {shown or 'none'}"
 
     async def progress(self) -> None:
         while True:
@@ -1628,6 +1628,12 @@ class ChaosRun:
             if deployment_id not in claimed:
                 violations.append(f"deployment {deployment_id} belongs to no task")
         self.count_late_first_sends(requests, generations)
+        # Every task's history replays from its first event as it ran, after the kills,
+        # pauses and restarts: a divergence is a task stuck for good at its next replay.
+        replays = await replay_every_task(client, "the chaos run's Temporal server")
+        violations += [f"replay diverged: {line}" for line in replays.diverged]
+        violations += [f"history not replayable: {line}" for line in replays.not_replayable]
+        self.figures["task histories replayed from their first event"] = replays.replayed
         workflows = await self.count_workflows(client)
         acknowledged = sum(1 for r in self.records if r.acknowledged)
         if workflows != acknowledged:

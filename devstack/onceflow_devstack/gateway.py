@@ -98,7 +98,8 @@ async def running_gateway(
             if taken.errno != errno.EADDRINUSE:
                 raise
             raise PortInUse(
-                f"port {port} ({FLAGS['gateway']}) is already in use by another program; "
+                f"port {GATEWAY_PORT if port is None else port} ({FLAGS['gateway']}) is already "
+                "in use by another program; "
                 "stop it or choose other ports (--port-base N, or the flag)"
             ) from None
         (state_dir / "gateway_url").write_text(url)

@@ -8,6 +8,9 @@ from typing import Any
 
 import uvicorn
 
+LISTEN_BACKLOG = 2048
+"""uvicorn's own default backlog."""
+
 
 class _Server(uvicorn.Server):
     """uvicorn without its own signal handling, for hosts that stop it themselves."""
@@ -72,18 +75,28 @@ class HttpServer:
             await asyncio.gather(self._task, return_exceptions=True)
 
     def _bind(self) -> socket.socket:
-        family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        # Accepted connections inherit it; without it every small response waits for the
-        # peer's delayed ACK (about 40 ms), as uvicorn's own listeners would not.
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        """A socket bound and listening on the port (or, if allowed, any port when it is
+        taken). With SO_REUSEADDR two processes may both bind a port neither listens on
+        yet; the port is only theirs once listening, so both steps count as taking it."""
         try:
-            sock.bind((self._host, self._port))
+            return self._listen_on(self._port)
         except OSError:
             if not self._any_port_if_taken:
-                sock.close()
                 raise
-            sock.bind((self._host, 0))
+            return self._listen_on(0)
+
+    def _listen_on(self, port: int) -> socket.socket:
+        family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            # Accepted connections inherit it; without it every small response waits for
+            # the peer's delayed ACK (about 40 ms), as uvicorn's own listeners would not.
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.bind((self._host, port))
+            sock.listen(LISTEN_BACKLOG)
+        except OSError:
+            sock.close()
+            raise
         sock.set_inheritable(True)
         return sock

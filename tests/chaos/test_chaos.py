@@ -45,6 +45,8 @@ async def test_no_task_has_two_effects_or_gets_stuck_under_chaos(tmp_path: Path)
     figures = report.figures
     assert figures["acknowledged"] == CI_SIZE.tasks
     assert figures["task workflows in Temporal"] == CI_SIZE.tasks
+    # ... and every one of them replayed as it ran (a divergence is a violation above).
+    assert figures["task histories replayed from their first event"] >= CI_SIZE.tasks
     # One kill per 12 tasks ended while agents still submitted (about 136 of 160).
     assert figures["workers SIGKILLed (each replaced)"] >= 5
     assert figures["Temporal dev server restarts"] == 1

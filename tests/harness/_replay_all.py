@@ -67,7 +67,7 @@ async def replay_every_task(
     """Replay every ``AgentTaskWorkflow`` history ``client``'s namespace holds (or those
     of ``workflow_ids``, where the server cannot list them)."""
     report = ReplayReport(server)
-    register_installed_tools()
+    register_replay_tools()
     replayer = Replayer(workflows=[AgentTaskWorkflow], data_converter=pydantic_data_converter)
     histories: AsyncIterator[WorkflowHistory]
     if workflow_ids is None:
@@ -105,9 +105,13 @@ def replay_tools_from(folder: Path, spec: str) -> None:
     INSTALLED_ELSEWHERE.append((folder, spec))
 
 
-def register_installed_tools() -> None:
-    """Register the custom tools the run's workers loaded with ``ONCEFLOW_TOOLS`` (from
-    this environment, or where a test installed them), so their tasks replay here too."""
+def register_replay_tools() -> None:
+    """Register the tools the run's workers served: the built-in ones and the custom
+    tools they loaded with ``ONCEFLOW_TOOLS`` (from this environment, or where a test
+    installed them), so every task replays here as on its workers."""
+    from tests.tool_configuration import builtin  # imports the whole tool set: only here
+
+    register_tools(tool for tool in builtin() if tool.name not in CATALOGUE)
     specs = [point.name for point in entry_points(group=ENTRY_POINT_GROUP)]
     for folder, spec in INSTALLED_ELSEWHERE:
         if str(folder) not in sys.path:
