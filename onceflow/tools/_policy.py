@@ -68,10 +68,9 @@ class ToolPolicy(BaseModel):
     """Activity that looks the effect up before a step parks. Default None."""
     lookup_verifies_resource_ids: bool = False
     """The look-up checks an operator's ``happened`` resource id. Default False."""
-    deliberate_repeats: bool | None = None
+    deliberate_repeats: bool = True
     """A call may ask for a second identical effect (``ToolContract.deliberate_repeats``).
-    None in a policy pinned before this field: the catalogue's contract decides. Default
-    None."""
+    Default True."""
 
     @classmethod
     def from_contract(cls, contract: "ToolContract") -> "ToolPolicy":

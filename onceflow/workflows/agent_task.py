@@ -20,6 +20,20 @@ one park): each call is a step run concurrently with the others; the repeat guar
 answers a call identical to an earlier one that has not failed from that call; the task
 continues as new (carrying the budget, the calls' outcomes and the guard) between calls,
 never while one is unfinished.
+
+Which clock each decision reads, and why it replays. ``workflow.now()`` is the start of
+the workflow task being run, which history fixes, except right after a local activity
+(live, Core may deliver its result one workflow task later than replay does) and in a
+workflow task that replay merges with an empty one before it:
+- a key's send-by deadline and safe-repeat window count from its first attempt's
+  ``started_at``: the workflow task that scheduled the attempt, or the time before the
+  policy pin when the attempt follows one; they are compared with the time a backoff
+  timer fired or an attempt's result arrived (both events in history);
+- the budget's deadline is machine time (less people time) at an attempt's result;
+- an open task's idle and lifetime ends are decided by a timer firing, never by
+  comparing clocks; only the timer's length reads the time of the last call;
+- a call past the task's lifetime or deadline is refused by the validator (live) and
+  again by the handler in the workflow task that accepted it.
 """
 
 import asyncio
@@ -53,7 +67,6 @@ with workflow.unsafe.imports_passed_through():
         TaskPolicy,
         ToolAttemptResult,
         ToolCallInput,
-        ToolContract,
         ToolPolicy,
         UnknownTool,
     )
@@ -91,46 +104,10 @@ TRACE_ID_MEMO = "trace_id"
 """Memo field with the id of the trace that started the task (set by ``TaskClient``)."""
 
 
-UNREGISTERED_ACTIVITY_IS_TRANSIENT = "unregistered-activity-is-transient"
-"""Patch id: an attempt no worker could run (activity not registered) ran nothing."""
-
-
-PINNED_POLICY = "pinned-policy"
-"""Patch id: the first workflow task pins every tool's policy (local activity
-``pin_task_policy``); before it, the workflow read the replaying worker's contracts."""
-SEND_BY_ENFORCED = "send-by-enforced-before-guarded-attempts"
-"""Patch id: a repeat under a key the provider forgets is re-checked against its send-by
-deadline after the backoff timer and waits for a worker no longer than that deadline."""
-MACHINE_TIME_DEADLINE = "deadline-counts-machine-time"
-"""Patch id: the budget's deadline counts time running and backing off, not time spent
-awaiting approval or parked."""
-DECISIONS_CHECKED = "operator-decisions-checked"
-"""Patch id: a reconcile decision is checked with the tool's look-up before it acts
-(``did_not_happen`` refused when the effect is found, ``happened`` verified where the
-look-up verifies resource ids and recorded where later steps read it)."""
-DATABASE_WAITS = "database-outage-attempts-are-free"
-"""Patch id: an attempt that ended because onceflow's database was unreachable is not
-charged to the attempt caps (a worker before this patch counted it, even when a newer
-worker's activity reported it)."""
-KEY_GENERATIONS = "key-generations"
-"""Patch id: ``did_not_happen`` on a step whose key can no longer be sent (past its
-send-by deadline, or holding a stored failure) authorises an attempt under the next key
-generation instead of the old key."""
-UNVERIFIED_RECORDED = "unverified-happened-recorded"
-"""Patch id: a ``happened`` accepted unverified is handed to the tool's look-up, which
-records the resource in the step's operation record (a later refund reads it)."""
-START_PATCHES_FOLDED = "start-patches-folded-outcome-recorded-locally"
-"""Patch id: one marker stands for every patch a task took at its start
-(``MACHINE_TIME_DEADLINE``, ``SEND_BY_ENFORCED``, ``DECISIONS_CHECKED`` and, for a plan,
-``PINNED_POLICY``: each added a marker and a search-attribute upsert to every task), and
-the outcome is recorded by a local activity (no activity task and no workflow task more
-on the critical path). Tasks started before it replay by the four it replaces."""
-OLD_KEY_SETTLES = "new-key-after-old-key-settles"
-"""Patch id: a new key generation past the old key's send-by deadline waits until no
-request under the old key can still take effect (``ToolPolicy.settle_time`` after its
-last attempt) and looks the effect up again before it is sent."""
 PIN_TIMEOUT = timedelta(seconds=10)
 """Longest the local activity pinning the task's policy may run (it reads memory only)."""
+MIN_TIMER = timedelta(milliseconds=1)
+"""A timer for a deadline already passed: it fires at once, and its firing is recorded."""
 OUTCOME_TIMEOUT = timedelta(seconds=30)
 """Longest one write of the task's outcome may take."""
 ENDED_STEP_STATES = frozenset(
@@ -177,10 +154,6 @@ class AgentTaskWorkflow:
         self._budgeted_attempts = 0
         self._operator_authorised_attempts = 0
         self._policies: dict[str, ToolPolicy] = {}
-        self._send_by_enforced = False
-        self._machine_time_deadline = False
-        self._decisions_checked = False
-        self._outcome_recorded_locally = False
         self._checking: set[str] = set()
         """Steps whose reconcile decision is being checked: others wait for the answer."""
         self._verified: dict[str, ToolAttemptResult] = {}
@@ -198,6 +171,7 @@ class AgentTaskWorkflow:
         self._repeat_of: dict[str, str] = {}
         """A repeated call's id -> the earlier identical call that answers it."""
         self._pinning: set[str] = set()
+        self._published_tools: list[str] = []
         self._order: list[str] = []
         """Call ids in arrival order, repeats included."""
         self._calls_this_run = 0
@@ -233,15 +207,14 @@ class AgentTaskWorkflow:
             ]
         )
         pinned_at = None
-        if self._take_start_patches(plan=True):
-            if task.policies is not None:
-                self._policies = dict(task.policies)
-            else:
-                pinned_at = workflow.now()
-                self._policies = await self._pin_policies(sorted({s.tool for s in task.steps}))
+        if task.policies is not None:
+            self._policies = dict(task.policies)
+        else:
+            pinned_at = workflow.now()
+            self._policies = await self._pin_policies(sorted({s.tool for s in task.steps}))
         try:
             for step in task.steps:
-                await self._run_step(step, admitted=task.policies is not None, pinned_at=pinned_at)
+                await self._run_step(step, pinned_at=pinned_at)
                 pinned_at = None
             self._set_state(TaskState.SUCCEEDED)
         except _StepStopped as stopped:
@@ -252,19 +225,6 @@ class AgentTaskWorkflow:
         # A decision arriving as the task ends must finish before the workflow completes.
         await workflow.wait_condition(workflow.all_handlers_finished)
         return self._status()
-
-    def _take_start_patches(self, *, plan: bool) -> bool:
-        """Set the behaviours this run's history holds; True when a plan pins its
-        policies. A task started before ``START_PATCHES_FOLDED`` replays by the patches
-        it recorded one by one, in the order it recorded them."""
-        if workflow.patched(START_PATCHES_FOLDED):
-            self._machine_time_deadline = self._send_by_enforced = True
-            self._decisions_checked = self._outcome_recorded_locally = True
-            return True
-        self._machine_time_deadline = workflow.patched(MACHINE_TIME_DEADLINE)
-        self._send_by_enforced = workflow.patched(SEND_BY_ENFORCED)
-        self._decisions_checked = workflow.patched(DECISIONS_CHECKED)
-        return plan and workflow.patched(PINNED_POLICY)
 
     # ── queries, updates and signals ────────────────────────────────────────────────
 
@@ -343,19 +303,15 @@ class AgentTaskWorkflow:
         self._last_call_at = workflow.now()
         self._changed = True
         if not self._known_call(request.call_id):
-            pinned_at = None
+            # The validator checked the same on a live worker; replay has no validator
+            # and decides again from history alone (this handler issues no command).
+            problem = self._call_state_problem(request)
+            if problem:
+                raise ApplicationError(problem, type="CallRefused", non_retryable=True)
             if request.policy is not None:
                 # Admitted with its policy: the first call of a tool pins it for the task.
                 self._policies.setdefault(request.tool, request.policy)
-            else:
-                pinned_at = workflow.now()
-                await self._pin_tool(request.tool)
-            # Another update (this call id again, a close) may have been accepted meanwhile.
-            problem = self._call_state_problem(request, now=pinned_at)
-            if problem:
-                raise ApplicationError(problem, type="CallRefused", non_retryable=True)
-            if not self._known_call(request.call_id):
-                self._accept_call(request, pinned_at)
+            self._accept_call(request)
         original = self._steps[self._repeat_of.get(request.call_id, request.call_id)]
         done = ENDED_STEP_STATES if request.wait_until_ended else SETTLED_STEP_STATES
         await workflow.wait_condition(lambda: original.state in done)
@@ -385,15 +341,14 @@ class AgentTaskWorkflow:
     async def _run_open(self, task: AgentTaskInput) -> TaskStatus:
         options = task.open
         assert options is not None
-        self._take_start_patches(plan=False)
         self._state = self._open_state()
-        tools = sorted({call.tool for call in self._steps.values()})
+        self._published_tools = sorted({call.tool for call in self._steps.values()})
         workflow.upsert_search_attributes(
             [
                 TASK_TENANT.value_set(task.tenant),
                 TASK_KIND.value_set("open"),
                 TASK_STATE.value_set(self._state.value),
-                *([TASK_TOOLS.value_set(tools)] if tools else []),
+                *([TASK_TOOLS.value_set(self._published_tools)] if self._published_tools else []),
             ]
         )
         lifetime_ends = self._started_at + options.max_lifetime
@@ -405,13 +360,7 @@ class AgentTaskWorkflow:
             self._changed = False
             self._publish_state(self._open_state())
             workflow.set_current_details(self._open_details())
-            now = workflow.now()
             unfinished = self._unfinished_calls()
-            if self._closing is None and now >= lifetime_ends:
-                self._closing = f"its maximum lifetime ({options.max_lifetime}) ended"
-            elif self._closing is None and not unfinished:
-                if now >= self._last_call_at + options.idle_timeout:
-                    self._closing = f"idle for {options.idle_timeout}"
             if self._closing is not None and not unfinished:
                 break
             if self._closing is None and not unfinished and self._should_continue_as_new():
@@ -419,21 +368,28 @@ class AgentTaskWorkflow:
                 if not self._unfinished_calls() and not self._changed:
                     workflow.continue_as_new(self._carried(task))
                 continue
-            # A timer only while nothing runs: a call in flight keeps the task from
-            # idling, and the validator refuses calls past the lifetime, so a busy task
-            # adds no timer per call.
-            timeout = None
-            if not unfinished and self._closing is None:
-                wake_at = min(lifetime_ends, self._last_call_at + options.idle_timeout)
-                timeout = max(wake_at - now, timedelta(milliseconds=1))
+            # Idle and lifetime ends are decided by a timer firing (in history), never by
+            # comparing clocks here: a replay whose workflow tasks merged reads other
+            # times. A timer only while nothing runs: a call in flight keeps the task
+            # from idling, and the validator refuses calls past the lifetime, so a busy
+            # task adds no timer per call.
+            if unfinished or self._closing is not None:
+                await workflow.wait_condition(lambda: self._changed)
+                continue
+            idle_ends = self._last_call_at + options.idle_timeout
             try:
                 await workflow.wait_condition(
                     lambda: self._changed,
-                    timeout=timeout,
+                    timeout=max(min(lifetime_ends, idle_ends) - workflow.now(), MIN_TIMER),
                     timeout_summary=ClearText("idle timeout or maximum lifetime"),
                 )
             except TimeoutError:
-                pass
+                if not self._changed and not self._unfinished_calls():
+                    self._closing = (
+                        f"its maximum lifetime ({options.max_lifetime}) ended"
+                        if lifetime_ends <= idle_ends
+                        else f"idle for {options.idle_timeout}"
+                    )
         self._publish_state(TaskState.CLOSED)
         workflow.set_current_details(self._open_details())
         if task.record_outcome:
@@ -445,7 +401,7 @@ class AgentTaskWorkflow:
         """Why a call cannot run, checked by the validator before anything is written;
         None if it can. Validators never run on replay: this is the one place a call's
         arguments meet this worker's input model."""
-        problem = self._call_state_problem(request)
+        problem = self._call_state_problem(request, live=True)
         if problem is not None or self._known_call(request.call_id):
             return problem
         if request.policy is not None and request.policy.tool != request.tool:
@@ -462,11 +418,11 @@ class AgentTaskWorkflow:
             return f"invalid arguments: {problems}"
         return None
 
-    def _call_state_problem(self, request: CallInput, *, now: datetime | None = None) -> str | None:
+    def _call_state_problem(self, request: CallInput, *, live: bool = False) -> str | None:
         """Why the task's state refuses a call, from history alone (the pinned policy,
-        the calls so far): what the handler checks again, on every replay too. ``now``:
-        the time before a local activity pinned the tool, for a check that follows it."""
-        now = now or workflow.now()
+        the calls so far): what the handler checks again, on every replay too; ``live``
+        (the validator) may also ask this worker's contract."""
+        now = workflow.now()
         if self._open is None:
             return "this task is a plan: its steps were given when it started"
         if self._known_call(request.call_id):
@@ -486,7 +442,7 @@ class AgentTaskWorkflow:
         allowed = self._open.allowed_tools
         if allowed is not None and request.tool not in allowed:
             return f"tool {request.tool!r} is not allowed in this task"
-        if request.deliberate_repeat and not self._allows_deliberate_repeats(request):
+        if request.deliberate_repeat and not self._allows_deliberate_repeats(request, live=live):
             return (
                 f"tool {request.tool!r} does not allow deliberate repeats: an identical "
                 "earlier call answers this one"
@@ -502,18 +458,21 @@ class AgentTaskWorkflow:
             return f"the task's deadline ({budget.deadline} of machine time) has passed"
         return None
 
-    def _allows_deliberate_repeats(self, request: CallInput) -> bool:
-        """From the pinned policy (or the call's, before its tool is pinned); a policy
-        pinned before it held this says nothing, and the contract here decides."""
+    def _allows_deliberate_repeats(self, request: CallInput, *, live: bool = False) -> bool:
+        """From the pinned policy, or the call's. A call admitted without one, of a tool
+        not pinned yet, is checked against this worker's contract only ``live`` (by the
+        validator) and again by its coroutine once the tool is pinned."""
         policy = self._policies.get(request.tool) or request.policy
-        if policy is not None and policy.deliberate_repeats is not None:
+        if policy is not None:
             return policy.deliberate_repeats
+        if not live:
+            return True
         try:
             return CATALOGUE.get(request.tool).deliberate_repeats
         except UnknownTool:
             return False
 
-    def _accept_call(self, request: CallInput, pinned_at: datetime | None) -> None:
+    def _accept_call(self, request: CallInput) -> None:
         digest = digest_arguments(request.tool, request.arguments)
         earlier = None if request.deliberate_repeat else self._identical_call(digest)
         status = StepStatus(
@@ -530,14 +489,8 @@ class AgentTaskWorkflow:
             return
         self._steps[request.call_id] = status
         self._calls_this_run += 1
-        if request.tool not in {call.tool for call in self._steps.values() if call is not status}:
-            workflow.upsert_search_attributes(
-                [TASK_TOOLS.value_set(sorted({call.tool for call in self._steps.values()}))]
-            )
         step = StepInput(step_id=request.call_id, tool=request.tool, arguments=request.arguments)
-        asyncio.create_task(
-            self._run_call(step, admitted=request.policy is not None, pinned_at=pinned_at)
-        )
+        asyncio.create_task(self._run_call(step))
 
     def _identical_call(self, digest: str) -> StepStatus | None:
         """The earliest call with the same tool and arguments that has not ended with
@@ -547,12 +500,25 @@ class AgentTaskWorkflow:
                 return call
         return None
 
-    async def _run_call(
-        self, step: StepInput, *, admitted: bool, pinned_at: datetime | None
-    ) -> None:
+    async def _run_call(self, step: StepInput) -> None:
+        """Run one call to its end. Commands start here, in the call's coroutine, never
+        in the Update handler: a handler's commands interleave with other Updates'
+        acceptances in an order replay does not reproduce."""
         in_workflow = True
         try:
-            await self._run_step(step, admitted=admitted, pinned_at=pinned_at)
+            pinned_at = None
+            if step.tool not in self._policies:
+                pinned_at = workflow.now()
+                await self._pin_tool(step.tool)
+            status = self._steps[step.step_id]
+            if status.deliberate_repeat and not self._policy(step.tool).deliberate_repeats:
+                self._stop_step(
+                    status,
+                    StepState.FAILED,
+                    f"tool {step.tool!r} does not allow deliberate repeats: an identical "
+                    "earlier call answers this one",
+                )
+            await self._run_step(step, pinned_at=pinned_at)
         except _StepStopped:
             pass  # the call's own state says how it ended; the task goes on
         except Exception as crash:
@@ -578,7 +544,8 @@ class AgentTaskWorkflow:
             return
         self._pinning.add(tool)
         try:
-            self._policies.update(await self._pin_policies([tool]))
+            for name, policy in (await self._pin_policies([tool])).items():
+                self._policies.setdefault(name, policy)  # an admitted call's came first
         finally:
             self._pinning.discard(tool)
 
@@ -653,15 +620,13 @@ class AgentTaskWorkflow:
 
     # ── application logic ───────────────────────────────────────────────────────────
 
-    async def _run_step(
-        self, step: StepInput, *, admitted: bool, pinned_at: datetime | None = None
-    ) -> None:
+    async def _run_step(self, step: StepInput, *, pinned_at: datetime | None = None) -> None:
         """Run one step to its end (or until it parks for good).
 
-        ``admitted``: the step came with its policy from the process that admitted it,
-        which validated its arguments and recorded them normalized; replay then never
-        asks this worker's input model (a changed model still finishes old tasks), and
-        the approval threshold reads the recorded arguments.
+        Decides from history alone: the pinned policy and the arguments as recorded (the
+        approval threshold reads them; the attempt validates them with the tool's input
+        model and records a rejection as its outcome), never from this worker's input
+        model, so a worker whose model changed still replays and finishes old tasks.
 
         ``pinned_at``: the time before a local activity pinned the step's policy, when
         the step runs right after it. A clock read there would not replay (Core may
@@ -669,13 +634,9 @@ class AgentTaskWorkflow:
         the first attempt's start, or the wait for approval, counts from it instead.
         """
         status = self._steps[step.step_id]
-        if admitted:
-            self._require_tool(step, status)
-            arguments: BaseModel | dict[str, Any] = step.arguments
-        else:
-            _, arguments = self._validated(step, status)
+        self._require_tool(step)
         policy = self._policy(step.tool)
-        if policy.needs_approval(arguments):
+        if policy.needs_approval(step.arguments):
             await self._await_approval(status, now=pinned_at)
             pinned_at = None
         operator_authorised = False
@@ -755,15 +716,11 @@ class AgentTaskWorkflow:
         finding = await self._park(status, reason)
         new_key = self._old_key_unusable(status)
         why_unusable = self._unusable_keys.pop(status.step_id, None)
-        if (
-            finding.decision is ReconcileDecision.DID_NOT_HAPPEN
-            and new_key
-            and workflow.patched(KEY_GENERATIONS)
-        ):
+        if finding.decision is ReconcileDecision.DID_NOT_HAPPEN and new_key:
             # Sending the old key again could not make progress (the provider replays
             # its stored failure) or could make a second effect (it may have forgotten
             # the key): the operator's attempt goes out under a new key.
-            if why_unusable is not KeyUnusable.STORED_FAILURE and workflow.patched(OLD_KEY_SETTLES):
+            if why_unusable is not KeyUnusable.STORED_FAILURE:
                 # A stored failure proves the provider finished with the old key; past
                 # its send-by, its last request may still be held there and commit.
                 late = await self._old_key_settled(step, policy, status)
@@ -839,12 +796,7 @@ class AgentTaskWorkflow:
         return dict(pinned.tools)
 
     def _policy(self, tool: str) -> ToolPolicy:
-        pinned = self._policies.get(tool)
-        if pinned is not None:
-            return pinned
-        # A task started before policies were pinned decides as it always did: from the
-        # replaying worker's contract (the tool is registered: _validated checked).
-        return CATALOGUE.get(tool).policy()
+        return self._policies[tool]  # pinned before any of its steps runs
 
     def _send_by(self, policy: ToolPolicy, status: StepStatus) -> datetime | None:
         """The step key's send-by deadline in workflow time, if the provider forgets keys.
@@ -854,7 +806,7 @@ class AgentTaskWorkflow:
         first send), never later.
         """
         first = self._first_attempt_of_key(status)
-        if not self._send_by_enforced or first is None:
+        if first is None:
             return None
         return policy.send_by(first.started_at)
 
@@ -877,35 +829,15 @@ class AgentTaskWorkflow:
             "nothing was sent again"
         )
 
-    def _require_tool(self, step: StepInput, status: StepStatus) -> None:
-        """Fail the workflow task while this worker lacks the step's tool (Temporal
-        retries it until a worker with the tool takes it)."""
+    def _require_tool(self, step: StepInput) -> None:
+        """Fail the workflow task while this worker lacks the step's tool: Temporal
+        retries it (the UI shows why) until a worker with the tool takes it. Always, on
+        every replay too: a failed workflow task records nothing, so nothing can differ."""
         if step.tool not in CATALOGUE:
-            self._validated(step, status)  # raises, as for a task admitted unpinned
-
-    def _validated(self, step: StepInput, status: StepStatus) -> tuple[ToolContract, BaseModel]:
-        try:
-            contract = CATALOGUE.get(step.tool)
-            return contract, contract.input_model.model_validate(step.arguments)
-        except UnknownTool:
-            # The boundary only starts tasks with catalogued tools, so this worker is
-            # missing a custom tool: fail the workflow task (Temporal retries it, the UI
-            # shows why) until a worker with the tool picks it up; fail nothing for good.
-            # Always, on every replay: a failed workflow task records nothing, so no
-            # history could ever hold a patch marker taken on this path.
             raise ToolNotOnThisWorker(
                 f"tool {step.tool!r} is not registered on this worker; load it on every "
                 "worker of the task queue (ONCEFLOW_TOOLS)"
-            ) from None
-        except ValidationError as invalid:
-            problems = "; ".join(
-                f"{'.'.join(str(part) for part in error['loc']) or 'arguments'}: {error['msg']}"
-                for error in invalid.errors()
             )
-            self._stop_step(
-                status, StepState.FAILED, f"step {step.step_id}: invalid arguments: {problems}"
-            )
-        raise AssertionError("unreachable")  # _stop_step always raises
 
     async def _attempt(
         self,
@@ -962,7 +894,7 @@ class AgentTaskWorkflow:
                     ),
                     key_unusable=KeyUnusable.SEND_BY_PASSED,
                 )
-            elif _not_registered(failure) and workflow.patched(UNREGISTERED_ACTIVITY_IS_TRANSIENT):
+            elif _not_registered(failure):
                 result = ToolAttemptResult(
                     outcome=OutcomeClass.TRANSIENT,
                     reason=(
@@ -971,7 +903,7 @@ class AgentTaskWorkflow:
                     ),
                 )
         _count("onceflow_attempts", tool=step.tool, outcome=result.outcome.value)
-        waited_for_database = result.database_unavailable and workflow.patched(DATABASE_WAITS)
+        waited_for_database = result.database_unavailable
         if operator_authorised:
             self._operator_authorised_attempts += 1
         elif not waited_for_database and (self._open is None or attempt > 1):
@@ -1049,24 +981,15 @@ class AgentTaskWorkflow:
         summary = ClearText("record the task's result for repeated requests")
         for attempt in range(1, 6):
             try:
-                if self._outcome_recorded_locally:
-                    # One short write on the worker that ends the task: no activity task
-                    # and no further workflow task on the way to the task's end.
-                    await workflow.execute_local_activity(
-                        RECORD_TASK_OUTCOME,
-                        outcome,
-                        start_to_close_timeout=OUTCOME_TIMEOUT,
-                        retry_policy=ONE_ATTEMPT,
-                        summary=summary,
-                    )
-                else:
-                    await workflow.execute_activity(
-                        RECORD_TASK_OUTCOME,
-                        outcome,
-                        start_to_close_timeout=OUTCOME_TIMEOUT,
-                        retry_policy=ONE_ATTEMPT,
-                        summary=summary,
-                    )
+                # One short write on the worker that ends the task: no activity task and
+                # no further workflow task on the way to the task's end.
+                await workflow.execute_local_activity(
+                    RECORD_TASK_OUTCOME,
+                    outcome,
+                    start_to_close_timeout=OUTCOME_TIMEOUT,
+                    retry_policy=ONE_ATTEMPT,
+                    summary=summary,
+                )
                 return
             except (ActivityError, ApplicationError) as failure:
                 # A local activity's failure may arrive unwrapped.
@@ -1181,17 +1104,15 @@ class AgentTaskWorkflow:
         records the resource in the step's operation record (a later refund reads it),
         unless the operator accepts it ``unverified``.
         """
-        if not self._decisions_checked:
-            return _DecisionCheck()
         status = self._steps[decision.step_id]
         step = StepInput(step_id=status.step_id, tool=status.tool, arguments=status.arguments)
         policy = self._policy(step.tool)
         if policy.lookup_activity is None or decision.decision is ReconcileDecision.ABANDON:
             unchecked = decision.decision is ReconcileDecision.HAPPENED
             return _DecisionCheck(verified=False if unchecked else None)
-        if decision.decision is ReconcileDecision.HAPPENED and (
-            not policy.lookup_verifies_resource_ids
-            or (decision.unverified and not workflow.patched(UNVERIFIED_RECORDED))
+        if (
+            decision.decision is ReconcileDecision.HAPPENED
+            and not policy.lookup_verifies_resource_ids
         ):
             return _DecisionCheck(verified=False)
         claimed = decision.resource_id
@@ -1367,7 +1288,7 @@ class AgentTaskWorkflow:
 
     def _people_time(self) -> timedelta:
         """Time the deadline does not count: awaiting approval or parked."""
-        return self._waited_for_people if self._machine_time_deadline else timedelta(0)
+        return self._waited_for_people
 
     def _first_attempt_age(self, status: StepStatus) -> timedelta:
         first = self._first_attempt_of_key(status) or status.attempts[0]
@@ -1386,14 +1307,22 @@ class AgentTaskWorkflow:
         self._publish_state(state)
 
     def _publish_state(self, state: TaskState) -> None:
+        """One upsert per change, from the main coroutine only: the parked-at time and an
+        open task's new tools ride along, adding no command."""
+        updates: list[SearchAttributeUpdate[Any]] = []
         if state is not self._state:
-            # One upsert per change: the parked-at time rides along, adding no command.
-            updates: list[SearchAttributeUpdate[Any]] = [TASK_STATE.value_set(state.value)]
+            updates.append(TASK_STATE.value_set(state.value))
             if state is TaskState.PARKED:
                 updates.append(TASK_PARKED_AT.value_set(workflow.now()))
             elif self._state is TaskState.PARKED:
                 updates.append(TASK_PARKED_AT.value_unset())
             self._state = state
+        if self._open is not None:
+            tools = sorted({call.tool for call in self._steps.values()})
+            if tools != self._published_tools:
+                updates.append(TASK_TOOLS.value_set(tools))
+                self._published_tools = tools
+        if updates:
             workflow.upsert_search_attributes(updates)
 
     def _status(self) -> TaskStatus:

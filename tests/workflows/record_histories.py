@@ -4,13 +4,11 @@ Run after an intended change to the workflow's commands, and commit the result:
 ``.venv/bin/python -m tests.workflows.record_histories``. Never run it to make a failing
 replay test pass without knowing why it failed: that failure means running tasks break.
 
-Record by name (below): every history is the other side of a later patch and must stay
-as its version wrote it. ``retries_then_success``, ``parked_then_did_not_happen`` and
-``approved`` predate the patches of issue #13; the ``pinned_*`` histories and the others
-recorded before ``start-patches-folded-outcome-recorded-locally`` take their start
-patches one by one; the ``folded_*`` ones and those recorded after take them as one
-marker and record the outcome by a local activity. The negative control
-``nondeterministic/*.json`` must fail replay.
+Every history replays the baseline release (``onceflow.workflows.patches``): tasks
+admitted as ``TaskClient`` admits them (their policies in the input) and, named
+``by_hand_*``, tasks started without policies (pinned by a local activity). Once a patch
+ships, its old side is the histories recorded before it: record only the new ones by
+name. The negative control ``nondeterministic/*.json`` must fail replay.
 
 Names given on the command line record only those histories (the others are run but not
 written), so histories of tasks running under an earlier version stay as they were:
@@ -23,6 +21,7 @@ import sys
 import uuid
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from onceflow_devstack.binaries import installed_binary
 from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
@@ -31,7 +30,8 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from onceflow.retry_policy import OutcomeClass, RetryBudget
-from onceflow.tools import KeyUnusable
+from onceflow.task_api import TaskClient
+from onceflow.tools import CATALOGUE, KeyUnusable
 from onceflow.workflows import AgentTaskWorkflow
 from onceflow.workflows.task_models import (
     AgentTaskInput,
@@ -68,25 +68,24 @@ async def _until(env: WorkflowEnvironment, handle: Handle, state: TaskState) -> 
 async def _record(
     env: WorkflowEnvironment, queue: str, script: Script, only: frozenset[str]
 ) -> None:
+    tasks = TaskClient(env.client, task_queue=queue)
+
     async def start(*steps: StepInput, record_outcome: bool = False) -> Handle:
-        return await env.client.start_workflow(
-            AgentTaskWorkflow.run,
-            AgentTaskInput(
-                tenant="acme",
-                principal="agent",
-                steps=list(steps),
-                budget=BUDGET,
-                record_outcome=record_outcome,
-            ),
-            id=f"history-{uuid.uuid4().hex[:8]}",
-            task_queue=queue,
+        task = AgentTaskInput(
+            tenant="acme",
+            principal="agent",
+            steps=list(steps),
+            budget=BUDGET,
+            record_outcome=record_outcome,
         )
+        return await tasks.start(task, workflow_id=f"history-{uuid.uuid4().hex[:8]}")
 
     async def save(name: str, handle: Handle) -> None:
         await handle.result()
         if only and name not in only:
             return
         history = await handle.fetch_history()
+        HISTORIES.mkdir(exist_ok=True)
         (HISTORIES / f"{name}.json").write_text(history.to_json())
 
     retried = await start(
@@ -95,8 +94,8 @@ async def _record(
         ),
         StepInput(step_id="b", tool="scripted_safe", arguments={"label": "ok"}),
     )
-    await save("pinned_retries_then_success", retried)
-    _renamed_activity("pinned_retries_then_success", "scripted_safe", "scripted_unsafe")
+    await save("retries_then_success", retried)
+    _renamed_activity("retries_then_success", "scripted_safe", "scripted_unsafe")
 
     # A retry after its backoff, inside the key's send window.
     keyed = await start(
@@ -104,7 +103,7 @@ async def _record(
             step_id="k", tool="scripted_provider", arguments={"label": script.plan("k", U, S)}
         )
     )
-    await save("pinned_provider_key_retry_within_window", keyed)
+    await save("provider_key_retry_within_window", keyed)
 
     async def parks_then(name: str, label: str, decision: ReconcileDecision) -> None:
         handle = await start(
@@ -119,14 +118,14 @@ async def _record(
 
     # The attempt refused to send past the send-by deadline: look-up, park.
     await parks_then(
-        "pinned_send_by_refused_then_lookup_and_park",
+        "send_by_refused_then_lookup_and_park",
         script.plan("sb", U, KeyUnusable.SEND_BY_PASSED),
         ReconcileDecision.ABANDON,
     )
     # A failure the provider stores under the key: look-up, park, then an operator's
     # did_not_happen and a successful attempt.
     await parks_then(
-        "pinned_stored_failure_then_lookup_and_park",
+        "stored_failure_then_lookup_and_park",
         script.plan("sf", KeyUnusable.STORED_FAILURE, S),
         ReconcileDecision.DID_NOT_HAPPEN,
     )
@@ -151,7 +150,7 @@ async def _record(
             arguments_digest=status.step("g").arguments_digest,
         ),
     )
-    await save("pinned_approved_after_the_deadline_then_retried", late)
+    await save("approved_after_the_deadline_then_retried", late)
 
     parked = await start(
         StepInput(step_id="p", tool="scripted_unsafe", arguments={"label": script.plan("p", U, S)})
@@ -169,7 +168,7 @@ async def _record(
             step_id="p", decision=ReconcileDecision.DID_NOT_HAPPEN, operator="ops", reason="checked"
         ),
     )
-    await save("pinned_parked_then_did_not_happen", parked)
+    await save("parked_then_did_not_happen", parked)
 
     gated = await start(
         StepInput(step_id="g", tool="scripted_approval", arguments={"label": "g", "amount": 900})
@@ -185,7 +184,7 @@ async def _record(
             arguments_digest=status.step("g").arguments_digest,
         ),
     )
-    await save("pinned_approved", gated)
+    await save("approved", gated)
 
     # Operator decisions checked before they act: did_not_happen looks the effect up
     # first (inconclusive here, so the attempt runs) ...
@@ -273,22 +272,20 @@ async def _record(
 
     # An open task: a call retried, the model's repeat answered by it, a call parked
     # and decided, then closed by the agent.
-    async def open_task(record_outcome: bool = False, **options: int) -> Handle:
-        return await env.client.start_workflow(
-            AgentTaskWorkflow.run,
-            AgentTaskInput(
-                tenant="acme",
-                principal="agent",
-                budget=BUDGET,
-                open=OpenTaskOptions(**options),
-                record_outcome=record_outcome,
-            ),
-            id=f"history-{uuid.uuid4().hex[:8]}",
-            task_queue=queue,
+    async def open_task(record_outcome: bool = False, **options: Any) -> Handle:
+        task = AgentTaskInput(
+            tenant="acme",
+            principal="agent",
+            budget=BUDGET,
+            open=OpenTaskOptions(**options),
+            record_outcome=record_outcome,
         )
+        return await tasks.start(task, workflow_id=f"history-{uuid.uuid4().hex[:8]}")
 
     def calling(call_id: str, tool: str, label: str) -> CallInput:
-        return CallInput(call_id=call_id, tool=tool, arguments={"label": label})
+        """A call as ``TaskClient`` admits it: with its tool's policy."""
+        policy = CATALOGUE.get(tool).policy()
+        return CallInput(call_id=call_id, tool=tool, arguments={"label": label}, policy=policy)
 
     opened = await open_task()
     await opened.execute_update(
@@ -339,13 +336,13 @@ async def _record(
         StepInput(step_id="a", tool="scripted_safe", arguments={"label": script.plan("f", T, S)}),
         record_outcome=True,
     )
-    await save("folded_plan_outcome_recorded_locally", folded)
-    folded_open = await open_task(record_outcome=True)
-    await folded_open.execute_update(
+    await save("plan_outcome_recorded", folded)
+    recorded_open = await open_task(record_outcome=True)
+    await recorded_open.execute_update(
         AgentTaskWorkflow.call, calling("c1", "scripted_safe", script.plan("fo", T, S))
     )
-    await folded_open.execute_update(AgentTaskWorkflow.close)
-    await save("folded_open_task_outcome_recorded_locally", folded_open)
+    await recorded_open.execute_update(AgentTaskWorkflow.close)
+    await save("open_task_outcome_recorded", recorded_open)
 
     # The same past the key's send-by deadline: the new generation waits until the old
     # key's last request has settled at the provider, and looks the effect up again.
@@ -354,6 +351,48 @@ async def _record(
         script.plan("sbgen", U, KeyUnusable.SEND_BY_PASSED, S),
         ReconcileDecision.DID_NOT_HAPPEN,
     )
+
+    # An open task nobody calls again closes when its idle timer fires.
+    idle = await open_task(idle_timeout=timedelta(minutes=5))
+    await idle.execute_update(AgentTaskWorkflow.call, calling("c1", "scripted_safe", "idle-1"))
+    await save("open_task_closed_idle", idle)
+
+    # Started without policies (by hand, or by a process that lacks a tool): the plan
+    # pins them with a local activity; the open task pins each tool in its first call's
+    # coroutine, here for several first calls at once with a close racing them.
+    by_hand = await env.client.start_workflow(
+        AgentTaskWorkflow.run,
+        AgentTaskInput(
+            tenant="acme",
+            principal="agent",
+            steps=[
+                StepInput(
+                    step_id="k",
+                    tool="scripted_provider",
+                    arguments={"label": script.plan("bh", U, S)},
+                )
+            ],
+            budget=BUDGET,
+        ),
+        id=f"history-{uuid.uuid4().hex[:8]}",
+        task_queue=queue,
+    )
+    await save("by_hand_plan_pins_its_policy", by_hand)
+    parallel = await env.client.start_workflow(
+        AgentTaskWorkflow.run,
+        AgentTaskInput(tenant="acme", principal="agent", budget=BUDGET, open=OpenTaskOptions()),
+        id=f"history-{uuid.uuid4().hex[:8]}",
+        task_queue=queue,
+    )
+    first_calls = [
+        CallInput(call_id=f"c{n}", tool=tool, arguments={"label": f"par-{n}"})
+        for n, tool in enumerate(("scripted_safe", "scripted_unsafe", "scripted_provider"))
+    ]
+    await asyncio.gather(
+        *(parallel.execute_update(AgentTaskWorkflow.call, call) for call in first_calls)
+    )
+    await parallel.execute_update(AgentTaskWorkflow.close)
+    await save("by_hand_open_task_parallel_first_calls", parallel)
 
 
 def _renamed_activity(name: str, old: str, new: str) -> None:

@@ -10,7 +10,7 @@ from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 from temporalio import activity
 
 from onceflow.activities.idempotency_records import TaskOutcomeResult
@@ -107,6 +107,8 @@ class Script:
         self.found: set[str] = set()
         self.recorded: dict[str, str] = {}
         self.outcomes: list[TaskOutcomeInput] = []
+        self.rejected: list[ToolCallInput] = []
+        """Attempts whose arguments the tool's input model refused: nothing performed."""
 
     def plan(self, label: str, *outcomes: Planned) -> str:
         self._outcomes[label] = list(outcomes)
@@ -164,7 +166,14 @@ class Script:
     def _activity(self, name: str) -> Callable[..., Any]:
         @activity.defn(name=name)
         async def perform(call: ToolCallInput) -> ToolAttemptResult:
-            label = ScriptedInput.model_validate(call.arguments).label
+            try:
+                label = ScriptedInput.model_validate(call.arguments).label
+            except ValidationError:
+                # As every registered tool's attempt does (onceflow.tools._activities).
+                self.rejected.append(call)
+                return ToolAttemptResult(
+                    outcome=OutcomeClass.REJECTED, reason="invalid arguments: scripted"
+                )
             self.calls[label].append(call)
             planned = self._outcomes.get(label) or [OutcomeClass.SUCCEEDED]
             outcome = planned.pop(0) if len(planned) > 1 else planned[0]

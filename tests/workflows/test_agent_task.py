@@ -462,9 +462,11 @@ async def test_budget_exhausted_after_an_unknown_parks_instead_of_failing(
     await handle.terminate("test over")
 
 
-async def test_invalid_arguments_fail_the_task_before_any_attempt(
+async def test_invalid_arguments_fail_the_task_by_the_attempts_rejection_and_nothing_runs(
     time_skipping_env: WorkflowEnvironment, task_queue: str, script: Script, worker: Worker
 ) -> None:
+    # A task started by hand (no boundary validated it): the workflow never asks this
+    # worker's input model; the attempt does, and its rejection is in history.
     handle = await start(
         time_skipping_env,
         task_queue,
@@ -473,7 +475,8 @@ async def test_invalid_arguments_fail_the_task_before_any_attempt(
     result = await handle.result()
     assert result.state is TaskState.FAILED
     assert "invalid arguments" in (result.failure_reason or "")
-    assert script.attempts("x") == 0
+    assert [attempt.outcome for attempt in result.step("s").attempts] == [OutcomeClass.REJECTED]
+    assert script.attempts("x") == 0 and len(script.rejected) == 1
 
 
 async def test_a_tool_this_worker_lacks_waits_for_one_that_has_it(

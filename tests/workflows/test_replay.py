@@ -1,11 +1,14 @@
 """Replays saved histories: a change that breaks determinism for running tasks fails here.
 
-``histories/*.json`` must replay: the three recorded before policies were pinned (the
-old side of every patch) and the ``pinned_*`` ones (the new side). The negative control,
-``histories/nondeterministic/*.json``, must fail: it proves the check can fail at all.
+``histories/*.json`` must replay: one per path of the baseline release, and for every
+registered patch (``onceflow.workflows.patches``) histories on both of its sides. The
+negative control, ``histories/nondeterministic/*.json``, must fail: it proves the check
+can fail at all.
 """
 
+import ast
 import base64
+import inspect
 import json
 from pathlib import Path
 
@@ -15,18 +18,9 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
 
+import onceflow.workflows.agent_task as agent_task_module
 from onceflow.workflows import AgentTaskWorkflow
-from onceflow.workflows.agent_task import (
-    DATABASE_WAITS,
-    DECISIONS_CHECKED,
-    KEY_GENERATIONS,
-    MACHINE_TIME_DEADLINE,
-    OLD_KEY_SETTLES,
-    PINNED_POLICY,
-    SEND_BY_ENFORCED,
-    START_PATCHES_FOLDED,
-    UNVERIFIED_RECORDED,
-)
+from onceflow.workflows.patches import PATCHES
 from tests.telemetry.replay_spans import spans_emitted_by_replay
 
 from .scripted_tools import register_scripted_tools
@@ -34,17 +28,6 @@ from .scripted_tools import register_scripted_tools
 FOLDER = Path(__file__).parent / "histories"
 HISTORIES = sorted(FOLDER.glob("*.json"))
 NONDETERMINISTIC = sorted((FOLDER / "nondeterministic").glob("*.json"))
-PATCHES = (
-    PINNED_POLICY,
-    SEND_BY_ENFORCED,
-    MACHINE_TIME_DEADLINE,
-    DECISIONS_CHECKED,
-    KEY_GENERATIONS,
-    UNVERIFIED_RECORDED,
-    DATABASE_WAITS,
-    OLD_KEY_SETTLES,
-    START_PATCHES_FOLDED,
-)
 
 
 async def replay_failure(path: Path) -> Exception | None:
@@ -67,11 +50,32 @@ def patches_in(path: Path) -> set[str]:
     return found
 
 
-def test_there_are_histories_to_replay_on_both_sides_of_every_patch() -> None:
+def patch_ids_in_code() -> set[str]:
+    """The ids the workflow passes to ``workflow.patched`` or ``deprecate_patch``."""
+    tree = ast.parse(inspect.getsource(agent_task_module))
+    ids = set()
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("patched", "deprecate_patch")
+        ):
+            [argument] = node.args
+            value = ast.literal_eval(argument) if isinstance(argument, ast.Constant) else None
+            if value is None and isinstance(argument, ast.Name):
+                value = getattr(agent_task_module, argument.id)
+            ids.add(value)
+    return ids
+
+
+def test_every_patch_is_registered_with_histories_on_both_of_its_sides() -> None:
     assert len(HISTORIES) >= 10 and NONDETERMINISTIC
+    registered = {patch.id for patch in PATCHES}
+    assert patch_ids_in_code() <= registered, "register every patch in onceflow.workflows.patches"
     for patch in PATCHES:
-        with_patch = [path for path in HISTORIES if patch in patches_in(path)]
-        assert with_patch and len(with_patch) < len(HISTORIES), patch
+        assert patch.retire_when and patch.since, patch
+        with_patch = [path for path in HISTORIES if patch.id in patches_in(path)]
+        assert with_patch and len(with_patch) < len(HISTORIES), patch.id
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[path.stem for path in HISTORIES])

@@ -19,6 +19,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterable
 
+import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHandle, WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -26,6 +27,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, Worker
 
 from onceflow.task_api import CallRefused, TaskClient
+from onceflow.tools import CATALOGUE, Catalogue
 from onceflow.workflows import AgentTaskWorkflow
 from onceflow.workflows.task_models import (
     AgentTaskInput,
@@ -144,8 +146,7 @@ async def test_a_task_started_by_hand_counts_its_first_attempt_from_before_the_p
 PARALLEL_TOOLS = ("scripted_safe", "scripted_unsafe", "scripted_provider", "scripted_verified")
 ROUNDS = 40
 """Open tasks, each taking its first call of every tool at once, a close racing them
-(200 rounds replayed here before and after the policies came with the calls; 40 keep the
-guard in CI)."""
+(200 rounds of each kind replayed here; 40 keep the guard in CI)."""
 
 
 async def one_round(tasks: TaskClient, script: Script, number: int) -> str:
@@ -171,10 +172,14 @@ async def one_round(tasks: TaskClient, script: Script, number: int) -> str:
     return workflow_id
 
 
+@pytest.mark.parametrize("admitted", [True, False], ids=["admitted", "pinned-by-the-task"])
 async def test_parallel_first_calls_of_several_tools_and_a_racing_close_replay(
-    dev_server: WorkflowEnvironment, task_queue: str, script: Script
+    dev_server: WorkflowEnvironment, task_queue: str, script: Script, admitted: bool
 ) -> None:
-    tasks = TaskClient(dev_server.client, task_queue=task_queue)
+    # Not admitted: a client that knows none of the tools sends calls without policies,
+    # and the task pins each tool with a local activity when its first call runs.
+    catalogue = CATALOGUE if admitted else Catalogue()
+    tasks = TaskClient(dev_server.client, task_queue=task_queue, catalogue=catalogue)
     async with Worker(
         dev_server.client,
         task_queue=task_queue,
