@@ -24,10 +24,17 @@ from ._processes import (
     wait_for_line,
 )
 from ._quiescence import passed_marker, settled_count, workflow_idle
-from ._replay_all import ReplayReport, StartedWorkflows, replay_every_task, replay_tools_from
+from ._replay_all import (
+    OTHER_RELEASES,
+    ReplayReport,
+    StartedWorkflows,
+    replay_every_task,
+    replay_tools_from,
+)
 from ._tasks import parked, wait_for
 
 __all__ = [
+    "OTHER_RELEASES",
     "REPO",
     "ReplayReport",
     "StartedWorkflows",

@@ -75,18 +75,42 @@ async def replay_every_task(
         histories = client.list_workflows(query).map_histories()
     else:
         histories = _fetched(client, workflow_ids)
-    async with replayer.workflow_replay_iterator(histories) as replays:
-        async for result in replays:
-            report.replayed += 1
-            failure = result.replay_failure
-            if failure is None:
-                continue
-            line = f"{result.history.workflow_id}: {type(failure).__name__}: {failure}"
-            if isinstance(failure, NondeterminismError):
-                report.diverged.append(line)
+    other_releases: list[WorkflowHistory] = []
+
+    async def this_release() -> AsyncIterator[WorkflowHistory]:
+        async for history in histories:
+            if history.workflow_id in OTHER_RELEASES:
+                other_releases.append(history)
             else:
-                report.not_replayable.append(line)
+                yield history
+
+    async with replayer.workflow_replay_iterator(this_release()) as replays:
+        async for result in replays:
+            _count(report, result.history, result.replay_failure)
+    for history in other_releases:
+        release = Replayer(
+            workflows=[OTHER_RELEASES[history.workflow_id]],
+            data_converter=pydantic_data_converter,
+        )
+        result = await release.replay_workflow(history, raise_on_replay_failure=False)
+        _count(report, history, result.replay_failure)
     return report
+
+
+OTHER_RELEASES: dict[str, type] = {}
+"""Workflow id -> the workflow class of the simulated release that ran the task (an
+upgrade test's release N+1): its history is replayed with that class."""
+
+
+def _count(report: ReplayReport, history: WorkflowHistory, failure: Exception | None) -> None:
+    report.replayed += 1
+    if failure is None:
+        return
+    line = f"{history.workflow_id}: {type(failure).__name__}: {failure}"
+    if isinstance(failure, NondeterminismError):
+        report.diverged.append(line)
+    else:
+        report.not_replayable.append(line)
 
 
 async def _fetched(client: Client, workflow_ids: Iterable[str]) -> AsyncIterator[WorkflowHistory]:

@@ -167,9 +167,11 @@ class Script:
         @activity.defn(name=name)
         async def perform(call: ToolCallInput) -> ToolAttemptResult:
             try:
-                label = ScriptedInput.model_validate(call.arguments).label
+                # With the registered contract's model, as every tool's attempt does
+                # (onceflow.tools._activities): a release's model, whatever started the task.
+                model = CATALOGUE.get(name).input_model
+                label = str(model.model_validate(call.arguments).model_dump()["label"])
             except ValidationError:
-                # As every registered tool's attempt does (onceflow.tools._activities).
                 self.rejected.append(call)
                 return ToolAttemptResult(
                     outcome=OutcomeClass.REJECTED, reason="invalid arguments: scripted"
