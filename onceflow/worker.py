@@ -45,9 +45,10 @@ WORKFLOW_RUNNER = SandboxedWorkflowRunner(
 """The sandbox with onceflow's own modules passed through, not imported again for every
 workflow. Re-importing ``onceflow/workflows/agent_task.py`` for each task was about 85% of
 the Python memory a waiting task held in a worker (170 of 200 KiB, tracemalloc) and the
-largest share of a new task's CPU (BENCHMARKS.md). Its determinism is proven where the
-strict sandbox still runs it: the workflow tests' workers and the replay tests re-import it
-per run, and fail on a non-deterministic call."""
+largest share of a new task's CPU; replaying a task costs 2.5 times the CPU in the strict
+sandbox (BENCHMARKS.md, "The workflow sandbox"). Its determinism is proven where the strict
+sandbox still runs it: the workflow tests' workers, the saved-history replays and the
+replay of every history a test or chaos run made, which fail on a refused call."""
 
 
 @asynccontextmanager

@@ -7,7 +7,7 @@ as a worker that took the task over would.
 """
 
 import sys
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -66,20 +66,33 @@ async def replay_every_task(
 ) -> ReplayReport:
     """Replay every ``AgentTaskWorkflow`` history ``client``'s namespace holds (or those
     of ``workflow_ids``, where the server cannot list them)."""
-    report = ReplayReport(server)
-    register_replay_tools()
-    replayer = Replayer(workflows=[AgentTaskWorkflow], data_converter=pydantic_data_converter)
     histories: AsyncIterator[WorkflowHistory]
     if workflow_ids is None:
         query = "WorkflowType = 'AgentTaskWorkflow'"
         histories = client.list_workflows(query).map_histories()
     else:
         histories = _fetched(client, workflow_ids)
+    return await replay_histories(histories, server)
+
+
+async def replay_histories(
+    histories: AsyncIterator[WorkflowHistory],
+    server: str,
+    *,
+    releases: Mapping[str, type] | None = None,
+) -> ReplayReport:
+    """Replay ``histories`` in the strict sandbox, caching nothing: each with this
+    release's ``AgentTaskWorkflow``, or the class ``releases`` (``OTHER_RELEASES`` by
+    default) names for its workflow id."""
+    releases = OTHER_RELEASES if releases is None else releases
+    report = ReplayReport(server)
+    register_replay_tools()
+    replayer = Replayer(workflows=[AgentTaskWorkflow], data_converter=pydantic_data_converter)
     other_releases: list[WorkflowHistory] = []
 
     async def this_release() -> AsyncIterator[WorkflowHistory]:
         async for history in histories:
-            if history.workflow_id in OTHER_RELEASES:
+            if history.workflow_id in releases:
                 other_releases.append(history)
             else:
                 yield history
@@ -89,14 +102,21 @@ async def replay_every_task(
             _count(report, result.history, result.replay_failure)
     for history in other_releases:
         release = Replayer(
-            workflows=[OTHER_RELEASES[history.workflow_id]],
-            data_converter=pydantic_data_converter,
+            workflows=[releases[history.workflow_id]], data_converter=pydantic_data_converter
         )
         result = await release.replay_workflow(history, raise_on_replay_failure=False)
         _count(report, history, result.replay_failure)
     return report
 
 
+async def _fetched(client: Client, workflow_ids: Iterable[str]) -> AsyncIterator[WorkflowHistory]:
+    for workflow_id in dict.fromkeys(workflow_ids):
+        yield await client.get_workflow_handle(workflow_id).fetch_history()
+
+
+SANDBOX_REFUSED = "RestrictedWorkflowAccessError"
+"""In a replay failure: the workflow's code made a call the strict sandbox refuses (a
+clock, randomness, I/O), which would not replay the same."""
 OTHER_RELEASES: dict[str, type] = {}
 """Workflow id -> the workflow class of the simulated release that ran the task (an
 upgrade test's release N+1): its history is replayed with that class."""
@@ -107,15 +127,12 @@ def _count(report: ReplayReport, history: WorkflowHistory, failure: Exception | 
     if failure is None:
         return
     line = f"{history.workflow_id}: {type(failure).__name__}: {failure}"
-    if isinstance(failure, NondeterminismError):
+    # The replay runs the workflow in the strict sandbox, which production's runner does
+    # not (it passes onceflow through): a call the sandbox refuses is a divergence too.
+    if isinstance(failure, NondeterminismError) or SANDBOX_REFUSED in str(failure):
         report.diverged.append(line)
     else:
         report.not_replayable.append(line)
-
-
-async def _fetched(client: Client, workflow_ids: Iterable[str]) -> AsyncIterator[WorkflowHistory]:
-    for workflow_id in dict.fromkeys(workflow_ids):
-        yield await client.get_workflow_handle(workflow_id).fetch_history()
 
 
 INSTALLED_ELSEWHERE: list[tuple[Path, str]] = []

@@ -10,6 +10,7 @@ import ast
 import base64
 import inspect
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -21,8 +22,10 @@ from temporalio.workflow import NondeterminismError
 import onceflow.workflows.agent_task as agent_task_module
 from onceflow.workflows import AgentTaskWorkflow
 from onceflow.workflows.patches import PATCHES
+from tests.harness._replay_all import SANDBOX_REFUSED, replay_histories
 from tests.telemetry.replay_spans import spans_emitted_by_replay
 
+from .clock_reading_release import ClockReadingRelease
 from .scripted_tools import register_scripted_tools
 
 FOLDER = Path(__file__).parent / "histories"
@@ -94,3 +97,22 @@ async def test_a_replay_emits_no_workflow_spans(path: Path) -> None:
     register_scripted_tools()
     history = WorkflowHistory.from_json(path.stem, path.read_text())
     assert await spans_emitted_by_replay(history) == []
+
+
+async def test_the_end_of_run_replay_fails_on_a_call_the_strict_sandbox_refuses() -> None:
+    # Production passes onceflow through the sandbox (BENCHMARKS.md, "The workflow
+    # sandbox"); the replay of every history runs the strict one, and counts a refused
+    # call as a divergence.
+    register_scripted_tools()
+    path = FOLDER / "retries_then_success.json"
+    history = WorkflowHistory.from_json(path.stem, path.read_text())
+
+    async def one() -> AsyncIterator[WorkflowHistory]:
+        yield history
+
+    clean = await replay_histories(one(), "saved histories")
+    assert clean.replayed == 1 and clean.diverged == []
+    refused = await replay_histories(
+        one(), "saved histories", releases={path.stem: ClockReadingRelease}
+    )
+    assert len(refused.diverged) == 1 and SANDBOX_REFUSED in refused.diverged[0]
