@@ -3,9 +3,9 @@
 First Stripe charges the card and the answer is lost on the way back; the workflow
 repeats the call with the same derived ``Idempotency-Key`` and Stripe replays the first
 charge, so the customer pays once. Then Stripe charges, answers 500 and stores that 500
-under the key, while its search index lags: no repeat can learn the truth and search
-cannot prove anything, so the task parks and prints the exact ``onceflow reconcile``
-command for a person.
+under the key (one same-key repeat shows it replayed), while its read API fails and its
+search index lags: no repeat can learn the truth and no read can prove anything, so the
+task parks and prints the exact ``onceflow reconcile`` command for a person.
 
 Needs the *local* provider (its fault injection and ledger), never real Stripe.
 """
@@ -90,9 +90,12 @@ async def _parked_charge(
     ui_url: str | None,
     section: int,
 ) -> None:
-    console.rule(f"{section}. Stripe charges, answers 500, and its search index lags")
+    console.rule(f"{section}. Stripe charges, answers 500, its reads fail and its search lags")
     await provider.configure(search_lag_seconds=3600)
     await provider.add_fault(Fault.ERROR_500_AFTER_COMMIT, path_prefix="/v1/payment_intents")
+    await provider.add_fault(
+        Fault.ERROR_503, method="GET", path_prefix="/v1/payment_intents", times=None
+    )
     try:
         workflow_id = await _start_charge(client, tenant, amount=9900)
         status = await _until_parked(client, workflow_id)
@@ -104,12 +107,14 @@ async def _parked_charge(
     charges, posts = await _at_the_provider(provider, workflow_id)
     console.print(
         f"Stripe stores the 500 under the key and replays it ({len(posts)} POSTs, outcomes "
-        f"{', '.join(record.outcome for record in posts)}); the search for the operation id "
-        "found nothing. Nothing more is sent: the task is [bold]parked[/].",
+        f"{', '.join(record.outcome for record in posts)}); the customer's PaymentIntents "
+        "could not be listed and search found nothing yet. Nothing more is sent: the task "
+        "is [bold]parked[/].",
         soft_wrap=True,
     )
     console.print(f"  reason:   {step.park_reason}", highlight=False, soft_wrap=True)
-    for name in ("child_key_digest", "request_id", "http_status", "replayed", "lookup_search"):
+    names = ("child_key_digest", "request_id", "http_status", "replayed", "lookup_list")
+    for name in (*names, "lookup_search"):
         if name in step.evidence:
             console.print(f"  {name}: {step.evidence[name]}", highlight=False, soft_wrap=True)
     console.print("\nThe task tells the operator how to decide:")

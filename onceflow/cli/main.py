@@ -360,7 +360,8 @@ def reconcile(
         bool,
         typer.Option(
             help="With 'happened': accept --resource-id although the tool's look-up "
-            "cannot confirm it (recorded as unverified)."
+            "cannot confirm it; with 'did_not_happen': although its miss does not prove "
+            "the effect absent (recorded as unverified)."
         ),
     ] = False,
     operator: Annotated[str | None, typer.Option(help="Who decides (default: $USER).")] = None,

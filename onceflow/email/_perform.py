@@ -109,8 +109,11 @@ class OutboxSending:
             _, reason = classify_database_error(error)
             return ToolAttemptResult(outcome=OutcomeClass.UNKNOWN, reason=reason)
         if row is None:
+            # Read in the same database the step's send writes first: nothing was queued.
             return ToolAttemptResult(
-                outcome=OutcomeClass.UNKNOWN, reason="no outbox row for this step"
+                outcome=OutcomeClass.UNKNOWN,
+                reason="no outbox row for this step",
+                miss_proves_absence=True,
             )
         if row.state == "delivered":
             return await _report(operation, row, replayed=True, found_by="lookup:outbox")

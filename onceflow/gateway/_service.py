@@ -259,7 +259,8 @@ class ReconcileRequest(BaseModel):
     resource_id: str | None = Field(default=None, min_length=1, max_length=255)
     unverified: bool = False
     """With ``happened``: accept ``resource_id`` although the tool's look-up cannot
-    confirm it (recorded as unverified). Default False."""
+    confirm it; with ``did_not_happen``: although its miss does not prove the effect
+    absent (recorded as unverified). Default False."""
 
 
 @dataclass(frozen=True)

@@ -12,17 +12,24 @@ One attempt::
       │    ├─ answered ─▶ record resource and request ids ─▶ succeeded
       │    │              (recording fails ─▶ unknown, ids in evidence: a repeat replays)
       │    ├─ rejected ─▶ record 'failed' ─▶ rejected
-      │    ├─ 500 (Stripe stores it under the key and replays it for every repeat)
-      │    │     ─▶ (charges) search once by operation id ─▶ found: succeeded
+      │    ├─ 500 replayed (``Idempotent-Replayed: true``: Stripe stored it under the key
+      │    │   and replays it for every repeat) ─▶ list look-up by operation id
+      │    │     ─▶ found: succeeded
       │    │     ─▶ else unknown, the key holds a stored failure: the workflow looks up
       │    │        and parks, never POSTs it again
+      │    ├─ 500 answered afresh ─▶ unknown: Stripe stores a 500 only if the endpoint
+      │    │   began executing, so one same-key repeat (inside the key's window, which
+      │    │   the workflow's budget allows) either runs afresh or shows it was stored
       │    └─ otherwise its class (transient / unknown) with the evidence
       ▼
     the workflow decides (a perform never retries)
 
-Lookups prefer strongly consistent reads: the locally recorded resource, then a resource
-id an earlier attempt saw, then (charges only) Stripe's search by operation id, where a
-miss proves nothing because search is eventually consistent.
+Lookups read only what is strongly consistent first: the locally recorded resource, a
+resource id an earlier attempt saw, then the list API (a charge among its customer's
+PaymentIntents since the key's first send, a refund among its PaymentIntent's refunds),
+matched by the operation id in the metadata: a miss there means the effect does not
+exist. Stripe's search (eventually consistent: a miss proves nothing) is used for a charge
+only when the list cannot be read.
 
 Request ids and resource ids are recorded with the operation (``payment_intent``,
 ``refund``, ``request_id``, and ``original_request_id`` when Stripe replayed an answer);
@@ -30,7 +37,8 @@ what an attempt saw besides (timings, HTTP status, what a read answered) is evid
 that attempt only.
 """
 
-from datetime import UTC, datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from onceflow.payments._contract import ChargePaymentInput, RefundPaymentInput
@@ -50,6 +58,12 @@ CHARGE_CHILD_OP = "charge"
 """Child operation name of a charge in its derived key."""
 REFUND_CHILD_OP = "refund"
 """Child operation name of a refund in its derived key."""
+CLOCK_MARGIN = timedelta(minutes=10)
+"""How far a list look-up reaches before the key's first send (onceflow's database
+clock) for the provider's creation time of the charge (its own clock)."""
+SEARCH_LAG = timedelta(hours=1)
+"""How long after the key's last attempt a miss in Stripe's search proves absence: data
+is searchable within a minute normally, and up to an hour during an outage."""
 CHARGED = frozenset({"succeeded", "processing", "requires_capture"})
 """PaymentIntent statuses where the charge exists (money moved or is moving)."""
 REFUNDED = frozenset({"succeeded", "pending", "requires_action"})
@@ -91,10 +105,10 @@ async def charge_payment(call: ToolCall[ChargePaymentInput]) -> ToolAttemptResul
         attempt.update(_failure_evidence(failure))
         if _stored_by_provider(failure):
             # Stripe replays a stored 500 for as long as it keeps the key, so a repeat
-            # can never turn it into an answer: ask the search index instead.
-            found = await _search_charge(provider, operation, attempt)
-            if found is not None:
-                return await _succeed_charge(operation, found, "lookup:search", attempt)
+            # can never turn it into an answer: look the charge up instead.
+            search = await _find_charge(provider, operation, arguments.customer, attempt)
+            if search.found is not None:
+                return await _succeed_charge(operation, search.found, search.how, attempt)
             return await _stored_failure(operation, failure, attempt)
         return await _fail(operation, failure, attempt)
     return await _succeed_charge(operation, intent, "response", attempt)
@@ -160,6 +174,9 @@ async def refund_payment(call: ToolCall[RefundPaymentInput]) -> ToolAttemptResul
     except PaymentProviderError as failure:
         attempt.update(_failure_evidence(failure))
         if _stored_by_provider(failure):
+            found = await _find_refund(provider, operation, payment_intent, attempt)
+            if found is not None:
+                return await _succeed_refund(operation, found, "lookup:list", attempt)
             return await _stored_failure(operation, failure, attempt)
         return await _fail(operation, failure, attempt)
     return await _succeed_refund(operation, refund, "response", attempt)
@@ -206,7 +223,7 @@ async def _charged_intent(
 
 
 async def look_up_charge(call: ToolCall[ChargePaymentInput]) -> ToolAttemptResult:
-    """Find the step's charge: by a known PaymentIntent id, else by searching.
+    """Find the step's charge: by a known PaymentIntent id, else in its customer's list.
 
     Returns ``succeeded`` with the PaymentIntent when found, else ``unknown`` with
     what each read answered (inconclusive: the step parks).
@@ -232,11 +249,18 @@ async def look_up_charge(call: ToolCall[ChargePaymentInput]) -> ToolAttemptResul
                 f"PaymentIntent {intent.id} (this step's key) is {intent.status}: no money "
                 "moved on it"
             )
-            return _inconclusive(operation, reason, looked)
-    found = await _search_charge(provider, operation, looked)
-    if found is not None:
-        return await _succeed_charge(operation, found, "lookup:search", looked)
-    return _inconclusive(operation, looked["lookup_search"], looked)
+            # A consistent read; an earlier key generation's charge would be another one.
+            return _inconclusive(operation, reason, looked, absent=operation.generation == 1)
+    search = await _find_charge(provider, operation, call.args.customer, looked)
+    if search.found is not None:
+        return await _succeed_charge(operation, search.found, search.how, looked)
+    return _inconclusive(
+        operation,
+        looked.get("lookup_search") or looked["lookup_list"],
+        looked,
+        absent=search.proves_absence,
+        absent_after=search.proves_absence_after,
+    )
 
 
 async def _verify_claimed_charge(
@@ -279,14 +303,60 @@ async def _verify_claimed_charge(
     return await _succeed_charge(operation, intent, "lookup:operator", looked)
 
 
+async def _find_charge(
+    provider: PaymentProvider,
+    operation: ChildOperation,
+    customer: str,
+    evidence: dict[str, str],
+) -> "_Search":
+    """The one charged PaymentIntent carrying the operation id (of any key generation),
+    from the customer's list (consistent), else, when the list cannot be read, from
+    search. What each read saw goes into ``evidence``."""
+    created_from = None
+    if operation.first_sent_at is not None and operation.generation == 1:
+        # An earlier generation's charge may predate this key's first send.
+        created_from = operation.first_sent_at - CLOCK_MARGIN
+    try:
+        views = await provider.list_payment_intents(customer=customer, created_from=created_from)
+    except PaymentProviderError as failure:
+        evidence["lookup_list"] = f"the list could not be read: {failure.reason}"
+        found = await _search_charge(provider, operation, evidence)
+        searched = "search failed" not in evidence["lookup_search"]
+        return _Search(
+            found, "lookup:search", proves_absence_after=SEARCH_LAG if searched else None
+        )
+    mine = [
+        view for view in views if view.metadata.get(OPERATION_METADATA_KEY) in operation.key_digests
+    ]
+    since = f" since {created_from.isoformat(timespec='seconds')}" if created_from else ""
+    found = _one_charged(
+        mine,
+        evidence,
+        "lookup_list",
+        miss=(
+            f"none of the customer's {len(views)} PaymentIntents{since} carries this "
+            "operation id (the list API is consistent: the charge does not exist)"
+        ),
+    )
+    none_charged = not any(view.status in CHARGED for view in mine)
+    return _Search(found, "lookup:list", proves_absence=none_charged)
+
+
+@dataclass(frozen=True)
+class _Search:
+    """What a look-up's search for the step's effect found, and what a miss proves."""
+
+    found: PaymentIntentView | None
+    how: str
+    """``lookup:list`` or ``lookup:search``: the read that decided."""
+    proves_absence: bool = False
+    proves_absence_after: timedelta | None = None
+
+
 async def _search_charge(
     provider: PaymentProvider, operation: ChildOperation, evidence: dict[str, str]
 ) -> PaymentIntentView | None:
-    """The one charged PaymentIntent carrying the operation id (of any key generation),
-    if search shows it.
-
-    Records what it saw in ``evidence["lookup_search"]``.
-    """
+    """The one charged PaymentIntent carrying the operation id, if search shows it."""
     views: list[PaymentIntentView] = []
     try:
         for digest in operation.key_digests:
@@ -294,32 +364,84 @@ async def _search_charge(
     except PaymentProviderError as failure:
         evidence["lookup_search"] = f"search failed: {failure.reason}"
         return None
+    return _one_charged(
+        views,
+        evidence,
+        "lookup_search",
+        miss=(
+            "search found nothing; Stripe's search is eventually consistent, so a miss "
+            "does not prove the charge did not happen"
+        ),
+    )
+
+
+def _one_charged(
+    views: list[PaymentIntentView], evidence: dict[str, str], seen: str, *, miss: str
+) -> PaymentIntentView | None:
+    """The one charged PaymentIntent among the step's ``views``; what was seen goes into
+    ``evidence[seen]`` (``miss`` when there are none)."""
     charged = [view for view in views if view.status in CHARGED]
     if len(charged) == 1:
-        evidence["lookup_search"] = f"found {charged[0].id} ({charged[0].status})"
+        evidence[seen] = f"found {charged[0].id} ({charged[0].status})"
         return charged[0]
     if len(charged) > 1:
         ids = ", ".join(view.id for view in charged)
-        evidence["lookup_search"] = (
+        evidence[seen] = (
             f"{len(charged)} charged PaymentIntents carry this operation id ({ids}): "
             "a duplicate charge, reconcile by hand"
         )
     elif views:
         states = ", ".join(f"{view.id} is {view.status}" for view in views)
-        evidence["lookup_search"] = f"no charged PaymentIntent found ({states})"
+        evidence[seen] = f"no charged PaymentIntent found ({states})"
     else:
-        evidence["lookup_search"] = (
-            "search found nothing; Stripe's search is eventually consistent, so a miss "
-            "does not prove the charge did not happen"
+        evidence[seen] = miss
+    return None
+
+
+async def _find_refund(
+    provider: PaymentProvider,
+    operation: ChildOperation,
+    payment_intent: str,
+    evidence: dict[str, str],
+) -> RefundView | None:
+    """The refund of ``payment_intent`` carrying the operation id (any key generation),
+    from the PaymentIntent's list of refunds (consistent); what it saw goes into
+    ``evidence["lookup_list"]``."""
+    try:
+        refunds = await provider.list_refunds(payment_intent)
+    except PaymentProviderError as failure:
+        evidence["lookup_list"] = (
+            f"the refunds of {payment_intent} could not be read: {failure.reason}"
+        )
+        return None
+    mine = [r for r in refunds if r.metadata.get(OPERATION_METADATA_KEY) in operation.key_digests]
+    made = [refund for refund in mine if refund.status in REFUNDED]
+    if len(made) == 1:
+        evidence["lookup_list"] = f"found {made[0].id} ({made[0].status})"
+        return made[0]
+    if len(made) > 1:
+        ids = ", ".join(refund.id for refund in made)
+        evidence["lookup_list"] = (
+            f"{len(made)} refunds carry this operation id ({ids}): a duplicate refund, "
+            "reconcile by hand"
+        )
+    elif mine:
+        states = ", ".join(f"{refund.id} is {refund.status}" for refund in mine)
+        evidence["lookup_list"] = f"no refund that returned money found ({states})"
+    else:
+        evidence["lookup_list"] = (
+            f"none of the {len(refunds)} refunds of {payment_intent} carries this operation "
+            "id (the list API is consistent: the refund does not exist)"
         )
     return None
 
 
 async def look_up_refund(call: ToolCall[RefundPaymentInput]) -> ToolAttemptResult:
-    """Find the step's refund by a known refund id; Stripe cannot search refunds.
+    """Find the step's refund: by a known refund id, else among its PaymentIntent's
+    refunds (the list API, consistent).
 
-    Returns ``succeeded`` with the refund when found, else ``unknown`` with the
-    charge's refunded amount as a hint for the operator.
+    Returns ``succeeded`` with the refund when found, else ``unknown`` with what the
+    reads saw and the charge's refunded amount.
     """
     provider: PaymentProvider | None = call.client
     if provider is None:
@@ -344,20 +466,22 @@ async def look_up_refund(call: ToolCall[RefundPaymentInput]) -> ToolAttemptResul
         )
     except NothingSent:
         payment_intent = None
-    if payment_intent is not None:
-        try:
-            intent = await provider.retrieve_payment_intent(payment_intent, with_charge=True)
-        except PaymentProviderError as failure:
-            looked["lookup_charge"] = f"{payment_intent}: {failure.reason}"
-        else:
-            looked["lookup_charge"] = (
-                f"{intent.id}: {intent.amount_refunded} of {intent.amount} refunded"
-            )
-    reason = (
-        "no refund id is known and Stripe cannot search refunds by metadata; compare the "
-        "charge's refunded amount with this step's refund"
-    )
-    return _inconclusive(operation, reason, looked)
+    if payment_intent is None:
+        reason = "the refunded PaymentIntent is not known: nothing to list the refunds of"
+        return _inconclusive(operation, reason, looked)
+    found = await _find_refund(provider, operation, payment_intent, looked)
+    if found is not None:
+        return await _succeed_refund(operation, found, "lookup:list", looked)
+    absent = looked["lookup_list"].startswith("none of the")
+    try:
+        intent = await provider.retrieve_payment_intent(payment_intent, with_charge=True)
+    except PaymentProviderError as failure:
+        looked["lookup_charge"] = f"{payment_intent}: {failure.reason}"
+    else:
+        looked["lookup_charge"] = (
+            f"{intent.id}: {intent.amount_refunded} of {intent.amount} refunded"
+        )
+    return _inconclusive(operation, looked["lookup_list"], looked, absent=absent)
 
 
 async def _verify_claimed_refund(
@@ -418,9 +542,10 @@ async def _fail(
 
 
 def _stored_by_provider(failure: PaymentProviderError) -> bool:
-    # Stripe saves the first answer to a key, a 500 included, and replays it for every
-    # repeat while it keeps the key: a repeat can never turn it into an answer.
-    return failure.http_status == 500 and failure.outcome is OutcomeClass.UNKNOWN
+    # Stripe saves a 500 under the key once the endpoint began executing, and replays
+    # it for every repeat while it keeps the key: a repeat can never turn it into an
+    # answer. Only the replay proves it was stored: a fresh 500 may not have been.
+    return failure.http_status == 500 and failure.replayed
 
 
 async def _stored_failure(
@@ -467,10 +592,21 @@ def _found_in_local_record(success: ToolAttemptResult) -> ToolAttemptResult:
 
 
 def _inconclusive(
-    operation: ChildOperation, reason: str, looked: dict[str, str]
+    operation: ChildOperation,
+    reason: str,
+    looked: dict[str, str],
+    *,
+    absent: bool = False,
+    absent_after: timedelta | None = None,
 ) -> ToolAttemptResult:
+    """A look-up that found nothing; ``absent``: by a consistent read that proves the
+    effect does not exist (``absent_after``: an eventual read's lag)."""
     return ToolAttemptResult(
-        outcome=OutcomeClass.UNKNOWN, reason=reason, evidence={**operation.evidence, **looked}
+        outcome=OutcomeClass.UNKNOWN,
+        reason=reason,
+        evidence={**operation.evidence, **looked},
+        miss_proves_absence=absent,
+        miss_proves_absence_after=absent_after,
     )
 
 

@@ -5,11 +5,13 @@ SDK's objects; every failure is a ``PaymentProviderError`` carrying its outcome 
 """
 
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Protocol
 
 OPERATION_METADATA_KEY = "onceflow_operation"
 """Metadata key holding the operation id (the child key's digest, never a raw key)."""
+LIST_LIMIT = 1000
+"""Most objects one list look-up reads (ten pages of 100): past it, it proves nothing."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,9 +87,9 @@ class RefundView:
 class PaymentProvider(Protocol):
     """The payment operations onceflow performs.
 
-    Implementations make exactly one request per call (no retries of their own: the
-    workflow's budget is the only retry owner), send the given idempotency key on every
-    POST, and raise ``PaymentProviderError`` for every failure.
+    Implementations make exactly one request per call, or per page of a list (no retries
+    of their own: the workflow's budget is the only retry owner), send the given
+    idempotency key on every POST, and raise ``PaymentProviderError`` for every failure.
     """
 
     @property
@@ -117,6 +119,18 @@ class PaymentProvider(Protocol):
         """
         ...
 
+    async def list_payment_intents(
+        self, *, customer: str, created_from: datetime | None = None
+    ) -> list[PaymentIntentView]:
+        """``customer``'s PaymentIntents created at or after ``created_from``, newest
+        first (strongly consistent: the list API, one request per page).
+
+        Raises:
+            PaymentProviderError: A page could not be read, or there are more than
+                ``LIST_LIMIT`` (the look-up then proves nothing).
+        """
+        ...
+
     async def search_payment_intents(self, operation_id: str) -> list[PaymentIntentView]:
         """PaymentIntents whose metadata names ``operation_id`` (eventually consistent)."""
         ...
@@ -127,4 +141,9 @@ class PaymentProvider(Protocol):
 
     async def retrieve_refund(self, refund_id: str) -> RefundView:
         """Read a refund by id (strongly consistent)."""
+        ...
+
+    async def list_refunds(self, payment_intent: str) -> list[RefundView]:
+        """Every refund of ``payment_intent``, newest first (strongly consistent: the
+        list API, one request per page); raises like ``list_payment_intents``."""
         ...

@@ -8,9 +8,9 @@ invent a random one per call, which dedupes nothing.
 
 import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, NoReturn
 
 import httpx
@@ -25,6 +25,7 @@ from onceflow.payments._errors import (
     stripe_error_code,
 )
 from onceflow.payments._provider import (
+    LIST_LIMIT,
     OPERATION_METADATA_KEY,
     ChargeRequest,
     PaymentIntentView,
@@ -33,11 +34,14 @@ from onceflow.payments._provider import (
     RefundView,
 )
 from onceflow.payments._settings import StripeSettings
+from onceflow.retry_policy import OutcomeClass
 from onceflow.telemetry import outbound_call
 
 _log = logging.getLogger(__name__)
 
 _SEARCHABLE_OPERATION_ID = re.compile(r"^[A-Za-z0-9:_.-]{1,128}$")
+_PAGE = 100
+"""Objects per list page: Stripe's largest."""
 
 
 def build_stripe_client(settings: StripeSettings) -> stripe.StripeClient:
@@ -171,6 +175,56 @@ class StripePaymentProvider:
             views = [_intent_view(intent, reply_from=found) for intent in found.data]
             span.set_attribute("stripe.found", [view.id for view in views])
             return views
+
+    async def list_payment_intents(
+        self, *, customer: str, created_from: datetime | None = None
+    ) -> list[PaymentIntentView]:
+        """``customer``'s PaymentIntents since ``created_from``, every page (the list
+        API: read-after-write consistent, unlike search)."""
+        params: dict[str, Any] = {"customer": customer, "limit": _PAGE}
+        if created_from is not None:
+            params["created"] = {"gte": int(created_from.timestamp())}
+        with outbound_call("stripe", "GET /v1/payment_intents", {}) as span:
+            pages = await self._all_pages(self.client.v1.payment_intents.list_async, params, span)
+            views = [
+                _intent_view(intent, reply_from=page) for page in pages for intent in page.data
+            ]
+            span.set_attribute("stripe.listed", len(views))
+            return views
+
+    async def list_refunds(self, payment_intent: str) -> list[RefundView]:
+        """Every refund of ``payment_intent`` (the list API: read-after-write consistent)."""
+        params: dict[str, Any] = {"payment_intent": payment_intent, "limit": _PAGE}
+        with outbound_call(
+            "stripe", "GET /v1/refunds", {"stripe.payment_intent": payment_intent}
+        ) as span:
+            pages = await self._all_pages(self.client.v1.refunds.list_async, params, span)
+            views = [
+                _refund_view(refund, reply_from=page) for page in pages for refund in page.data
+            ]
+            span.set_attribute("stripe.listed", len(views))
+            return views
+
+    async def _all_pages(
+        self, list_page: Callable[..., Awaitable[Any]], params: dict[str, Any], span: Span
+    ) -> list[Any]:
+        """Every page of a list, one request each, newest first; at most ``LIST_LIMIT``
+        objects, past which a look-up could miss what it looks for."""
+        pages: list[Any] = []
+        while True:
+            try:
+                page = await list_page(params=params)
+            except Exception as error:
+                _raise_classified(error, span)
+            pages.append(page)
+            if not page.has_more or not page.data:
+                return pages
+            if len(pages) * _PAGE >= LIST_LIMIT:
+                raise PaymentProviderError(
+                    OutcomeClass.UNKNOWN,
+                    f"more than {LIST_LIMIT} objects to list: the look-up stops short of proof",
+                )
+            params = {**params, "starting_after": page.data[-1].id}
 
     async def create_refund(self, request: RefundRequest, *, idempotency_key: str) -> RefundView:
         """Create a refund (one POST) under ``idempotency_key``."""
@@ -316,7 +370,9 @@ def _intent_view(
     )
 
 
-def _refund_view(refund: stripe.Refund) -> RefundView:
+def _refund_view(
+    refund: stripe.Refund, *, reply_from: stripe.StripeObject | None = None
+) -> RefundView:
     intent = refund.payment_intent
     return RefundView(
         id=refund.id,
@@ -325,5 +381,5 @@ def _refund_view(refund: stripe.Refund) -> RefundView:
         currency=refund.currency,
         payment_intent=intent if isinstance(intent, str) or intent is None else intent.id,
         metadata=_metadata(refund.metadata),
-        reply=_reply(refund),
+        reply=_reply(reply_from if reply_from is not None else refund),
     )

@@ -1,5 +1,6 @@
 """What the workflow hands an activity for one attempt, and what it gets back."""
 
+from datetime import timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -71,3 +72,12 @@ class ToolAttemptResult(BaseModel):
     """The attempt ended because onceflow's own database was unreachable (before the
     effect, or a local effect whose commit is deduplicated by its record): the workflow
     retries within the deadline without counting it against the attempt caps."""
+    miss_proves_absence: bool = False
+    """A look-up that found nothing by a read-after-write consistent read (a query in
+    the tool's own transactional store, a provider's list API): the effect does not
+    exist. The workflow acts on a look-up's miss (accepts an operator's
+    ``did_not_happen``) only when it proves absence this way or by
+    ``miss_proves_absence_after``. Default False: a miss proves nothing."""
+    miss_proves_absence_after: timedelta | None = None
+    """An eventually consistent look-up (a search index): how long after the key's last
+    attempt its miss proves absence. Default None."""

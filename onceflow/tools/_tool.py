@@ -40,9 +40,12 @@ class Tool:
     """Makes one attempt. Returns a classified ``ToolAttemptResult``; an exception it
     raises counts as ``unknown`` (``NothingSent`` as ``transient``)."""
     look_up: Implementation | None = None
-    """Looks the effect up by its correlation ids before a step parks: ``succeeded`` when
-    found, anything else is inconclusive. Registered as activity ``look_up_<name>``.
-    Default None (an unknown outcome that cannot be repeated parks at once)."""
+    """Looks the effect up by its correlation ids before a step parks, and to check an
+    operator's decision: ``succeeded`` when found; a miss says what it proves
+    (``ToolAttemptResult.miss_proves_absence`` for a consistent read,
+    ``miss_proves_absence_after`` for an eventual one), else ``did_not_happen`` needs
+    ``--unverified``. Registered as activity ``look_up_<name>``. Default None (an
+    unknown outcome that cannot be repeated parks at once)."""
     open_client: ClientOpener | None = None
     """Opens the client ``perform`` and ``look_up`` use, once per worker process. Its
     retries must be off (onceflow checks httpx, requests and Stripe clients it can see).

@@ -938,7 +938,29 @@ class AgentTaskWorkflow:
     ) -> ToolAttemptResult | None:
         """Ask the provider (strongly consistent reads first) if it happened: before
         parking, or to check an operator's decision (``claimed_resource_id``: the
-        resource an operator says the step made)."""
+        resource an operator says the step made). The effect found, or None."""
+        answer = await self._ask_look_up(
+            step,
+            policy,
+            status,
+            claimed_resource_id=claimed_resource_id,
+            accept_unverified=accept_unverified,
+            why=why,
+        )
+        return answer if answer is not None and answer.outcome is OutcomeClass.SUCCEEDED else None
+
+    async def _ask_look_up(
+        self,
+        step: StepInput,
+        policy: ToolPolicy,
+        status: StepStatus,
+        *,
+        claimed_resource_id: str | None = None,
+        accept_unverified: bool = False,
+        why: str,
+    ) -> ToolAttemptResult | None:
+        """The look-up's answer (a miss too, saying what it proves), or None when the
+        tool has no look-up or it could not run."""
         if policy.lookup_activity is None:
             return None
         call = ToolCallInput(
@@ -968,10 +990,9 @@ class AgentTaskWorkflow:
             status.evidence["lookup"] = _describe_activity_failure(failure)
             return None
         status.evidence.update(found.evidence)
-        if found.outcome is OutcomeClass.SUCCEEDED:
-            return found
-        status.evidence["lookup"] = found.reason or "inconclusive"
-        return None
+        if found.outcome is not OutcomeClass.SUCCEEDED:
+            status.evidence["lookup"] = found.reason or "inconclusive"
+        return found
 
     async def _record_outcome(self) -> None:
         # The record is the boundary's answer to repeats. Writing it is an idempotent
@@ -1116,34 +1137,26 @@ class AgentTaskWorkflow:
         ):
             return _DecisionCheck(verified=False)
         claimed = decision.resource_id
+        happened = decision.decision is ReconcileDecision.HAPPENED
         self._checking.add(decision.step_id)
         try:
-            found = await self._look_up(
+            answer = await self._ask_look_up(
                 step,
                 policy,
                 status,
                 claimed_resource_id=claimed,
-                accept_unverified=decision.unverified,
+                accept_unverified=decision.unverified and happened,
                 why=f"to check {decision.operator}'s decision {decision.decision.value}",
             )
         finally:
             self._checking.discard(decision.step_id)
-        if decision.unverified:
-            # Accepted whatever the look-up found; it recorded the resource if it could.
-            finding = _describe_finding(found) if found else status.evidence.get("lookup")
-            return _DecisionCheck(verified=False, finding=finding)
+        found = answer if answer is not None and answer.outcome is OutcomeClass.SUCCEEDED else None
         finding = _describe_finding(found) if found else status.evidence.get("lookup")
         if decision.decision is ReconcileDecision.DID_NOT_HAPPEN:
-            if found is None:
-                return _DecisionCheck(finding=finding)
-            return _DecisionCheck(
-                finding=finding,
-                refusal=(
-                    f"refused: step {decision.step_id}'s effect was found: {finding}; nothing "
-                    f"was sent. If it is the step's, decide happened --resource-id "
-                    f"{found.resource_id}"
-                ),
-            )
+            return self._check_did_not_happen(decision, status, answer, finding)
+        if decision.unverified:
+            # Accepted whatever the look-up found; it recorded the resource if it could.
+            return _DecisionCheck(verified=False, finding=finding)
         if found is not None and found.resource_id == claimed:
             self._verified[decision.step_id] = found
             return _DecisionCheck(verified=True, finding=finding)
@@ -1153,6 +1166,46 @@ class AgentTaskWorkflow:
                 f"refused: the look-up could not confirm {claimed} as step "
                 f"{decision.step_id}'s effect ({finding or 'nothing found'}); check the id, "
                 "or accept it with --unverified (recorded as unverified)"
+            ),
+        )
+
+    def _check_did_not_happen(
+        self,
+        decision: ReconcileInput,
+        status: StepStatus,
+        answer: ToolAttemptResult | None,
+        finding: str | None,
+    ) -> "_DecisionCheck":
+        """Refused when the look-up found the effect; accepted when its miss proves the
+        effect does not exist (a consistent read, or an eventual one past its lag since
+        the key's last attempt) or the operator accepts it ``unverified``."""
+        if answer is not None and answer.outcome is OutcomeClass.SUCCEEDED:
+            return _DecisionCheck(
+                finding=finding,
+                refusal=(
+                    f"refused: step {decision.step_id}'s effect was found: {finding}; nothing "
+                    f"was sent. If it is the step's, decide happened --resource-id "
+                    f"{answer.resource_id}"
+                ),
+            )
+        if decision.unverified:
+            return _DecisionCheck(verified=False, finding=finding)
+        if answer is not None and answer.miss_proves_absence:
+            return _DecisionCheck(verified=True, finding=finding)
+        lag = answer.miss_proves_absence_after if answer is not None else None
+        last = status.attempts[-1].finished_at if status.attempts else None
+        # The look-up's answer came in this workflow task: its time is in history.
+        if lag is not None and (last is None or workflow.now() >= last + lag):
+            return _DecisionCheck(verified=True, finding=finding)
+        wait = ""
+        if lag is not None and last is not None:
+            wait = f", or decide again after {(last + lag).isoformat(timespec='seconds')}"
+        return _DecisionCheck(
+            finding=finding,
+            refusal=(
+                f"refused: the look-up could not show that step {decision.step_id}'s effect "
+                f"does not exist ({finding or 'it could not run'}); nothing was sent. Check "
+                f"at the provider and decide did_not_happen again with --unverified{wait}"
             ),
         )
 
@@ -1359,7 +1412,7 @@ class _DecisionCheck(BaseModel):
     refusal: str | None = None
     """Why the decision is refused; None when it may act."""
     verified: bool | None = None
-    """For ``happened``: whether the look-up confirmed the resource."""
+    """Whether the look-up confirmed the decision (see ``DecisionRecord.verified``)."""
     finding: str | None = None
     """What the look-up found, in words (ids, amounts)."""
 

@@ -231,8 +231,10 @@ class ReconcileInput(BaseModel):
     """With ``happened``: the id of the effect found (e.g. the PaymentIntent id)."""
     unverified: bool = False
     """With ``happened``: accept ``resource_id`` although the tool's look-up could not
-    confirm it (it is kept in the decision record as unverified). Default False: a tool
-    whose look-up verifies resource ids refuses an id it cannot confirm."""
+    confirm it; with ``did_not_happen``: although the look-up's miss does not prove the
+    effect absent (an eventually consistent search, a read that failed). Kept in the
+    decision record as unverified. Default False: the decision is refused instead. A
+    look-up that found the effect refuses ``did_not_happen`` either way."""
 
     @model_validator(mode="after")
     def _resource_id_goes_with_happened(self) -> "ReconcileInput":
@@ -240,8 +242,8 @@ class ReconcileInput(BaseModel):
             raise ValueError("decision 'happened' needs the resource id of the effect")
         if self.decision is not ReconcileDecision.HAPPENED and self.resource_id is not None:
             raise ValueError("a resource id goes only with decision 'happened'")
-        if self.decision is not ReconcileDecision.HAPPENED and self.unverified:
-            raise ValueError("'unverified' goes only with decision 'happened'")
+        if self.decision is ReconcileDecision.ABANDON and self.unverified:
+            raise ValueError("'unverified' goes only with 'happened' or 'did_not_happen'")
         return self
 
 
@@ -260,9 +262,10 @@ class DecisionRecord(BaseModel):
     accepted: bool
     rejection: str | None = None
     verified: bool | None = None
-    """With ``happened``: True when the tool's look-up confirmed the resource, False when
-    it was accepted unverified (the operator said so, or the tool cannot verify ids);
-    None for other decisions and for tasks started before decisions were checked."""
+    """True when the tool's look-up confirmed the decision (``happened``: the resource;
+    ``did_not_happen``: a miss that proves the effect does not exist), False when it was
+    accepted unverified (the operator said so, or the tool cannot verify ids); None when
+    no look-up checked it (``abandon``, a tool without one)."""
     finding: str | None = None
     """What the look-up run to check the decision found (ids, amounts), if one ran."""
 

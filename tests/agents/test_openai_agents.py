@@ -261,9 +261,12 @@ async def test_a_parked_refund_pauses_the_run_until_the_operator_reconciles_it(
             say("Refunded 7.00 EUR and told the customer."),
         ]
     )
-    # The provider refunds, then answers 500 (and keeps that 500 under the key); Stripe
-    # cannot search refunds, so nothing can tell onceflow whether it happened.
+    # The provider refunds, then answers 500 (and keeps that 500 under the key), and its
+    # refunds cannot be read back: nothing can tell onceflow whether it happened.
     await behaving_provider.add_fault(Fault.ERROR_500_AFTER_COMMIT, path_prefix="/v1/refunds")
+    await behaving_provider.add_fault(
+        Fault.ERROR_503, method="GET", path_prefix="/v1/refunds", times=None
+    )
     run = OnceflowRun(onceflow, tools=TOOLS)
     await run.load()
     paused = await Runner.run(
@@ -279,6 +282,7 @@ async def test_a_parked_refund_pauses_the_run_until_the_operator_reconciles_it(
     assert (waiting.state, waiting.step_id, waiting.task_id) == ("parked", "c-refund", run.task_id)
     payment_intent = model.result_of("c-charge")["payment_intent"]
     [refunded] = await far_sides.refunds(payment_intent)
+    await behaving_provider.clear_faults()  # the reads are back for the operator's check
 
     # The paused run is saved and its process goes away while a person looks.
     saved = paused.to_state().to_string()

@@ -295,9 +295,12 @@ async def test_a_parked_refund_ends_the_run_deferred_and_the_operator_resumes_it
         onceflow, tools=AGENT_TOOLS, budget=FAST_BUDGET
     )
     pydantic_agent = agent_for(model, toolset)
-    # Stripe refunds, answers 500 and keeps that answer under the key: no repeat can
-    # learn what happened and refunds cannot be searched, so the call parks.
+    # Stripe refunds, answers 500 and keeps that answer under the key, and its refunds
+    # cannot be read back: no repeat and no look-up can learn what happened, so it parks.
     await behaving_provider.add_fault(Fault.ERROR_500_AFTER_COMMIT, path_prefix="/v1/refunds")
+    await behaving_provider.add_fault(
+        Fault.ERROR_503, method="GET", path_prefix="/v1/refunds", times=None
+    )
 
     paused = await pydantic_agent.run("Refund 4.00 of the order and tell the customer.")
 
@@ -313,6 +316,7 @@ async def test_a_parked_refund_ends_the_run_deferred_and_the_operator_resumes_it
     assert "refund" not in tool_returns(paused.all_messages()), "the model was told nothing"
     [charged] = await agent_stack.far_sides.charges(order_id)
     [refunded] = await agent_stack.far_sides.refunds(charged.object_id)
+    await behaving_provider.clear_faults()  # the reads are back for the operator's check
 
     operator = await agent_stack.operator(agent)
     await agent_stack.reconcile(

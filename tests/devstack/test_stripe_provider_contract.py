@@ -599,3 +599,174 @@ def test_sync_sdk_against_a_provider_in_its_own_thread() -> None:
         http_client.close()
         ledger = running.provider.account.ledger
         assert [(e.object_id, e.idempotency_key) for e in ledger] == [(retried.id, key)]
+
+
+async def test_500_before_executing_is_not_stored_so_the_same_key_runs_afresh(
+    client: stripe.StripeClient, control: ProviderControl
+) -> None:
+    key = new_key()
+    await control.add_fault(Fault.ERROR_500_BEFORE_EXECUTING)
+    with pytest.raises(stripe.APIError) as failed:
+        await charge(client, key)
+    assert failed.value.http_status == 500
+    assert failed.value.headers is not None
+    assert failed.value.headers.get("idempotent-replayed") is None
+    assert await control.ledger() == []
+    assert (await client.v1.payment_intents.list_async()).data == []
+
+    retried = await charge(client, key)
+    assert retried.status == "succeeded"
+    assert retried.last_response is not None
+    assert retried.last_response.headers.get("idempotent-replayed") is None
+    # Now the key holds a stored result, as for any request that executed.
+    assert (await charge(client, key)).id == retried.id
+    [intent] = (await client.v1.payment_intents.list_async()).data
+    assert intent.id == retried.id
+    [entry] = await control.ledger()
+    assert (entry.object_id, entry.idempotency_key) == (retried.id, key)
+    log = await control.requests()
+    assert [(r.method, r.outcome, r.fault, r.status) for r in log] == [
+        ("POST", "faulted", "error_500_before_executing", 500),
+        ("GET", "executed", None, 200),
+        ("POST", "executed", None, 200),
+        ("POST", "replayed", None, 200),
+        ("GET", "executed", None, 200),
+    ]
+
+
+async def test_list_intents_is_newest_first_and_pages_by_cursor(
+    client: stripe.StripeClient, provider: RunningProvider
+) -> None:
+    provider.provider.account.clock = clock = SteppedClock()
+    created: list[str] = []
+    for step in range(5):
+        if step != 1:  # the first two share a second: the later creation lists first
+            clock.advance(1)
+        created.append((await charge(client, new_key())).id)
+    newest_first = created[::-1]
+
+    everything = await client.v1.payment_intents.list_async()
+    assert (everything.to_dict()["object"], everything.url) == ("list", "/v1/payment_intents")
+    assert [i.id for i in everything.data] == newest_first
+    assert everything.has_more is False
+    retrieved = await client.v1.payment_intents.retrieve_async(created[0])
+    assert everything.data[-1].to_dict() == retrieved.to_dict()
+
+    page = first = await client.v1.payment_intents.list_async(params={"limit": 2})
+    assert [i.id for i in first.data] == newest_first[:2] and first.has_more is True
+    visited = [i.id for i in page.data]
+    while page.has_more:
+        page = await client.v1.payment_intents.list_async(
+            params={"limit": 2, "starting_after": page.data[-1].id}
+        )
+        assert len(page.data) <= 2
+        visited += [i.id for i in page.data]
+    assert visited == newest_first
+    assert [i.id async for i in first.auto_paging_iter()] == newest_first
+
+    # ending_before gives the newer objects nearest the cursor, still newest first.
+    before_oldest = await client.v1.payment_intents.list_async(
+        params={"limit": 2, "ending_before": created[0]}
+    )
+    assert [i.id for i in before_oldest.data] == [created[2], created[1]]
+    assert before_oldest.has_more is True
+    assert [i.id async for i in before_oldest.auto_paging_iter()] == created[1:]
+
+    expanded = await client.v1.payment_intents.list_async(
+        params={"limit": 1, "expand": ["data.latest_charge"]}
+    )
+    assert isinstance(expanded.data[0].latest_charge, stripe.Charge)
+
+
+async def test_list_filters_by_customer_created_and_payment_intent(
+    client: stripe.StripeClient, provider: RunningProvider
+) -> None:
+    provider.provider.account.clock = clock = SteppedClock()
+    older = await charge(client, new_key(), customer="cus_a", amount=1000)
+    clock.advance(10)
+    cutoff = int(clock.now)
+    mine = await charge(client, new_key(), customer="cus_a", amount=1000)
+    theirs = await charge(client, new_key(), customer="cus_b", amount=1000)
+    intents = client.v1.payment_intents
+
+    by_customer = await intents.list_async(params={"customer": "cus_a"})
+    assert [i.id for i in by_customer.data] == [mine.id, older.id]
+    recent = await intents.list_async(params={"created": {"gte": cutoff}})
+    assert [i.id for i in recent.data] == [theirs.id, mine.id]
+    both = await intents.list_async(params={"customer": "cus_a", "created": {"gte": cutoff}})
+    assert [i.id for i in both.data] == [mine.id]
+    before_cutoff = await intents.list_async(params={"created": {"lt": cutoff}})
+    assert [i.id for i in before_cutoff.data] == [older.id]
+    exactly = await intents.list_async(params={"created": older.created})
+    assert [i.id for i in exactly.data] == [older.id]
+
+    refunds = client.v1.refunds
+    first_part = await refunds.create_async(
+        params={"payment_intent": mine.id, "amount": 300}, options={"idempotency_key": new_key()}
+    )
+    clock.advance(10)
+    rest = await refunds.create_async(
+        params={"payment_intent": mine.id}, options={"idempotency_key": new_key()}
+    )
+    other = await refunds.create_async(
+        params={"payment_intent": theirs.id}, options={"idempotency_key": new_key()}
+    )
+    every_refund = await refunds.list_async()
+    assert (every_refund.to_dict()["object"], every_refund.url) == ("list", "/v1/refunds")
+    assert [r.id for r in every_refund.data] == [other.id, rest.id, first_part.id]
+    assert every_refund.data[0].to_dict() == (await refunds.retrieve_async(other.id)).to_dict()
+    for_mine = await refunds.list_async(params={"payment_intent": mine.id})
+    assert [r.id for r in for_mine.data] == [rest.id, first_part.id]
+    assert isinstance(theirs.latest_charge, str)
+    for_their_charge = await refunds.list_async(params={"charge": theirs.latest_charge})
+    assert [r.id for r in for_their_charge.data] == [other.id]
+    later = await refunds.list_async(
+        params={"payment_intent": mine.id, "created": {"gt": rest.created - 1}}
+    )
+    assert [r.id for r in later.data] == [rest.id]
+    paged = await refunds.list_async(params={"limit": 1, "starting_after": other.id})
+    assert [r.id for r in paged.data] == [rest.id] and paged.has_more is True
+
+
+async def test_list_reads_its_own_writes_while_search_still_lags(
+    client: stripe.StripeClient, provider: RunningProvider, control: ProviderControl
+) -> None:
+    provider.provider.account.clock = SteppedClock()
+    await control.configure(search_lag_seconds=60)
+    intent = await charge(client, new_key(), metadata={"operation_id": "op-list"})
+    searched = await client.v1.payment_intents.search_async(
+        params={"query": "metadata['operation_id']:'op-list'"}
+    )
+    assert searched.data == []
+    listed = await client.v1.payment_intents.list_async()
+    assert [i.id for i in listed.data] == [intent.id]
+
+
+async def test_list_rejects_a_bad_limit_and_an_unknown_cursor(
+    client: stripe.StripeClient, control: ProviderControl
+) -> None:
+    await charge(client, new_key())
+    for limit in (0, 101):
+        with pytest.raises(stripe.InvalidRequestError) as bad_limit:
+            await client.v1.payment_intents.list_async(params={"limit": limit})
+        assert (bad_limit.value.http_status, bad_limit.value.param) == (400, "limit")
+        assert bad_limit.value.error is not None
+        assert bad_limit.value.error.type == "invalid_request_error"
+    with pytest.raises(stripe.InvalidRequestError) as unknown_intent:
+        await client.v1.payment_intents.list_async(params={"starting_after": "pi_missing"})
+    assert (unknown_intent.value.http_status, unknown_intent.value.code) == (
+        400,
+        "resource_missing",
+    )
+    assert unknown_intent.value.param == "starting_after"
+    with pytest.raises(stripe.InvalidRequestError) as unknown_refund:
+        await client.v1.refunds.list_async(params={"ending_before": "re_missing"})
+    assert (unknown_refund.value.code, unknown_refund.value.param) == (
+        "resource_missing",
+        "ending_before",
+    )
+    with pytest.raises(stripe.InvalidRequestError):
+        await client.v1.refunds.list_async(params={"limit": 100, "created": {"gte": "soon"}})  # type: ignore[arg-type]
+    assert (await client.v1.refunds.list_async(params={"limit": 100})).data == []
+    log = await control.requests()
+    assert [r.outcome for r in log] == ["executed"] + ["invalid"] * 5 + ["executed"]

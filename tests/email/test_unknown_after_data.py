@@ -3,13 +3,14 @@ until an operator decides; only "did not happen" authorises exactly one more del
 
 import asyncio
 
+import pytest
 from onceflow_devstack.smtp_sink import RunningSink, SinkFault
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from onceflow.email import OutboxRelay
 from onceflow.retry_policy import OutcomeClass
-from onceflow.task_api import TaskClient
+from onceflow.task_api import DecisionRefused, TaskClient
 from onceflow.workflows.task_models import ReconcileDecision, ReconcileInput, StepState, TaskState
 from tests.harness import workflow_idle
 
@@ -72,15 +73,18 @@ async def test_did_not_happen_authorises_exactly_one_more_delivery(
     )
     assert sink.sink.applications(message_id) == 0  # the server lost it, as the operator finds
 
-    await tasks.reconcile(
-        workflow_id,
-        ReconcileInput(
-            step_id="mail",
-            decision=ReconcileDecision.DID_NOT_HAPPEN,
-            operator="ops-oncall",
-            reason="not in the recipient's mailbox",
-        ),
+    # The outbox cannot prove the SMTP server did not take it: refused, nothing sent...
+    decision = ReconcileInput(
+        step_id="mail",
+        decision=ReconcileDecision.DID_NOT_HAPPEN,
+        operator="ops-oncall",
+        reason="not in the recipient's mailbox",
     )
+    with pytest.raises(DecisionRefused, match="could not show that step mail's effect"):
+        await tasks.reconcile(workflow_id, decision)
+    assert sink.sink.applications(message_id) == 0
+    # ... until the operator, who looked in the mailbox, takes it on their word.
+    await tasks.reconcile(workflow_id, decision.model_copy(update={"unverified": True}))
     result = await asyncio.wait_for(tasks.result(workflow_id), timeout=20)
     await quiet(dev_server, tasks, sink, workflow_id)
 

@@ -205,8 +205,12 @@ async def test_the_scripted_agent_parks_is_reconciled_and_refunds_and_emails_onc
     out, err = await asyncio.wait_for(placed.communicate(), timeout=60)
     assert placed.returncode == 0, err.decode()
     order = json.loads(out)
-    # Stripe refunds, answers 500 and keeps that answer under the key: the refund parks.
+    # Stripe refunds, answers 500 and keeps that answer under the key, and its refunds
+    # cannot be read back: the refund parks.
     await shop.provider.add_fault(Fault.ERROR_500_AFTER_COMMIT, path_prefix="/v1/refunds")
+    await shop.provider.add_fault(
+        Fault.ERROR_503, method="GET", path_prefix="/v1/refunds", times=None
+    )
 
     agent = await shop.run(
         "-m",
@@ -232,6 +236,7 @@ async def test_the_scripted_agent_parks_is_reconciled_and_refunds_and_emails_onc
         assert waiting["reconcile_command"].startswith(f"onceflow reconcile {waiting['task_id']}")
         refunds = await _refunds(shop, order["payment_intent"])
         assert len(refunds) == 1, "the refund happened once, its answer did not arrive"
+        await shop.provider.clear_faults()  # the reads are back for the operator's check
 
         # The operator finds the refund in the Stripe dashboard (the provider's ledger).
         reconcile = await asyncio.create_subprocess_exec(

@@ -7,6 +7,7 @@ as a worker that took the task over would.
 """
 
 import sys
+import tempfile
 from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
@@ -114,6 +115,16 @@ async def _fetched(client: Client, workflow_ids: Iterable[str]) -> AsyncIterator
         yield await client.get_workflow_handle(workflow_id).fetch_history()
 
 
+def _keep(history: WorkflowHistory) -> Path:
+    """Where a diverged history is kept for whoever investigates it (the servers that
+    held it are gone once the run ends)."""
+    folder = Path(tempfile.gettempdir()) / "onceflow-diverged-histories"
+    folder.mkdir(exist_ok=True)
+    path = folder / f"{history.workflow_id.replace('/', '_').replace(':', '_')}.json"
+    path.write_text(history.to_json())
+    return path
+
+
 SANDBOX_REFUSED = "RestrictedWorkflowAccessError"
 """In a replay failure: the workflow's code made a call the strict sandbox refuses (a
 clock, randomness, I/O), which would not replay the same."""
@@ -130,7 +141,7 @@ def _count(report: ReplayReport, history: WorkflowHistory, failure: Exception | 
     # The replay runs the workflow in the strict sandbox, which production's runner does
     # not (it passes onceflow through): a call the sandbox refuses is a divergence too.
     if isinstance(failure, NondeterminismError) or SANDBOX_REFUSED in str(failure):
-        report.diverged.append(line)
+        report.diverged.append(f"{line} (history: {_keep(history)})")
     else:
         report.not_replayable.append(line)
 

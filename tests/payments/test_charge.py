@@ -82,9 +82,11 @@ async def test_a_lost_response_is_retried_with_the_same_key_and_charges_once(
     assert operation_row(database, key)[:3] == ("succeeded", entry.object_id, entry.request_id)
 
 
-async def test_a_replayed_500_triggers_a_search_that_finds_the_charge(
+async def test_a_stored_500_is_repeated_once_then_the_list_look_up_finds_the_charge(
     worker: Worker, tasks: TaskClient, control: ProviderControl
 ) -> None:
+    # Charged, answered 500 and stored under the key; search lags an hour.
+    await control.configure(search_lag_seconds=3600)
     await control.add_fault(Fault.ERROR_500_AFTER_COMMIT, path_prefix="/v1/payment_intents")
     workflow_id = await start_task(tasks, ("pay", "charge_payment", VISA_CHARGE))
     result = await tasks.result(workflow_id)
@@ -92,10 +94,56 @@ async def test_a_replayed_500_triggers_a_search_that_finds_the_charge(
     [entry] = await control.ledger()
     assert result.state is TaskState.SUCCEEDED
     assert result.step("pay").resource_id == entry.object_id
-    assert result.step("pay").result["found_by"] == "lookup:search"
-    # The 500 is stored under the key, so the first attempt searches at once: repeating
-    # it would only replay the 500.
-    assert [r.outcome for r in posts(await control.requests())] == ["executed"]
+    assert result.step("pay").result["found_by"] == "lookup:list"
+    # A fresh 500 may not be stored: one same-key repeat shows it was (replayed), and
+    # the consistent list finds the charge the lagging search would have missed.
+    assert [r.outcome for r in posts(await control.requests())] == ["executed", "replayed"]
+
+
+@pytest.mark.parametrize("path", ["/v1/payment_intents", "/v1/refunds"])
+async def test_a_500_before_the_endpoint_executed_is_repeated_under_its_key_and_succeeds(
+    worker: Worker, tasks: TaskClient, control: ProviderControl, path: str
+) -> None:
+    # Stripe stores nothing when the endpoint never began executing: a same-key repeat
+    # runs afresh. No person is needed.
+    await control.add_fault(Fault.ERROR_500_BEFORE_EXECUTING, path_prefix=path)
+    workflow_id = await start_task(
+        tasks,
+        ("pay", "charge_payment", VISA_CHARGE),
+        ("refund", "refund_payment", {"charge_step": "pay", "amount": 1500}),
+    )
+    result = await tasks.result(workflow_id)
+
+    assert result.state is TaskState.SUCCEEDED, result.failure_reason
+    assert result.decisions == []
+    faulted = posts(await control.requests(), path)
+    assert [r.outcome for r in faulted] == ["faulted", "executed"]
+    assert faulted[0].idempotency_key == faulted[1].idempotency_key
+    charge, refund = await control.ledger()
+    assert (charge.kind, refund.kind, refund.amount) == ("charge", "refund", 1500)
+    assert refund.payment_intent == charge.object_id
+
+
+async def test_a_refunds_stored_500_is_resolved_by_listing_the_payment_intents_refunds(
+    worker: Worker, tasks: TaskClient, control: ProviderControl
+) -> None:
+    await control.add_fault(Fault.ERROR_500_AFTER_COMMIT, path_prefix="/v1/refunds")
+    workflow_id = await start_task(
+        tasks,
+        ("pay", "charge_payment", VISA_CHARGE),
+        ("refund", "refund_payment", {"charge_step": "pay", "amount": 1500}),
+    )
+    result = await tasks.result(workflow_id)
+
+    assert result.state is TaskState.SUCCEEDED, result.failure_reason
+    charge, refund = await control.ledger()
+    assert result.step("refund").resource_id == refund.object_id
+    assert result.step("refund").result["found_by"] == "lookup:list"
+    assert [r.outcome for r in posts(await control.requests(), "/v1/refunds")] == [
+        "executed",
+        "replayed",
+    ]
+    assert refund.payment_intent == charge.object_id
 
 
 async def test_a_provider_that_always_times_out_past_key_retention_parks_without_a_second_post(
@@ -169,53 +217,52 @@ async def test_a_provider_that_always_times_out_past_key_retention_parks_without
     assert len(posts(await control.requests())) == 1
 
 
-async def test_a_stored_500_is_posted_once_then_looked_up_and_parked_with_its_reason(
+async def test_a_stored_500_is_repeated_once_then_looked_up_and_parked_with_its_reason(
     dev_server: WorkflowEnvironment, worker: Worker, tasks: TaskClient, control: ProviderControl
 ) -> None:
-    # Stripe charged, answered 500 and stores that 500 under the key; its search index
-    # lags an hour behind.
-    await control.configure(search_lag_seconds=3600)
-    await control.add_fault(Fault.ERROR_500_AFTER_COMMIT, path_prefix="/v1/payment_intents")
+    # Stripe's endpoint broke midway before charging, answered 500 and stores that 500
+    # under the key.
+    await control.add_fault(Fault.ERROR_500_BEFORE_COMMIT, path_prefix="/v1/payment_intents")
     workflow_id = await start_task(tasks, ("pay", "charge_payment", VISA_CHARGE))
     status = await wait_for(tasks, workflow_id, parked)
 
     step = status.step("pay")
     key = charge_key(workflow_id)
-    # One POST under the key: a repeat would only replay the stored 500, so no budget
-    # is spent on it (before, it took every attempt and parked as "3 of 3 used").
-    [attempt] = step.attempts
-    assert attempt.outcome is OutcomeClass.UNKNOWN
+    # A fresh 500 may not have been stored: one same-key repeat shows it was (replayed);
+    # then no more budget is spent on a key that can only replay it.
+    assert [attempt.outcome for attempt in step.attempts] == [OutcomeClass.UNKNOWN] * 2
     assert [(r.idempotency_key, r.outcome) for r in posts(await control.requests())] == [
-        (key, "executed")
+        (key, "faulted"),
+        (key, "replayed"),
     ]
     reason = step.park_reason or ""
     assert "stored this failure under the step's key" in reason
     assert "until it forgets the key at about" in reason
-    assert "attempts" not in reason
     assert step.evidence["key_expires_at"]
-    # Looked up twice (the attempt's own search, then the workflow's look-up): nothing.
-    assert step.evidence["lookup_search"].startswith("search found nothing")
+    # Looked up by the consistent list (the attempt's own, then the workflow's): nothing.
+    assert "the charge does not exist" in step.evidence["lookup_list"]
     assert "lookup_at" in step.evidence
-    [entry] = await control.ledger()
+    assert await control.ledger() == []
 
-    # Parked means parked: even once search would find it, nothing runs by itself.
-    await control.configure(search_lag_seconds=0)
+    # Parked means parked: nothing runs by itself.
     await workflow_idle(dev_server.client, workflow_id)  # no timer, no attempt in flight
     assert (await tasks.status(workflow_id)).state is TaskState.PARKED
-    assert len(posts(await control.requests())) == 1
-    assert len(await control.ledger()) == 1
+    assert len(posts(await control.requests())) == 2
 
+    # The list's miss proves the charge absent: did_not_happen is accepted, checked,
+    # and the next key generation charges once.
     await tasks.reconcile(
         workflow_id,
         ReconcileInput(
             step_id="pay",
-            decision=ReconcileDecision.HAPPENED,
-            resource_id=entry.object_id,
+            decision=ReconcileDecision.DID_NOT_HAPPEN,
             operator="ops@acme",
-            reason="search caught up",
+            reason="nothing in the dashboard",
         ),
     )
-    assert (await tasks.result(workflow_id)).state is TaskState.SUCCEEDED
+    result = await tasks.result(workflow_id)
+    assert result.state is TaskState.SUCCEEDED
+    assert [d.verified for d in result.decisions] == [True]
     assert len(await control.ledger()) == 1
 
 

@@ -71,12 +71,17 @@ def decide(
 async def park_a_charge_that_happened(
     control: ProviderControl, tasks: TaskClient, *more_steps: tuple[str, str, dict[str, object]]
 ) -> str:
-    """A charge Stripe made but answered 500 for (stored under the key), while its search
-    index lags an hour: the step parks although the PaymentIntent exists."""
+    """A charge Stripe made but answered 500 for (stored under the key) while its reads
+    failed (503) and its search index lags an hour: the step parks although the
+    PaymentIntent exists. The reads are back once it parked; search still lags."""
     await control.configure(search_lag_seconds=3600)
     await control.add_fault(Fault.ERROR_500_AFTER_COMMIT, path_prefix="/v1/payment_intents")
+    await control.add_fault(
+        Fault.ERROR_503, method="GET", path_prefix="/v1/payment_intents", times=None
+    )
     workflow_id = await start_task(tasks, ("pay", "charge_payment", VISA_CHARGE), *more_steps)
     await wait_for(tasks, workflow_id, parked)
+    await control.clear_faults()
     return workflow_id
 
 
@@ -104,7 +109,8 @@ async def test_happened_is_verified_and_recorded_so_a_refund_by_charge_step_refu
     assert [(entry.kind, entry.amount) for entry in ledger] == [("charge", 4200), ("refund", 1500)]
     assert ledger[1].payment_intent == charge.object_id
     assert len(posts(await control.requests(), "/v1/refunds")) == 1
-    assert len(posts(await control.requests())) == 1
+    # The charge's POST, and its one same-key repeat that showed the 500 was stored.
+    assert [r.outcome for r in posts(await control.requests())] == ["executed", "replayed"]
 
 
 async def test_happened_naming_an_unknown_or_foreign_id_is_refused_unless_unverified(
@@ -133,7 +139,8 @@ async def test_happened_naming_an_unknown_or_foreign_id_is_refused_unless_unveri
     [recorded] = result.decisions
     assert recorded.accepted and recorded.verified is False
     assert "pi_does_not_exist" in (recorded.finding or result.step("pay").evidence["lookup"])
-    assert len(posts(await control.requests())) == 2  # one per task, nothing more
+    # The parked task's POST and its replayed repeat, the other task's: nothing more.
+    assert len(posts(await control.requests())) == 3
     # Kept where later steps read the step's charge, as the operator insisted.
     assert operation_row(database, charge_key(workflow_id))[:2] == (  # type: ignore[index]
         "succeeded",
@@ -185,8 +192,8 @@ async def test_did_not_happen_on_an_existing_charge_is_refused_with_its_id_and_p
 ) -> None:
     workflow_id = await park_a_charge_that_happened(control, tasks)
     [charge] = await control.ledger()
-    await control.configure(search_lag_seconds=0)  # a search now would find it
     posts_before = len(posts(await control.requests()))
+    # Search still lags an hour: the consistent list is what finds the charge.
 
     with pytest.raises(DecisionRefused) as refused:
         await tasks.reconcile(workflow_id, decide(ReconcileDecision.DID_NOT_HAPPEN))
@@ -242,9 +249,11 @@ async def test_did_not_happen_on_a_key_holding_a_stored_500_sends_once_under_a_n
     result = await tasks.result(workflow_id)
     assert result.state is TaskState.SUCCEEDED, result.failure_reason
     first, second = generation_key(workflow_id, 1), generation_key(workflow_id, 2)
-    # One POST under the old key (its 500 stored), one under the new: one charge.
+    # Under the old key a POST and its repeat (the 500 replayed: stored), one under the
+    # new: one charge.
     assert [(r.idempotency_key, r.outcome) for r in posts(await control.requests())] == [
         (first, "faulted"),
+        (first, "replayed"),
         (second, "executed"),
     ]
     charge, refund = await control.ledger()
@@ -260,7 +269,7 @@ async def test_did_not_happen_on_a_key_holding_a_stored_500_sends_once_under_a_n
     assert step.key_generation == 2 and step.evidence["key_generation"] == "2"
     last = step.attempts[-1]
     assert last.operator_authorised and last.key_generation == 2
-    assert [attempt.key_generation for attempt in step.attempts] == [1, 2]
+    assert [attempt.key_generation for attempt in step.attempts] == [1, 1, 2]
     assert operation_row(database, second)[:2] == ("succeeded", charge.object_id)  # type: ignore[index]
     # The old generation's record stays as it was: never marked succeeded.
     assert operation_row(database, first)[:2] == ("started", None)  # type: ignore[index]
@@ -347,3 +356,35 @@ async def test_did_not_happen_inside_the_keys_window_repeats_the_same_key(
     ] * 2
     assert len(await control.ledger()) == 1
     assert result.step("pay").key_generation == 1
+
+
+async def test_did_not_happen_on_a_lagging_search_miss_is_refused_and_no_second_charge_is_made(
+    worker: Worker, tasks: TaskClient, control: ProviderControl
+) -> None:
+    # The list API stays unreadable: the look-up falls back to search, which lags an
+    # hour, so its miss proves nothing about the charge that exists.
+    workflow_id = await park_a_charge_that_happened(control, tasks)
+    # The first matching rule applies: search answers (after no delay), the rest 503.
+    await control.add_fault(
+        Fault.DELAY_BEFORE_COMMIT,
+        method="GET",
+        path_prefix="/v1/payment_intents/search",
+        times=None,
+    )
+    await control.add_fault(
+        Fault.ERROR_503, method="GET", path_prefix="/v1/payment_intents", times=None
+    )
+    posts_before = len(posts(await control.requests()))
+
+    with pytest.raises(DecisionRefused, match="could not show that step pay's effect does not"):
+        await tasks.reconcile(workflow_id, decide(ReconcileDecision.DID_NOT_HAPPEN))
+
+    assert len(posts(await control.requests())) == posts_before
+    [charge] = await control.ledger()
+    status = await tasks.status(workflow_id)
+    assert status.step("pay").state is StepState.PARKED
+    assert "eventually consistent" in status.step("pay").evidence["lookup_search"]
+    await control.clear_faults()
+    await tasks.reconcile(workflow_id, decide(ReconcileDecision.HAPPENED, charge.object_id))
+    assert (await tasks.result(workflow_id)).state is TaskState.SUCCEEDED
+    assert len(await control.ledger()) == 1

@@ -1,7 +1,8 @@
 """The lookup activities in ``ActivityEnvironment``, against the local provider and PostgreSQL.
 
-A lookup may only say ``succeeded`` when a read proves the effect exists; a miss in
-Stripe's eventually consistent search is inconclusive.
+A lookup may only say ``succeeded`` when a read proves the effect exists. A miss in the
+list API (read-after-write consistent) proves the effect absent; a miss in Stripe's
+eventually consistent search proves nothing until its lag has passed.
 """
 
 from collections.abc import AsyncIterator, Callable
@@ -10,7 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from onceflow_devstack.stripe_provider import ProviderControl
+from onceflow_devstack.stripe_provider import Fault, ProviderControl
 from psycopg_pool import AsyncConnectionPool
 
 from onceflow.payments import (
@@ -18,6 +19,7 @@ from onceflow.payments import (
     PaymentIntentView,
     PaymentProvider,
     PaymentToolSettings,
+    RefundRequest,
     StripePaymentProvider,
     payment_tools,
 )
@@ -97,19 +99,20 @@ async def charge_as_an_earlier_attempt(provider: StripePaymentProvider) -> Payme
     )
 
 
-async def test_search_finds_a_charge_whose_answer_was_lost(
+async def test_the_list_finds_a_charge_whose_answer_was_lost_while_search_lags(
     activities: PaymentActivities,
     payment_provider: StripePaymentProvider,
     control: ProviderControl,
     database: str,
 ) -> None:
+    await control.configure(search_lag_seconds=3600)
     intent = await charge_as_an_earlier_attempt(payment_provider)
     found = await attempt_environment().run(
         activities.look_up_charge, call("charge_payment", VISA_CHARGE)
     )
     assert found.outcome is OutcomeClass.SUCCEEDED
     assert found.resource_id == intent.id
-    assert found.result["found_by"] == "lookup:search"
+    assert found.result["found_by"] == "lookup:list"
     # Found effects are recorded like answered ones, before they are reported.
     row = operation_row(
         database,
@@ -125,18 +128,30 @@ async def test_search_finds_a_charge_whose_answer_was_lost(
     assert len(await control.ledger()) == 1
 
 
-async def test_a_search_miss_is_inconclusive_and_a_known_id_is_read_directly(
+async def test_a_list_miss_proves_absence_a_search_miss_does_not_and_a_known_id_is_read(
     activities: PaymentActivities,
     payment_provider: StripePaymentProvider,
     control: ProviderControl,
 ) -> None:
     await control.configure(search_lag_seconds=3600)
-    intent = await charge_as_an_earlier_attempt(payment_provider)
+    absent = await attempt_environment().run(
+        activities.look_up_charge, call("charge_payment", VISA_CHARGE)
+    )
+    assert absent.outcome is OutcomeClass.UNKNOWN and absent.miss_proves_absence
+    assert "the charge does not exist" in absent.evidence["lookup_list"]
 
+    intent = await charge_as_an_earlier_attempt(payment_provider)
+    # The list is unreadable: search answers (first matching rule), and lags.
+    await control.add_fault(
+        Fault.DELAY_BEFORE_COMMIT, method="GET", path_prefix="/v1/payment_intents/search"
+    )
+    await control.add_fault(Fault.ERROR_503, method="GET", path_prefix="/v1/payment_intents")
     missed = await attempt_environment().run(
         activities.look_up_charge, call("charge_payment", VISA_CHARGE)
     )
-    assert missed.outcome is OutcomeClass.UNKNOWN
+    assert missed.outcome is OutcomeClass.UNKNOWN and not missed.miss_proves_absence
+    assert missed.miss_proves_absence_after == timedelta(hours=1)
+    assert "could not be read" in missed.evidence["lookup_list"]
     assert "eventually consistent" in missed.evidence["lookup_search"]
     assert missed.evidence["child_key_digest"].startswith("sha256:")
 
@@ -148,17 +163,38 @@ async def test_a_search_miss_is_inconclusive_and_a_known_id_is_read_directly(
     assert len(await control.ledger()) == 1
 
 
-async def test_a_refund_without_a_known_id_is_inconclusive_with_the_charges_refunded_amount(
+async def test_a_refund_is_found_among_its_payment_intents_refunds_and_a_miss_proves_absence(
     activities: PaymentActivities,
     payment_provider: StripePaymentProvider,
 ) -> None:
     intent = await charge_as_an_earlier_attempt(payment_provider)
-    looked = await attempt_environment().run(
-        activities.look_up_refund,
-        call("refund_payment", {"payment_intent": intent.id, "amount": 100}),
-    )
-    assert looked.outcome is OutcomeClass.UNKNOWN
+    refund = call("refund_payment", {"payment_intent": intent.id, "amount": 100})
+    looked = await attempt_environment().run(activities.look_up_refund, refund)
+    assert looked.outcome is OutcomeClass.UNKNOWN and looked.miss_proves_absence
     assert looked.evidence["lookup_charge"] == f"{intent.id}: 0 of 4200 refunded"
+
+    # Another refund of the same charge is not this step's; the step's own is found.
+    await payment_provider.create_refund(
+        RefundRequest(payment_intent=intent.id, amount=50), idempotency_key="by-hand"
+    )
+    refund_key = derive_child_key(
+        tenant=TENANT,
+        workflow_id="task-lookups",
+        step_id="pay",
+        child_op="refund",
+        provider_account=ACCOUNT,
+    )
+    made = await payment_provider.create_refund(
+        RefundRequest(
+            payment_intent=intent.id,
+            amount=100,
+            metadata={"onceflow_operation": key_digest(refund_key)},
+        ),
+        idempotency_key=refund_key,
+    )
+    found = await attempt_environment().run(activities.look_up_refund, refund)
+    assert found.outcome is OutcomeClass.SUCCEEDED and found.resource_id == made.id
+    assert found.result["found_by"] == "lookup:list"
 
 
 async def test_without_a_stripe_key_payment_tools_reject_with_a_clear_reason(

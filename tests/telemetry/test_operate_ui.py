@@ -52,6 +52,9 @@ async def test_an_operator_finds_a_parked_task_and_its_evidence_in_the_web_ui(
     await stack.control.add_fault(
         Fault.ERROR_500_AFTER_COMMIT, path_prefix="/v1/payment_intents", times=None
     )
+    await stack.control.add_fault(
+        Fault.ERROR_503, method="GET", path_prefix="/v1/payment_intents", times=None
+    )
     try:
         answer = await http.post(
             f"{stack.gateway_url}/v1/tasks",

@@ -61,6 +61,10 @@ async def test_a_lost_response_and_a_park_are_one_trace_with_every_attempt(
     await stack.control.add_fault(
         Fault.ERROR_500_AFTER_COMMIT, path_prefix="/v1/refunds", times=None
     )
+    # ... and the refunds cannot be read back: nothing can tell whether it happened.
+    await stack.control.add_fault(
+        Fault.ERROR_503, method="GET", path_prefix="/v1/refunds", times=None
+    )
     tenant, auth = await stack.new_agent(tools=("charge_payment", "refund_payment"))
     key = f"agent-call-{uuid.uuid4().hex}"
     body = {
@@ -89,8 +93,9 @@ async def test_a_lost_response_and_a_park_are_one_trace_with_every_attempt(
         OutcomeClass.UNKNOWN,
         OutcomeClass.SUCCEEDED,
     ]
-    # The refund's 500 is stored under its key: one attempt, the look-up, the park (#13).
-    assert len(parked.step("refund").attempts) == 1
+    # The refund's 500 is stored under its key: one same-key repeat shows it replayed,
+    # then the look-up, the park (#13); never the whole budget.
+    assert len(parked.step("refund").attempts) == 2
 
     # While the task waits for a person, every attempt is already exported (the gateway's
     # spans arrive on the gateway's own schedule: wait for both).
@@ -119,8 +124,8 @@ async def test_a_lost_response_and_a_park_are_one_trace_with_every_attempt(
     refunds = attempts_of(spans, task_id, "refund_payment")
     lookups = attempts_of(spans, task_id, "look_up_refund_payment")
     assert [s.attributes["onceflow.outcome"] for s in charges] == ["unknown", "succeeded"]
-    assert [s.attributes["onceflow.outcome"] for s in refunds] == ["unknown"]
-    assert [s.attributes["onceflow.attempt"] for s in [*charges, *refunds]] == [1, 2, 1]
+    assert [s.attributes["onceflow.outcome"] for s in refunds] == ["unknown", "unknown"]
+    assert [s.attributes["onceflow.attempt"] for s in [*charges, *refunds]] == [1, 2, 1, 2]
     for attempt in [*charges, *refunds, *lookups]:
         assert attempt.trace_id == trace_id
         assert attempt.service == "onceflow-worker"
@@ -148,11 +153,13 @@ async def test_a_lost_response_and_a_park_are_one_trace_with_every_attempt(
         == charges[0].attributes["onceflow.child_key_digest"]
     )
     for refund in refunds:
-        [call] = children(spans, refund)
-        assert call.name == "stripe POST /v1/refunds"
+        [call] = [s for s in children(spans, refund) if s.name == "stripe POST /v1/refunds"]
         assert call.attributes["http.response.status_code"] == 500
         assert call.attributes["stripe.request_id"].startswith("req_")
         assert call.attributes["stripe.payment_intent"] == payment_intent
+    # The repeat's 500 was replayed (stored): the attempt listed the refunds to find it.
+    [listed] = [s for s in children(spans, refunds[1]) if s.name == "stripe GET /v1/refunds"]
+    assert listed.attributes["http.response.status_code"] == 503
 
     # While it waits, the worker's visibility scan reports it in the parked-task gauges.
     def parked_gauges_show_it() -> bool:

@@ -48,6 +48,10 @@ async def test_the_state_search_attribute_finds_exactly_the_parked_tasks(
     await stack.control.add_fault(
         Fault.ERROR_500_AFTER_COMMIT, path_prefix="/v1/payment_intents", times=None
     )
+    # ... and the charges cannot be read back (list, search): the look-ups prove nothing.
+    await stack.control.add_fault(
+        Fault.ERROR_503, method="GET", path_prefix="/v1/payment_intents", times=None
+    )
 
     async def call(tool: str, arguments: dict[str, object]) -> str:
         answer = await http.post(
@@ -110,10 +114,11 @@ async def test_the_state_search_attribute_finds_exactly_the_parked_tasks(
     )
     details = metadata.current_details
     described = await stack.client.get_workflow_handle(first).describe()
-    # A stored 500: one POST, then the look-up, then the park (#13), not the whole budget.
+    # A stored 500: its replayed repeat, then the look-up, then the park (#13), not the
+    # whole budget.
     assert details.startswith("Parked at step 1 (charge_payment): Stripe answered HTTP 500")
     assert "- child_key_digest: sha256:" in details
-    assert "- lookup_search: search found nothing" in details
+    assert "- lookup_list: the list could not be read" in details
     assert f"`onceflow reconcile {first} --step 1 --decision happened|" in details
     assert f"Trace: `{(await described.memo())[TRACE_ID_MEMO]}`" in details
     assert await described.static_summary() == f"{tenant}: charge_payment"

@@ -105,6 +105,9 @@ class Script:
         self.calls: dict[str, list[ToolCallInput]] = defaultdict(list)
         self.lookups: dict[str, int] = defaultdict(int)
         self.found: set[str] = set()
+        self.lagging: dict[str, timedelta] = {}
+        """Labels whose look-up reads an eventually consistent index: its miss proves
+        absence only this long after the step's last attempt."""
         self.recorded: dict[str, str] = {}
         self.outcomes: list[TaskOutcomeInput] = []
         self.rejected: list[ToolCallInput] = []
@@ -159,7 +162,16 @@ class Script:
                     resource_id=f"res-{label}-found",
                     result={"label": label, "found_by": "lookup"},
                 )
-            return ToolAttemptResult(outcome=OutcomeClass.UNKNOWN, reason="scripted: not found")
+            if label in self.lagging:
+                return ToolAttemptResult(
+                    outcome=OutcomeClass.UNKNOWN,
+                    reason="scripted: not in the lagging index",
+                    miss_proves_absence_after=self.lagging[label],
+                )
+            # The scripted far side is read consistently: not found means not there.
+            return ToolAttemptResult(
+                outcome=OutcomeClass.UNKNOWN, reason="scripted: not found", miss_proves_absence=True
+            )
 
         return look_up
 

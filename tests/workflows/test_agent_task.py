@@ -664,3 +664,46 @@ async def test_a_task_decides_by_the_policy_pinned_when_it_started(
     assert failed_tasks == []  # no non-determinism on the other worker
     assert fresh_result.state is TaskState.SUCCEEDED and fresh_result.decisions == []
     assert fresh_result.policies["scripted_approval"].approval_above == Decimal(1000)
+
+
+async def test_did_not_happen_needs_a_look_up_miss_that_proves_the_effect_absent(
+    time_skipping_env: WorkflowEnvironment, task_queue: str, script: Script, worker: Worker
+) -> None:
+    # The look-up reads an index that lags: its miss proves nothing at first.
+    label = script.plan("lagging", KeyUnusable.STORED_FAILURE, S)
+    script.lagging[label] = timedelta(seconds=4)
+    handle = await start(
+        time_skipping_env, task_queue, ("s", "scripted_provider", {"label": label})
+    )
+    await wait_until(time_skipping_env, handle, parked)
+    did_not_happen = ReconcileInput(
+        step_id="s", decision=ReconcileDecision.DID_NOT_HAPPEN, operator="ops", reason="checked"
+    )
+    with pytest.raises(WorkflowUpdateFailedError) as refused:
+        await handle.execute_update(AgentTaskWorkflow.reconcile, did_not_happen)
+    message = str(refused.value.cause)
+    assert "could not show that step s's effect does not exist" in message
+    assert "--unverified, or decide again after" in message
+    assert script.attempts(label) == 1  # nothing was sent
+
+    # Past the lag, the same miss proves it: accepted, checked.
+    for _ in range(3):  # 2 s at a time, as wait_until skips: the lag has passed
+        await time_skipping_env.sleep(timedelta(seconds=2))
+    await handle.execute_update(AgentTaskWorkflow.reconcile, did_not_happen)
+    result = await handle.result()
+    assert result.state is TaskState.SUCCEEDED and script.attempts(label) == 2
+    assert [d.verified for d in result.decisions if d.accepted] == [True]
+
+    # Before the lag, the operator may take it on their word: recorded unverified.
+    other = script.plan("lagging-by-hand", KeyUnusable.STORED_FAILURE, S)
+    script.lagging[other] = timedelta(seconds=4)
+    handle = await start(
+        time_skipping_env, task_queue, ("s", "scripted_provider", {"label": other})
+    )
+    await wait_until(time_skipping_env, handle, parked)
+    await handle.execute_update(
+        AgentTaskWorkflow.reconcile, did_not_happen.model_copy(update={"unverified": True})
+    )
+    result = await handle.result()
+    assert result.state is TaskState.SUCCEEDED
+    assert [d.verified for d in result.decisions if d.accepted] == [False]

@@ -1,10 +1,10 @@
 """A local Stripe-compatible provider for onceflow's dev stack and tests.
 
 Far-side test infrastructure, never imported by product code: an aiohttp server that
-speaks Stripe's wire format for PaymentIntents (create, confirm, retrieve, search) and
-Refunds (create, retrieve), honours Stripe's idempotency rules, keeps a ledger of every
-effect it committed and a log of every request, and injects faults on demand, so the
-official ``stripe`` SDK talks to it unchanged::
+speaks Stripe's wire format for PaymentIntents (create, confirm, retrieve, list, search)
+and Refunds (create, retrieve, list), honours Stripe's idempotency rules, keeps a ledger
+of every effect it committed and a log of every request, and injects faults on demand, so
+the official ``stripe`` SDK talks to it unchanged::
 
     async with running_provider(ProviderConfig(key_retention_seconds=2)) as running:
         client = stripe.StripeClient(

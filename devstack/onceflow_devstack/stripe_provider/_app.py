@@ -5,6 +5,7 @@ Every ``/v1`` request goes through one pipeline, in the order Stripe applies its
     log request -> fault: reset? -> authenticate -> fault: 429/503? -> decode params
       -> claim (api key, Idempotency-Key)  [POST with a key only]
            replay | 400 idempotency_error | 409 idempotency_key_in_use
+      -> [fault: 500 before executing (releases the key)]
       -> validate (failure releases the key: nothing started executing)
       -> [fault: 500 before commit | delay before commit] -> commit
       -> [fault: 500 after commit] -> store response under the key
@@ -139,6 +140,7 @@ def build_provider_app(config: ProviderConfig | None = None) -> web.Application:
     app[PROVIDER] = Provider(config or ProviderConfig())
     api: list[tuple[str, str, _Prepare]] = [
         ("POST", "/v1/payment_intents", lambda p, r, q: p.account.prepare_create_intent(q)),
+        ("GET", "/v1/payment_intents", lambda p, r, q: p.account.prepare_list_intents(q)),
         (
             "GET",
             "/v1/payment_intents/search",
@@ -155,6 +157,7 @@ def build_provider_app(config: ProviderConfig | None = None) -> web.Application:
             lambda p, r, q: p.account.prepare_confirm_intent(r.match_info["id"], q),
         ),
         ("POST", "/v1/refunds", lambda p, r, q: p.account.prepare_create_refund(q)),
+        ("GET", "/v1/refunds", lambda p, r, q: p.account.prepare_list_refunds(q)),
         (
             "GET",
             "/v1/refunds/{id}",
@@ -226,6 +229,13 @@ async def _handle_api(request: web.Request, *, prepare: _Prepare) -> web.StreamR
             return _error_response(record, "idempotency_mismatch", _key_reused(key), key)
         if claim.outcome is ClaimOutcome.IN_FLIGHT:
             return _error_response(record, "key_in_use", _key_in_use(), key)
+
+    if fault is Fault.ERROR_500_BEFORE_EXECUTING:
+        # Stripe stores a result only once the endpoint began executing: a retry with the
+        # same key runs afresh.
+        if scope is not None:
+            provider.keys.release(scope)
+        return _error_response(record, "faulted", _server_error(500), key)
 
     try:
         commit = prepare(provider, request, params)

@@ -7,7 +7,9 @@ makes it interesting for onceflow:
 
     before anything   reset_before_commit (TCP reset, nothing parsed, nothing stored)
     at the edge       rate_limit_429, error_503 (answered, key not stored)
-    before commit     error_500_before_commit (500 stored under the key),
+    before executing  error_500_before_executing (500, key released: a retry with the
+                      same key executes afresh and is no replay)
+    before commit     error_500_before_commit (execution began: 500 stored under the key),
                       delay_before_commit (key in flight while sleeping, then commits)
     after commit      error_500_after_commit (effect done, 500 stored under the key),
                       drop_after_commit (effect and key stored, connection closed),
@@ -28,6 +30,7 @@ class Fault(enum.StrEnum):
     RESET_BEFORE_COMMIT = "reset_before_commit"
     RATE_LIMIT_429 = "rate_limit_429"
     ERROR_503 = "error_503"
+    ERROR_500_BEFORE_EXECUTING = "error_500_before_executing"
     ERROR_500_BEFORE_COMMIT = "error_500_before_commit"
     DELAY_BEFORE_COMMIT = "delay_before_commit"
     ERROR_500_AFTER_COMMIT = "error_500_after_commit"

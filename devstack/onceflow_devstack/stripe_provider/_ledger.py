@@ -17,18 +17,22 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from dataclasses import asdict, dataclass, field
 
 from ._wire import (
+    CreatedRange,
     JsonObject,
+    PageRequest,
     StripeApiError,
     invalid_request,
     new_id,
     param_amount,
     param_bool,
+    param_created,
     param_expand,
     param_metadata,
+    param_page,
     param_str,
     parse_search_query,
     resource_missing,
@@ -248,6 +252,28 @@ class Account:
         intent, expand = self._intent(intent_id), param_expand(params)
         return lambda origin: self._render_intent(intent.body, expand)
 
+    def prepare_list_intents(self, params: JsonObject) -> Commit:
+        """Validate ``GET /v1/payment_intents``: read-after-write, unlike search.
+
+        Args:
+            params: Query parameters: ``customer``, ``created[...]``, ``limit``,
+                ``starting_after``, ``ending_before``, ``expand[]`` (``data.latest_charge``).
+        """
+        customer, created = param_str(params, "customer"), param_created(params)
+        page = self._known_cursors(param_page(params), self._intents, "payment_intent")
+        expand = [e.removeprefix("data.") for e in param_expand(params)]
+
+        def keep(body: JsonObject) -> bool:
+            return _created_in(created, body) and (customer is None or body["customer"] == customer)
+
+        def commit(origin: EffectOrigin) -> JsonObject:
+            bodies = [intent.body for intent in self._intents.values()]
+            listing = _list_page(bodies, keep, page, "/v1/payment_intents")
+            listing["data"] = [self._render_intent(body, expand) for body in listing["data"]]
+            return listing
+
+        return commit
+
     def prepare_search_intents(self, params: JsonObject, search_lag_seconds: float) -> Commit:
         """Validate ``GET /v1/payment_intents/search``.
 
@@ -353,6 +379,16 @@ class Account:
         return intent
 
     @staticmethod
+    def _known_cursors(page: PageRequest, ids: Container[str], kind: str) -> PageRequest:
+        for param, cursor in (
+            ("starting_after", page.starting_after),
+            ("ending_before", page.ending_before),
+        ):
+            if cursor is not None and cursor not in ids:
+                raise resource_missing(kind, cursor, param)
+        return page
+
+    @staticmethod
     def _known_payment_method(payment_method: str | None) -> str | None:
         if payment_method is not None and payment_method not in _TEST_PAYMENT_METHODS:
             raise resource_missing("PaymentMethod", payment_method, "payment_method")
@@ -422,6 +458,31 @@ class Account:
             raise resource_missing("refund", refund_id)
         return lambda origin: dict(refund)
 
+    def prepare_list_refunds(self, params: JsonObject) -> Commit:
+        """Validate ``GET /v1/refunds``.
+
+        Args:
+            params: Query parameters: ``payment_intent``, ``charge``, ``created[...]``,
+                ``limit``, ``starting_after``, ``ending_before``.
+        """
+        payment_intent, charge = param_str(params, "payment_intent"), param_str(params, "charge")
+        created = param_created(params)
+        page = self._known_cursors(param_page(params), self._refunds, "refund")
+
+        def keep(refund: JsonObject) -> bool:
+            return (
+                _created_in(created, refund)
+                and (payment_intent is None or refund["payment_intent"] == payment_intent)
+                and (charge is None or refund["charge"] == charge)
+            )
+
+        def commit(origin: EffectOrigin) -> JsonObject:
+            listing = _list_page(list(self._refunds.values()), keep, page, "/v1/refunds")
+            listing["data"] = [dict(refund) for refund in listing["data"]]
+            return listing
+
+        return commit
+
     def _record_effect(
         self,
         kind: str,
@@ -446,3 +507,39 @@ class Account:
                 committed_at=now,
             )
         )
+
+
+def _created_in(created: CreatedRange, obj: JsonObject) -> bool:
+    return created.contains(int(obj["created"]))
+
+
+def _list_page(
+    in_creation_order: list[JsonObject],
+    keep: Callable[[JsonObject], bool],
+    page: PageRequest,
+    url: str,
+) -> JsonObject:
+    """Cut one page of a list endpoint, as Stripe's cursor pagination does.
+
+    Objects are ordered newest first (``created`` descending, later creation first on a
+    tie); a cursor marks a place in that whole order, so it works even when the cursor
+    object itself does not pass the filters.
+
+    Args:
+        in_creation_order: Every object of the kind, oldest first.
+        keep: The request's filters.
+        page: ``limit`` and at most one cursor, whose object exists.
+        url: The list's path, echoed in the response.
+    """
+    # A stable sort of the reversed creation order breaks ``created`` ties newest first.
+    newest_first = sorted(reversed(in_creation_order), key=lambda o: o["created"], reverse=True)
+    ids = [obj["id"] for obj in newest_first]
+    if page.ending_before is not None:
+        # The newer objects nearest the cursor, still newest first: the previous page.
+        newer = [o for o in newest_first[: ids.index(page.ending_before)] if keep(o)]
+        data, has_more = newer[-page.limit :], len(newer) > page.limit
+    else:
+        start = 0 if page.starting_after is None else ids.index(page.starting_after) + 1
+        older = [o for o in newest_first[start:] if keep(o)]
+        data, has_more = older[: page.limit], len(older) > page.limit
+    return {"object": "list", "url": url, "has_more": has_more, "data": data}

@@ -3,8 +3,9 @@
 Owns everything a real Stripe client can observe on the wire apart from behaviour:
 decoding form-encoded bracket parameters (``metadata[k]=v``, ``expand[0]=x``,
 ``expand[]=x``), object ids and request ids, the error envelope
-``{"error": {"type", "code", "message", "param", "decline_code"}}`` and the search
-query language (``metadata['key']:'value' AND status:'succeeded'``).
+``{"error": {"type", "code", "message", "param", "decline_code"}}``, the list
+parameters (``limit``, ``starting_after``, ``ending_before``, ``created[gte]``) and the
+search query language (``metadata['key']:'value' AND status:'succeeded'``).
 """
 
 from __future__ import annotations
@@ -223,6 +224,113 @@ def param_expand(params: JsonObject) -> list[str]:
     if not isinstance(raw, list) or not all(isinstance(v, str) for v in raw):
         raise invalid_request("Invalid array: expand", param="expand")
     return list(raw)
+
+
+_MAX_LIST_LIMIT = 100
+_CREATED_BOUNDS = ("gt", "gte", "lt", "lte")
+
+
+@dataclass(frozen=True)
+class PageRequest:
+    """Which page of a list endpoint a request asks for.
+
+    Attributes:
+        limit: How many objects at most, 1 to 100.
+        starting_after: Return the objects listed after (older than) this id.
+        ending_before: Return the objects listed before (newer than) this id.
+    """
+
+    limit: int = 10
+    starting_after: str | None = None
+    ending_before: str | None = None
+
+
+def param_page(params: JsonObject) -> PageRequest:
+    """Read a list endpoint's ``limit``, ``starting_after`` and ``ending_before``.
+
+    Raises:
+        StripeApiError: ``limit`` is not an integer from 1 to 100, or both cursors are
+            given (Stripe's cursors are mutually exclusive).
+    """
+    raw_limit = param_str(params, "limit")
+    limit = 10
+    if raw_limit is not None:
+        if not re.fullmatch(r"-?[0-9]+", raw_limit):
+            raise invalid_request(
+                f"Invalid integer: {raw_limit}", param="limit", code="parameter_invalid_integer"
+            )
+        limit = int(raw_limit)
+        if limit < 1:
+            raise invalid_request("This value must be greater than or equal to 1.", param="limit")
+        if limit > _MAX_LIST_LIMIT:
+            raise invalid_request(
+                f"This value must be less than or equal to {_MAX_LIST_LIMIT}.", param="limit"
+            )
+    starting_after = param_str(params, "starting_after")
+    ending_before = param_str(params, "ending_before")
+    if starting_after is not None and ending_before is not None:
+        raise invalid_request(
+            "You may only specify one of these parameters: ending_before, starting_after.",
+            param="ending_before",
+        )
+    return PageRequest(limit, starting_after, ending_before)
+
+
+@dataclass(frozen=True)
+class CreatedRange:
+    """The ``created`` filter of a list endpoint; an unset bound does not restrict.
+
+    Attributes:
+        gt: Created strictly after this Unix second.
+        gte: Created at or after this Unix second.
+        lt: Created strictly before this Unix second.
+        lte: Created at or before this Unix second.
+    """
+
+    gt: int | None = None
+    gte: int | None = None
+    lt: int | None = None
+    lte: int | None = None
+
+    def contains(self, created: int) -> bool:
+        """Return whether an object's ``created`` satisfies every bound."""
+        return (
+            (self.gt is None or created > self.gt)
+            and (self.gte is None or created >= self.gte)
+            and (self.lt is None or created < self.lt)
+            and (self.lte is None or created <= self.lte)
+        )
+
+
+def param_created(params: JsonObject) -> CreatedRange:
+    """Read ``created`` as ``created[gte|gt|lte|lt]=<unix>``, or ``created=<unix>`` (equal).
+
+    Raises:
+        StripeApiError: An unknown bound, or a bound that is not a Unix second.
+    """
+    raw = params.get("created")
+    if raw is None or raw == "":
+        return CreatedRange()
+    if isinstance(raw, str):
+        second = _unix_second(raw, "created")
+        return CreatedRange(gte=second, lte=second)
+    if not isinstance(raw, dict):
+        raise invalid_request("Invalid created: expected an integer or a hash.", param="created")
+    unknown = sorted(set(raw) - set(_CREATED_BOUNDS))
+    if unknown:
+        raise invalid_request(
+            f"Received unknown parameter: created[{unknown[0]}]", param=f"created[{unknown[0]}]"
+        )
+    bounds = {name: _unix_second(value, f"created[{name}]") for name, value in raw.items()}
+    return CreatedRange(**bounds)
+
+
+def _unix_second(raw: object, param: str) -> int:
+    if not isinstance(raw, str) or not re.fullmatch(r"[0-9]+", raw):
+        raise invalid_request(
+            f"Invalid integer: {raw}", param=param, code="parameter_invalid_integer"
+        )
+    return int(raw)
 
 
 @dataclass(frozen=True)

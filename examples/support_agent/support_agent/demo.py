@@ -58,11 +58,15 @@ async def scripted_demo(
 
     section("2. The customer writes in; the support agent (a scripted model) handles it")
     say(
-        "The provider will refund, then answer 500 and keep that answer under the key: "
-        "no repeat can learn what happened, and Stripe cannot search refunds."
+        "The provider will refund, then answer 500 and keep that answer under the key, "
+        "and its refunds cannot be read back: no repeat and no look-up can learn what "
+        "happened."
     )
     async with ProviderControl(provider_url) as provider:
         await provider.add_fault(Fault.ERROR_500_AFTER_COMMIT, path_prefix="/v1/refunds")
+        await provider.add_fault(
+            Fault.ERROR_503, method="GET", path_prefix="/v1/refunds", times=None
+        )
         try:
 
             async def operator(waiting: list[WaitingCall]) -> None:
@@ -108,6 +112,7 @@ async def _play_the_operator(
     section: Callable[[str], None],
 ) -> None:
     section("3. A person decides")
+    await provider.clear_faults()  # the provider's reads are back
     for call in waiting:
         if call.state != "parked":
             continue

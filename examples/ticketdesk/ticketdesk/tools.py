@@ -93,8 +93,8 @@ async def create_ticket_unkeyed(call: ToolCall[CreateTicketInput]) -> ToolAttemp
 async def look_up_ticket(call: ToolCall[CreateTicketInput]) -> ToolAttemptResult:
     """Before the step parks: find the ticket by the operation digest in its metadata.
 
-    The ledger is read straight from the service (strongly consistent), but the contract
-    between lookup and workflow is one-sided anyway: only a found ticket is conclusive.
+    The ledger is read straight from the service (strongly consistent), so finding no
+    ticket proves there is none (``miss_proves_absence``); a failed read proves nothing.
     """
     operation = await call.find(CHILD_OP, provider_account=PROVIDER_ACCOUNT)
     if operation.earlier_success:
@@ -107,7 +107,7 @@ async def look_up_ticket(call: ToolCall[CreateTicketInput]) -> ToolAttemptResult
         return _inconclusive(operation, f"the lookup answered HTTP {response.status_code}")
     found: list[dict[str, Any]] = response.json().get("tickets", [])
     if not found:
-        return _inconclusive(operation, "no ticket carries this operation")
+        return _inconclusive(operation, "no ticket carries this operation", absent=True)
     ticket = found[0]
     return await operation.succeeded(
         str(ticket["id"]), ticket, ticket_id=str(ticket["id"]), found_by="lookup"
@@ -141,9 +141,14 @@ async def _post(
     return await operation.succeeded(str(ticket["id"]), ticket, ticket_id=str(ticket["id"]), **ids)
 
 
-def _inconclusive(operation: ChildOperation, reason: str) -> ToolAttemptResult:
+def _inconclusive(
+    operation: ChildOperation, reason: str, *, absent: bool = False
+) -> ToolAttemptResult:
     return ToolAttemptResult(
-        outcome=OutcomeClass.UNKNOWN, reason=reason, evidence=operation.evidence
+        outcome=OutcomeClass.UNKNOWN,
+        reason=reason,
+        evidence=operation.evidence,
+        miss_proves_absence=absent,
     )
 
 
