@@ -256,6 +256,19 @@ class BackendUnavailable(BoundaryError):
         self.retry_after_seconds = retry_after_seconds
 
 
+class TaskBusy(BackendUnavailable):
+    """The task is taking as many calls and decisions at once as Temporal allows (ten
+    Updates in flight per workflow); nothing reached it, and a retry with the same key
+    after ``Retry-After`` is safe. Both backends are up: not a 503."""
+
+    status = 429
+    slug = "task-busy"
+    title = "Task busy"
+
+    def __init__(self, detail: str, *, retry_after_seconds: int = 1, **extensions: Any) -> None:
+        super().__init__(detail, retry_after_seconds=retry_after_seconds, **extensions)
+
+
 class NotReady(BackendUnavailable):
     """``GET /readyz``: PostgreSQL or Temporal does not answer; ``checks`` says which."""
 

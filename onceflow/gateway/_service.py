@@ -73,6 +73,7 @@ from onceflow.gateway._errors import (
     MalformedIdempotencyKey,
     MissingIdempotencyKey,
     RequestInProgress,
+    TaskBusy,
     TaskNotFound,
     TaskNotOpen,
     ToolNotAllowed,
@@ -1626,6 +1627,8 @@ TEMPORAL_UNREACHABLE = (
     RPCStatusCode.RESOURCE_EXHAUSTED,
 )
 """Temporal's answers that mean it could not be reached (or would not take the call now)."""
+UPDATES_IN_FLIGHT = "concurrent in-flight updates"
+"""In Temporal's RESOURCE_EXHAUSTED answer when a workflow holds ten Updates in flight."""
 
 
 @asynccontextmanager
@@ -1643,6 +1646,11 @@ async def _backend_errors() -> AsyncIterator[None]:
     except psycopg.OperationalError:
         raise BackendUnavailable("the database is unreachable; retry with the same key") from None
     except RPCError as error:
+        if error.status is RPCStatusCode.RESOURCE_EXHAUSTED and UPDATES_IN_FLIGHT in str(error):
+            raise TaskBusy(
+                "the task is taking as many calls and decisions at once as Temporal allows "
+                "(10 in flight); retry with the same key after Retry-After"
+            ) from None
         if error.status in TEMPORAL_UNREACHABLE:
             raise BackendUnavailable(
                 "the task service is unreachable; retry with the same key"

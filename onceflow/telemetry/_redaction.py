@@ -17,6 +17,8 @@ and a card followed by its expiry and CVC is still found. Not cards, by design:
 * a run that continues a word, with a letter right before it or a letter and one ``-`` or
   ``_`` (``ord-4242…``, ``pi_…``, ``sha256:…``, ``DE89 3704 …``, ``v1.2.3``), and a run
   of one group with a letter right after it, directly or through ``-``/``_``: identifiers;
+  but not after a payment credential's prefix (``pm_``, ``card_``, ``tok_``, ``src_``,
+  ``ba_``): ``pm_4242…`` is a card number dressed as a PaymentMethod id;
 * a run inside a UUID, and a valid IBAN (mod 97): account identifiers, not card data;
 * a run after ``+`` of at most 15 digits: an E.164 phone number;
 * a run that is exactly a date or a date and time (``2026-05-01 12:34:56.789``,
@@ -93,6 +95,10 @@ def _is_iban(text: str) -> bool:
     return int("".join(str(int(char, 36)) for char in rearranged)) % 97 == 1
 
 
+_PAYMENT_ID_PREFIX = re.compile(r"(?<![A-Za-z0-9])(?i:pm|card|tok|src|ba)_\Z")
+"""A payment-credential id's prefix (PaymentMethod, card, token, source, bank account):
+glued to it, a Luhn-valid run is a card number in disguise, not an identifier (the
+provider's own ids carry letters)."""
 _IDENTIFIER_MAX_LENGTH = 42
 """The longest UUID or IBAN match: 34 characters and 8 spaces."""
 
@@ -143,7 +149,8 @@ def _outside(
 def _cards_in_run(text: str, groups: list[tuple[int, int]]) -> list[tuple[int, int]]:
     first, last = groups[0][0], groups[-1][1]
     before = text[first - 1] if first else ""
-    if before.isalpha() or (before in "-_" and first > 1 and text[first - 2].isalpha()):
+    glued = before.isalpha() or (before in "-_" and first > 1 and text[first - 2].isalpha())
+    if glued and not _PAYMENT_ID_PREFIX.search(text, max(first - 8, 0), first):
         return []
     after = text[last : last + 2]
     if len(groups) == 1 and (after[:1].isalpha() or (after[:1] in "-_" and after[1:].isalpha())):

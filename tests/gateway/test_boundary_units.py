@@ -165,3 +165,26 @@ def test_mcp_tools_carry_the_contract_annotations_and_a_required_key(contract: o
     assert tool.annotations.model_dump(by_alias=True, exclude_none=True) == expected
     assert IDEMPOTENCY_KEY_ARGUMENT in tool.input_schema["required"]
     assert IDEMPOTENCY_KEY_ARGUMENT in tool.input_schema["properties"]
+
+
+async def test_temporals_updates_in_flight_limit_is_429_task_busy_and_an_outage_is_503() -> None:
+    # The message Temporal's server sends (seen from the dev server with eleven Updates
+    # held in flight on one workflow); both backends are up: not a 503.
+    from temporalio.service import RPCError, RPCStatusCode
+
+    from onceflow.gateway._errors import BackendUnavailable, TaskBusy
+    from onceflow.gateway._service import _backend_errors
+
+    full = "limit on number of concurrent in-flight updates has been reached (10)"
+    with pytest.raises(TaskBusy) as busy:
+        async with _backend_errors():
+            raise RPCError(full, RPCStatusCode.RESOURCE_EXHAUSTED, b"")
+    assert (busy.value.status, busy.value.slug, busy.value.retry_after_seconds) == (
+        429,
+        "task-busy",
+        1,
+    )
+    with pytest.raises(BackendUnavailable) as down:
+        async with _backend_errors():
+            raise RPCError("connection refused", RPCStatusCode.UNAVAILABLE, b"")
+    assert down.value.status == 503 and not isinstance(down.value, TaskBusy)
