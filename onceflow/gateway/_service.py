@@ -744,7 +744,7 @@ class BoundaryService:
             raise replayed_problem(record.response_body)
         stored = CallView.model_validate(record.response_body)
         if stored.ended:
-            return _replay(record)
+            return _replay(record, task_id=task_id)
         # Parked, awaiting approval or running when it was stored: the call may have been
         # decided or have ended since. The task answers the same call by its id.
         try:
@@ -792,7 +792,7 @@ class BoundaryService:
             current = record
         if current.state is not RecordState.SUCCEEDED:
             raise replayed_problem(current.response_body)
-        return _replay(current)
+        return _replay(current, task_id=task_id)
 
     async def _ask_task(self, task_id: str, call: CallInput, deadline: float) -> CallView:
         """Send the call and return the task's answer; when the bounded wait is over
@@ -1600,12 +1600,16 @@ def _invalid(invalid: ValidationError, *, location: tuple[str | int, ...]) -> In
     return InvalidRequest(f"invalid request: {summary}", errors=problems)
 
 
-def _replay(record: IdempotencyRecord, *, replayed: bool = True) -> BoundaryAnswer:
+def _replay(
+    record: IdempotencyRecord, *, replayed: bool = True, task_id: str | None = None
+) -> BoundaryAnswer:
+    """The record's stored answer; ``task_id``: the task a call's record answers for (its
+    own ``workflow_id`` only names the record, no task runs under it)."""
     assert record.status_code is not None
     return BoundaryAnswer(
         status_code=record.status_code,
         body=record.response_body,
-        task_id=record.workflow_id,
+        task_id=task_id or record.workflow_id,
         replayed=replayed,
     )
 

@@ -308,6 +308,13 @@ async def test_a_resent_call_whose_answer_was_lost_is_the_same_call(
     assert replayed.status_code == 200
     assert replayed.headers["Idempotent-Replayed"] == "true"
     assert replayed.content == resent.content
+    # The replay points at the call's task, which answers there.
+    assert replayed.headers["Content-Location"] == resent.headers["Content-Location"]
+    assert replayed.headers["Content-Location"] == f"/v1/tasks/{task_id}"
+    there = await http.get(
+        f"{gateways[1].url}{replayed.headers['Content-Location']}", headers=agent.headers
+    )
+    assert there.status_code == 200 and there.json()["workflow_id"] == task_id
 
     listed = await status(http, gateways[0], agent, task_id)
     assert [step["step_id"] for step in listed["steps"]] == [resent.json()["step_id"]]
