@@ -641,11 +641,12 @@ class AgentTaskWorkflow:
             pinned_at = None
         operator_authorised = False
         saw_unknown = False
+        reserved = False
         while True:
             result = await self._attempt(
-                step, policy, status, operator_authorised, started_at=pinned_at
+                step, policy, status, operator_authorised, started_at=pinned_at, reserved=reserved
             )
-            pinned_at = None
+            pinned_at, reserved = None, False
             if result.outcome is OutcomeClass.SUCCEEDED:
                 self._finish_step(status, result.resource_id, result.result)
                 return
@@ -671,6 +672,11 @@ class AgentTaskWorkflow:
             if not isinstance(decision, RetryStep) and decision.budget_exhausted:
                 _count("onceflow_budget_exhausted", tool=step.tool, then=decision.kind)
             if isinstance(decision, RetryStep):
+                # The retry takes its place in the task-wide budget now, not when it is
+                # made: calls running side by side decide one at a time, each seeing the
+                # retries the others have decided, so N calls spend at most N + B.
+                self._budgeted_attempts += 1
+                reserved = True
                 status.state = StepState.BACKING_OFF
                 await workflow.sleep(
                     decision.delay,
@@ -678,6 +684,8 @@ class AgentTaskWorkflow:
                 )
                 closed = self._send_by_passed(policy, status)
                 if closed is not None:
+                    self._budgeted_attempts -= 1  # the reserved retry is not made
+                    reserved = False
                     # The timer fired, but the worker that runs this may have come back
                     # (or got to it through a backlog) after the key's window.
                     if await self._look_up_or_park(
@@ -847,7 +855,10 @@ class AgentTaskWorkflow:
         operator_authorised: bool,
         *,
         started_at: datetime | None = None,
+        reserved: bool = False,
     ) -> ToolAttemptResult:
+        """Make one attempt and record it. ``reserved``: a retry whose place in the
+        task-wide budget was taken when it was decided."""
         attempt = len(status.attempts) + 1
         status.state = StepState.RUNNING
         started_at = started_at or workflow.now()
@@ -906,6 +917,9 @@ class AgentTaskWorkflow:
         waited_for_database = result.database_unavailable
         if operator_authorised:
             self._operator_authorised_attempts += 1
+        elif reserved:
+            if waited_for_database:
+                self._budgeted_attempts -= 1  # an outage's attempt is free: give it back
         elif not waited_for_database and (self._open is None or attempt > 1):
             # An open task's calls are as many as the model makes: only their retries
             # spend the task's attempts.
@@ -1057,6 +1071,8 @@ class AgentTaskWorkflow:
         await workflow.wait_condition(lambda: status.step_id in self._reconciliations)
         self._end_waiting_for_people()
         finding = self._reconciliations.pop(status.step_id)
+        # Decided: no longer parked, even while a look-up or a settle wait follows.
+        status.state = StepState.RUNNING
         status.park_reason = None
         status.reconcile_command = None
         self._show_details("")

@@ -323,3 +323,25 @@ async def test_a_task_evicted_with_a_call_in_flight_is_collected_without_an_erro
     finally:
         sys.unraisablehook = previous
     assert unraisable == []
+
+
+@pytest.mark.parametrize(("parallel", "per_task"), [(5, 3), (8, 1), (3, 6), (10, 4)])
+async def test_parallel_calls_against_a_failing_provider_make_at_most_n_plus_b_attempts(
+    worker: Worker, tasks: TaskClient, script: Script, parallel: int, per_task: int
+) -> None:
+    # Every attempt fails transiently; the calls decide their retries in whatever order
+    # their attempts end. N first attempts are free, the task's B retries are shared.
+    budget = QUICK.model_copy(
+        update={"max_attempts_per_task": per_task, "max_attempts_per_step": per_task}
+    )
+    workflow_id = await started(tasks, budget=budget)
+    labels = [script.plan(f"down-{parallel}-{per_task}-{n}", T) for n in range(parallel)]
+    answers = await asyncio.gather(
+        *(tasks.call(workflow_id, call(f"c{n}", label)) for n, label in enumerate(labels))
+    )
+    assert {answer.call.state for answer in answers} == {StepState.FAILED}
+    made = sum(script.attempts(label) for label in labels)
+    assert made <= parallel + per_task, f"{made} attempts for {parallel} calls, budget {per_task}"
+    status = await tasks.status(workflow_id)
+    assert status.budget.attempts_used == made - parallel <= per_task
+    await tasks.close(workflow_id)
