@@ -4,7 +4,9 @@ Nothing here skips: the servers are installed with the test dependencies.
 """
 
 import os
+import shutil
 import socket
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -46,13 +48,30 @@ BUSINESS_TABLES = (
 )
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     """Register the built-in tools as every entry point does at start-up, before the test
-    modules (some parametrize over the catalogue) are collected."""
+    modules (some parametrize over the catalogue) are collected. The session's temporary
+    files (the embedded PostgreSQL's data among them) go to a directory of its own:
+    pytest prunes its numbered ones by count, and another test session on the same
+    machine (a second checkout, a chaos run) could delete one still in use."""
     from onceflow.tools import register_tools
     from tests.tool_configuration import builtin
 
     register_tools(builtin())
+    if config.option.basetemp is None and not hasattr(config, "workerinput"):
+        config.option.basetemp = tempfile.mkdtemp(prefix="onceflow-tests-")
+        config.stash[OWN_BASETEMP] = Path(config.option.basetemp)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    own = config.stash.get(OWN_BASETEMP, None)
+    if own is not None:
+        shutil.rmtree(own, ignore_errors=True)
+
+
+OWN_BASETEMP = pytest.StashKey[Path]()
+"""The session's own temporary directory, removed when the session ends."""
 
 
 @pytest.fixture(scope="session")
