@@ -548,17 +548,18 @@ class BoundaryService:
 
     def check_call(
         self, contract: ToolContract, arguments: Any, idempotency_key: str | None
-    ) -> str:
-        """The well-formed key of a call whose arguments ``contract`` accepts: what a
-        transport checks before it reserves or opens anything for the call.
+    ) -> tuple[str, str]:
+        """The well-formed key of a call whose arguments ``contract`` accepts, and the
+        digest the task's repeat guard knows the call by: what a transport checks before
+        it reserves or opens anything for the call.
 
         Raises:
             MissingIdempotencyKey, MalformedIdempotencyKey: The key is absent or malformed.
             InvalidRequest: The arguments are not the tool's.
         """
         key = _checked_key(idempotency_key)
-        _validated_arguments(contract.input_model, arguments, location=("arguments",))
-        return key
+        normalized = _validated_arguments(contract.input_model, arguments, location=("arguments",))
+        return key, arguments_digest(contract.name, normalized)
 
     async def task_of_call_key(self, principal: Principal, idempotency_key: str) -> str | None:
         """The open task the principal sent a call with this key to, if any: its call

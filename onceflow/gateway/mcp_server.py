@@ -20,7 +20,10 @@ Closing is bounded (``close_timeout``) and never raises: a task that could not b
 closes itself after its idle timeout. A session outlives its task's limits: when its task
 takes no more calls (its idle timeout, lifetime or deadline passed, or someone closed it),
 the session opens its next task and sends the refused call there, under a key derived
-from the call's own key and the refusing task (the refusing task recorded nothing).
+from the call's own key and the refusing task (the refusing task recorded nothing). The
+repeat guard spans the session across that rollover: a new call identical to one an
+earlier task of the session took is answered by that call (read from the earlier task's
+status, so as it is now), never run in the new task; the new task's budget is its own.
 
 A retry with the same key is the same call wherever it arrives: a key the principal used
 before goes to the task it was sent to, even from another session. Boundary refusals come
@@ -68,10 +71,11 @@ from onceflow.gateway._errors import (
     UnknownToolRequested,
 )
 from onceflow.gateway._principals import Principal
-from onceflow.gateway._responses import CallView, is_terminal
+from onceflow.gateway._responses import CallView, call_status_code, call_view, is_terminal
 from onceflow.gateway._service import BoundaryAnswer, BoundaryService
 from onceflow.tools import IDEMPOTENCY_KEY_MAX_LENGTH, ToolContract
-from onceflow.workflows.task_models import StepState, TaskState
+from onceflow.workflows.agent_task import NO_EFFECT_STEP_STATES
+from onceflow.workflows.task_models import CallAnswer, StepState, TaskState
 
 log = logging.getLogger("onceflow.gateway")
 
@@ -477,7 +481,7 @@ class _Session:
         (opened by the session's first call)."""
         # What the boundary checks before it reserves anything, checked before the
         # session's task is opened for this call: a refused call opens nothing.
-        key = self._service.check_call(contract, arguments, idempotency_key)
+        key, digest = self._service.check_call(contract, arguments, idempotency_key)
         if not isinstance(deliberate_repeat, bool):
             raise InvalidRequest(
                 f"{DELIBERATE_REPEAT_ARGUMENT} must be true or false",
@@ -489,6 +493,10 @@ class _Session:
         refusal: CallRefused | None = None
         for _ in range(_RESENDS):
             earlier = await self._task_of_key(principal, key)
+            if earlier is None and not deliberate_repeat:
+                repeat = await self._earlier_tasks_call(principal, contract.name, digest)
+                if repeat is not None:
+                    return repeat
             task_id = earlier if earlier is not None else await self._current_task(principal)
             try:
                 return await self._service.call_in_task(principal, task_id, body, key)
@@ -504,6 +512,42 @@ class _Session:
             key = _key_after_refusal(task_id, key)
         assert refusal is not None
         raise refusal
+
+    async def _earlier_tasks_call(
+        self, principal: Principal, tool: str, digest: str
+    ) -> BoundaryAnswer | None:
+        """The repeat guard across the session's tasks: a new call identical to one an
+        earlier task of this session took (and that did not end without an effect) is
+        answered by that call, as it is now, marked ``repeat_of``; each task's own guard
+        covers its own calls. Read from the earlier tasks' status, so a call they still
+        run, park or await approval for answers with its current state."""
+        async with self._lock:
+            tasks = self._tasks.get(principal.principal_id)
+            earlier = [t for t in tasks.opened if t != tasks.current] if tasks else []
+        for task_id in earlier:
+            status = await self._service.task_status(principal, task_id)
+            for step in status.steps:
+                if (
+                    step.tool == tool
+                    and step.arguments_digest == digest
+                    and not step.repeat_of
+                    and step.state not in NO_EFFECT_STEP_STATES
+                ):
+                    view = call_view(
+                        CallAnswer(
+                            task_id=task_id,
+                            task_state=status.state,
+                            call=step.model_copy(update={"attempts": []}),
+                            repeat_of=step.step_id,
+                        )
+                    )
+                    return BoundaryAnswer(
+                        status_code=call_status_code(view),
+                        body=view.model_dump(mode="json"),
+                        task_id=task_id,
+                        replayed=False,
+                    )
+        return None
 
     async def end(self) -> None:
         """Close every task the session opened (closing is idempotent)."""

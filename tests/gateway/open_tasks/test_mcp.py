@@ -460,3 +460,35 @@ async def test_the_server_shutting_down_closes_its_open_sessions_tasks(
     )
     assert final["closing"] == "closed by the agent"
     assert f"ended: task {coupon['task_id']}" in log
+
+
+async def test_the_repeat_guard_spans_the_session_across_its_task_rollover(
+    mcp_url: str,
+    gateways: tuple[GatewayProcess, GatewayProcess],
+    agent: Caller,
+    http: httpx.AsyncClient,
+    stripe_provider: StripeProvider,
+) -> None:
+    order_id = unique("ord")
+    async with mcp_session(mcp_url, agent) as session:
+        charged = succeeded(
+            await session.call_tool("charge_payment", keyed(charge(order_id), unique("k")))
+        )
+        first_task = charged["task_id"]
+        # The session's task ends (its idle timeout, lifetime or someone closing it).
+        closed = await http.post(
+            f"{gateways[0].url}/v1/tasks/{first_task}/close", headers=agent.headers
+        )
+        assert closed.status_code == 200, closed.text
+        # The model charges the same order again, under a new key: the session's next task
+        # would take it, but the session's guard answers it with the first charge.
+        again = succeeded(
+            await session.call_tool("charge_payment", keyed(charge(order_id), unique("k")))
+        )
+        assert again["repeat_of"] == charged["step_id"] and again["task_id"] == first_task
+        assert again["resource_id"] == charged["resource_id"]
+        # Other calls still roll over to the session's next task.
+        coupon = succeeded(await session.call_tool("issue_coupon", keyed(COUPON, unique("k"))))
+        assert coupon["task_id"] != first_task
+
+    assert len(await stripe_provider.charges(order_id)) == 1
