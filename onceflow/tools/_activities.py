@@ -12,6 +12,7 @@ the workflow retries without charging the attempt caps.
 import asyncio
 import logging
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
@@ -101,4 +102,26 @@ async def _run(
             outcome=OutcomeClass.UNKNOWN,
             reason=f"{tool.name} returned a {type(result).__name__}, not a ToolAttemptResult",
         )
-    return result
+    return _judge_miss(result, identity)
+
+
+def _judge_miss(result: ToolAttemptResult, identity: ToolCallInput) -> ToolAttemptResult:
+    """An eventual look-up's miss proves absence once its lag has passed since the step's
+    last attempt ended. Judged here, so the answer is recorded in history (the workflow
+    acts on ``miss_proves_absence`` alone and replays the same), by the server's clock
+    the workflow's times come from: the time the look-up was scheduled, no later than
+    its read."""
+    lag = result.miss_proves_absence_after
+    if lag is None or result.miss_proves_absence or result.outcome is OutcomeClass.SUCCEEDED:
+        return result
+    if not miss_past_lag(identity.last_attempt_ended_at, lag):
+        return result
+    return result.model_copy(update={"miss_proves_absence": True})
+
+
+def miss_past_lag(last_attempt_ended_at: datetime | None, lag: timedelta) -> bool:
+    """Whether a look-up running now reads an eventual index ``lag`` after the step's
+    last attempt ended (never, with no attempt named). Call it in a look-up activity."""
+    if last_attempt_ended_at is None:
+        return False
+    return activity.info().current_attempt_scheduled_time >= last_attempt_ended_at + lag

@@ -1,6 +1,6 @@
 """What the workflow hands an activity for one attempt, and what it gets back."""
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -51,6 +51,10 @@ class ToolCallInput(BaseModel):
     """Only with ``claimed_resource_id``: the operator accepted the resource unverified
     (a charge made by hand carries no operation id); the look-up records it as the
     step's effect whatever it finds, so later steps that read the record find it."""
+    last_attempt_ended_at: datetime | None = None
+    """Only in a look-up: when the step's last attempt ended. An eventual look-up's miss
+    proves absence once ``miss_proves_absence_after`` has passed since then (never
+    without it)."""
 
 
 class ToolAttemptResult(BaseModel):
@@ -79,5 +83,7 @@ class ToolAttemptResult(BaseModel):
     ``did_not_happen``) only when it proves absence this way or by
     ``miss_proves_absence_after``. Default False: a miss proves nothing."""
     miss_proves_absence_after: timedelta | None = None
-    """An eventually consistent look-up (a search index): how long after the key's last
-    attempt its miss proves absence. Default None."""
+    """An eventually consistent look-up (a search index): how long after the step's last
+    attempt its miss proves absence. Default None. The activity wrapper sets
+    ``miss_proves_absence`` once that much time has passed (by the worker's clock, so
+    the workflow's decision replays from the recorded answer)."""

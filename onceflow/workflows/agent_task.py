@@ -12,7 +12,7 @@ task started without them pins them with the local activity ``pin_task_policy``,
 recorded in history (a time read right after that activity would not replay: Core may
 deliver its result one workflow task later live than on replay, so the admitted path
 reads none). A repeat under a key the provider forgets is checked against the key's
-send-by deadline after every backoff, bounded by it while it waits for a worker, and
+send window after every backoff, bounded by it while it waits for a worker, and
 checked again by the attempt itself.
 
 Open tasks share the step machinery (one workflow keeps one budget, one decision path,
@@ -23,20 +23,29 @@ never while one is unfinished.
 
 Which clock each decision reads, and why it replays. ``workflow.now()`` is the start of
 the workflow task being run, which history fixes, except right after a local activity
-(live, Core may deliver its result one workflow task later than replay does) and in a
-workflow task that replay merges with an empty one before it:
-- a key's send-by deadline and safe-repeat window count from its first attempt's
-  ``started_at``: the workflow task that scheduled the attempt, or the time before the
-  policy pin when the attempt follows one; they are compared with the time a backoff
-  timer fired or an attempt's result arrived (both events in history);
-- the budget's deadline is machine time (less people time) at an attempt's result;
-- an open task's idle and lifetime ends are decided by a timer firing, never by
-  comparing clocks; only the timer's length reads the time of the last call;
-- a call past the task's lifetime or deadline is refused by the validator (live) and
-  again by the handler in the workflow task that accepted it.
+(live, Core may deliver its result one workflow task later than replay does), in a
+workflow task that replay merges with an empty one before it, and, seen in chaos runs
+after a Temporal restart, in a live workflow task that still reads an earlier task's
+time. So a decision compares no clock where it can fire a timer instead:
+- a key's send window closes when its timer fires (started with the key's first
+  attempt, for ``send_window``): the retry decision, the check after a backoff and the
+  new key after ``did_not_happen`` read whether it fired, an event in history; the
+  attempt itself refuses to send past the window by the database's first-send time;
+- an eventual look-up's miss proves absence past its lag by the activity's clock, and
+  the activity's answer is in history;
+- the wait for an old key's requests to settle is always a timer (its length reads
+  the clock; a timer's length decides nothing);
+- an open task's idle and lifetime ends are decided by a timer firing; only the
+  timer's length reads the time of the last call; a call past the task's lifetime or
+  deadline is refused by the validator alone (validators do not run on replay);
+- the budget's deadline is machine time (less people time) at an attempt's result: the
+  one comparison left with ``workflow.now()``; it flips only for a retry decided within
+  a stale reading of the deadline (an hour by default).
 """
 
 import asyncio
+import contextlib
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
@@ -116,6 +125,8 @@ ENDED_STEP_STATES = frozenset(
 """States a step never leaves."""
 SETTLED_STEP_STATES = ENDED_STEP_STATES | {StepState.PARKED, StepState.AWAITING_APPROVAL}
 """States a call's first answer waits for: ended, or waiting for a person."""
+_RETRYABLE = frozenset({OutcomeClass.UNKNOWN, OutcomeClass.TRANSIENT})
+"""Outcomes a step may repeat after (within its budget and its key's window)."""
 NO_EFFECT_STEP_STATES = frozenset({StepState.FAILED, StepState.DENIED})
 """Ended with no effect: an identical later call is a new call, not a repeat."""
 
@@ -160,6 +171,8 @@ class AgentTaskWorkflow:
         """Per step: what the look-up found when it verified an accepted ``happened``."""
         self._unusable_keys: dict[str, KeyUnusable] = {}
         """Steps parked because no attempt may send under their key any more, and why."""
+        self._key_windows: dict[str, _KeyWindow] = {}
+        """Per running step of a tool whose provider forgets keys: its key's send window."""
         self._waited_for_people = timedelta(0)
         """Time spent awaiting approval or parked: not machine budget."""
         self._waiting_for_people = 0
@@ -420,9 +433,11 @@ class AgentTaskWorkflow:
 
     def _call_state_problem(self, request: CallInput, *, live: bool = False) -> str | None:
         """Why the task's state refuses a call, from history alone (the pinned policy,
-        the calls so far): what the handler checks again, on every replay too; ``live``
-        (the validator) may also ask this worker's contract."""
-        now = workflow.now()
+        the calls so far): what the handler checks again, on every replay too. Only
+        ``live`` (the validator) asks this worker's contract and compares clocks (the
+        lifetime, the deadline): the handler runs in the validator's activation, so it
+        would decide the same live, and a replay, which has no validator, might read
+        another time."""
         if self._open is None:
             return "this task is a plan: its steps were given when it started"
         if self._known_call(request.call_id):
@@ -437,7 +452,7 @@ class AgentTaskWorkflow:
             return None  # the same call again: answered with its status
         if self._closing is not None:
             return f"the task takes no more calls: {self._closing}"
-        if now >= self._started_at + self._open.max_lifetime:
+        if live and workflow.now() >= self._started_at + self._open.max_lifetime:
             return f"the task's maximum lifetime ({self._open.max_lifetime}) has ended"
         allowed = self._open.allowed_tools
         if allowed is not None and request.tool not in allowed:
@@ -453,8 +468,8 @@ class AgentTaskWorkflow:
                 f"the task's retry budget is spent ({self._budgeted_attempts} of "
                 f"{budget.max_attempts_per_task} attempts used)"
             )
-        used = now - self._started_at - self._people_time()
-        if used >= budget.deadline:
+        used = workflow.now() - self._started_at - self._people_time()
+        if live and used >= budget.deadline:
             return f"the task's deadline ({budget.deadline} of machine time) has passed"
         return None
 
@@ -621,7 +636,19 @@ class AgentTaskWorkflow:
     # ── application logic ───────────────────────────────────────────────────────────
 
     async def _run_step(self, step: StepInput, *, pinned_at: datetime | None = None) -> None:
-        """Run one step to its end (or until it parks for good).
+        """Run one step to its end (or until it parks for good), then stop its key
+        window's timer: it matters only while the step may still send."""
+        try:
+            await self._run_step_attempts(step, pinned_at=pinned_at)
+        except GeneratorExit:
+            raise  # closed outside the workflow's event loop (evicted): nothing to stop
+        except BaseException:
+            self._stop_key_window(step.step_id)
+            raise
+        self._stop_key_window(step.step_id)
+
+    async def _run_step_attempts(self, step: StepInput, *, pinned_at: datetime | None) -> None:
+        """Attempt the step until it succeeds, stops, or an operator ends it.
 
         Decides from history alone: the pinned policy and the arguments as recorded (the
         approval threshold reads them; the attempt validates them with the tool's input
@@ -652,6 +679,13 @@ class AgentTaskWorkflow:
                 return
             saw_unknown = saw_unknown or result.outcome is OutcomeClass.UNKNOWN
             operator_authorised = False
+            closed = self._key_window_closed(policy, status)
+            if closed is not None and result.key_unusable is None and result.outcome in _RETRYABLE:
+                # The window's timer fired before the attempt's end reached the workflow.
+                last = f" (last attempt: {result.reason})" if result.reason else ""
+                result = result.model_copy(
+                    update={"key_unusable": KeyUnusable.SEND_BY_PASSED, "reason": closed + last}
+                )
             if result.key_unusable is not None:
                 # No attempt may send under this key any more, whatever the budget says.
                 _count("onceflow_key_unusable", tool=step.tool, why=result.key_unusable.value)
@@ -666,7 +700,7 @@ class AgentTaskWorkflow:
                 self._budget,
                 result.outcome,
                 self._usage(status, saw_unknown),
-                safe_repeat_window=policy.safe_repeat_window(self._first_attempt_age(status)),
+                safe_repeat_window=self._safe_repeat_window(policy, status),
                 random_fraction=workflow.random().random,
             )
             if not isinstance(decision, RetryStep) and decision.budget_exhausted:
@@ -678,16 +712,19 @@ class AgentTaskWorkflow:
                 self._budgeted_attempts += 1
                 reserved = True
                 status.state = StepState.BACKING_OFF
-                await workflow.sleep(
-                    decision.delay,
-                    summary=ClearText(f"backoff before retrying step {step.step_id}"),
-                )
-                closed = self._send_by_passed(policy, status)
+                # The backoff ends early when the key's window closes meanwhile: the
+                # step then looks up and parks at once rather than after the backoff.
+                with contextlib.suppress(TimeoutError):
+                    await workflow.wait_condition(
+                        lambda: not self._key_window_open(status),
+                        timeout=decision.delay,
+                        timeout_summary=ClearText(f"backoff before retrying step {step.step_id}"),
+                    )
+                closed = self._key_window_closed(policy, status)
                 if closed is not None:
                     self._budgeted_attempts -= 1  # the reserved retry is not made
                     reserved = False
-                    # The timer fired, but the worker that runs this may have come back
-                    # (or got to it through a backlog) after the key's window.
+                    # The key's window closed during the backoff (its timer fired first).
                     if await self._look_up_or_park(
                         step, policy, status, closed, key_unusable=KeyUnusable.SEND_BY_PASSED
                     ):
@@ -717,10 +754,12 @@ class AgentTaskWorkflow:
         (under the next key generation if the old key can no longer be sent)."""
         found = await self._look_up(step, policy, status)
         if found is not None:
+            status.evidence["looked_up_because"] = reason
             self._finish_step(status, found.resource_id, found.result)
             return True
         if key_unusable is not None:
             self._unusable_keys[status.step_id] = key_unusable
+            self._stop_key_window(status.step_id)  # the key is done with: no timer waits
         finding = await self._park(status, reason)
         new_key = self._old_key_unusable(status)
         why_unusable = self._unusable_keys.pop(status.step_id, None)
@@ -736,6 +775,7 @@ class AgentTaskWorkflow:
                     status.evidence["found_after_decision"] = "true"
                     self._finish_step(status, late.resource_id, late.result)
                     return True
+            self._stop_key_window(status.step_id)
             status.key_generation += 1
             status.evidence["key_generation"] = str(status.key_generation)
         if finding.decision is ReconcileDecision.HAPPENED:
@@ -762,16 +802,17 @@ class AgentTaskWorkflow:
         if not ended:
             return None
         settled_at = max(ended) + policy.settle_time
-        if workflow.now() < settled_at:
-            status.state = StepState.BACKING_OFF
-            status.evidence["old_key_settles_at"] = settled_at.isoformat()
-            await workflow.sleep(
-                settled_at - workflow.now(),
-                summary=ClearText(
-                    f"let step {step.step_id}'s last request under its old key settle at "
-                    "the provider before a new key is sent"
-                ),
-            )
+        status.state = StepState.BACKING_OFF
+        status.evidence["old_key_settles_at"] = settled_at.isoformat()
+        # Always a timer, however little is left: whether any is left reads the clock,
+        # which a replay may read otherwise; the timer's length is no decision.
+        await workflow.sleep(
+            max(settled_at - workflow.now(), MIN_TIMER),
+            summary=ClearText(
+                f"let step {step.step_id}'s last request under its old key settle at "
+                "the provider before a new key is sent"
+            ),
+        )
         return await self._look_up(
             step, policy, status, why="once the old key's requests have settled"
         )
@@ -807,7 +848,9 @@ class AgentTaskWorkflow:
         return self._policies[tool]  # pinned before any of its steps runs
 
     def _send_by(self, policy: ToolPolicy, status: StepStatus) -> datetime | None:
-        """The step key's send-by deadline in workflow time, if the provider forgets keys.
+        """The step key's send-by deadline in workflow time, if the provider forgets keys:
+        for messages and the attempt's schedule-to-start limit only, never a decision
+        (the key window's timer decides).
 
         Counted from the start of the key generation's first attempt, which is no later
         than the key's first send: earlier than the attempt's own check (the recorded
@@ -818,23 +861,67 @@ class AgentTaskWorkflow:
             return None
         return policy.send_by(first.started_at)
 
+    def _open_key_window(self, policy: ToolPolicy, status: StepStatus) -> None:
+        """Start the key's window timer with its first attempt: the window closes when it
+        fires (an event in history), so every decision about the window replays. It is
+        started before the attempt can send, so it closes no later than the attempt's
+        own check (against the database's first-send time) refuses to send."""
+        window = policy.send_window
+        current = self._key_windows.get(status.step_id)
+        if window is None or (current is not None and current.generation == status.key_generation):
+            return
+        self._stop_key_window(status.step_id)
+        self._key_windows[status.step_id] = _KeyWindow(
+            generation=status.key_generation,
+            timer=asyncio.create_task(
+                workflow.sleep(
+                    window,
+                    summary=ClearText(f"send window of step {status.step_id}'s key"),
+                )
+            ),
+        )
+
+    def _stop_key_window(self, step_id: str) -> None:
+        window = self._key_windows.pop(step_id, None)
+        if window is not None and not window.timer.done():
+            window.timer.cancel()
+
+    def _key_window_open(self, status: StepStatus) -> bool:
+        """False once the window timer of the step's current key fired."""
+        window = self._key_windows.get(status.step_id)
+        return not (
+            window is not None
+            and window.generation == status.key_generation
+            and window.timer.done()
+            and not window.timer.cancelled()
+        )
+
+    def _safe_repeat_window(self, policy: ToolPolicy, status: StepStatus) -> timedelta | None:
+        """The policy's safe repeat window, from the key window's timer: nothing left once
+        it fired, else at most the whole window (a retry whose backoff outlasts what is
+        left finds the timer fired after it, and looks up instead of sending)."""
+        key_age = timedelta(0)
+        if not self._key_window_open(status) and policy.send_window is not None:
+            key_age = policy.send_window
+        return policy.safe_repeat_window(key_age)
+
     def _old_key_unusable(self, status: StepStatus) -> bool:
         """Whether the step's current key can no longer be sent: an attempt said so, or
-        its send-by deadline passed (while the step waited for a person, say)."""
+        its window closed (while the step waited for a person, say)."""
         if status.step_id in self._unusable_keys:
             return True
-        return self._send_by_passed(self._policy(status.tool), status) is not None
+        return self._key_window_closed(self._policy(status.tool), status) is not None
 
-    def _send_by_passed(self, policy: ToolPolicy, status: StepStatus) -> str | None:
-        send_by = self._send_by(policy, status)
-        if send_by is None or workflow.now() < send_by:
+    def _key_window_closed(self, policy: ToolPolicy, status: StepStatus) -> str | None:
+        """Why nothing may be sent under the step's key any more, once its window closed."""
+        if self._key_window_open(status):
             return None
+        send_by = self._send_by(policy, status)
+        when = f", about {send_by.isoformat(timespec='seconds')}" if send_by is not None else ""
         return (
-            f"the send-by deadline of the step's key ({send_by.isoformat(timespec='seconds')}: "
-            f"first attempt + retention {policy.key_retention} - margin "
-            f"{policy.retention_margin}) passed while the retry waited (its backoff, or a "
-            "stopped or backlogged worker): the provider may have forgotten the key, so "
-            "nothing was sent again"
+            f"the send window of the step's key closed (first attempt + retention "
+            f"{policy.key_retention} - margin {policy.retention_margin}{when}): the provider "
+            "may have forgotten the key, so nothing more is sent under it"
         )
 
     def _require_tool(self, step: StepInput) -> None:
@@ -864,6 +951,7 @@ class AgentTaskWorkflow:
         started_at = started_at or workflow.now()
         # A repeat under a key the provider forgets must start before the key's send-by
         # deadline: a stopped or backlogged worker must not pick it up later.
+        self._open_key_window(policy, status)
         send_by = None if operator_authorised else self._send_by(policy, status)
         wait_for_worker = (
             max(send_by - started_at, timedelta(seconds=1)) if send_by is not None else None
@@ -990,6 +1078,7 @@ class AgentTaskWorkflow:
             key_generation=status.key_generation,
             claimed_resource_id=claimed_resource_id,
             accept_unverified=accept_unverified,
+            last_attempt_ended_at=status.attempts[-1].finished_at if status.attempts else None,
         )
         try:
             found: ToolAttemptResult = await workflow.execute_activity(
@@ -1207,12 +1296,11 @@ class AgentTaskWorkflow:
         if decision.unverified:
             return _DecisionCheck(verified=False, finding=finding)
         if answer is not None and answer.miss_proves_absence:
+            # Past an eventual look-up's lag too: the activity judged it, and its answer
+            # is in history (a clock read here might not replay).
             return _DecisionCheck(verified=True, finding=finding)
         lag = answer.miss_proves_absence_after if answer is not None else None
         last = status.attempts[-1].finished_at if status.attempts else None
-        # The look-up's answer came in this workflow task: its time is in history.
-        if lag is not None and (last is None or workflow.now() >= last + lag):
-            return _DecisionCheck(verified=True, finding=finding)
         wait = ""
         if lag is not None and last is not None:
             wait = f", or decide again after {(last + lag).isoformat(timespec='seconds')}"
@@ -1359,10 +1447,6 @@ class AgentTaskWorkflow:
         """Time the deadline does not count: awaiting approval or parked."""
         return self._waited_for_people
 
-    def _first_attempt_age(self, status: StepStatus) -> timedelta:
-        first = self._first_attempt_of_key(status) or status.attempts[0]
-        return workflow.now() - first.started_at
-
     def _first_attempt_of_key(self, status: StepStatus) -> AttemptRecord | None:
         """The first attempt sent under the step's current key generation, if any."""
         return next((a for a in status.attempts if a.key_generation == status.key_generation), None)
@@ -1420,6 +1504,14 @@ class AgentTaskWorkflow:
             closing=self._closing,
             runs=self._runs,
         )
+
+
+@dataclass(frozen=True)
+class _KeyWindow:
+    """The send window of one key generation of a step: closed once ``timer`` fired."""
+
+    generation: int
+    timer: "asyncio.Task[None]"
 
 
 class _DecisionCheck(BaseModel):

@@ -23,7 +23,13 @@ from ._processes import (
     stop,
     wait_for_line,
 )
-from ._quiescence import passed_marker, settled_count, workflow_idle
+from ._quiescence import (
+    is_key_window_timer,
+    key_window_closed,
+    passed_marker,
+    settled_count,
+    workflow_idle,
+)
 from ._replay_all import (
     OTHER_RELEASES,
     ReplayReport,
@@ -41,6 +47,8 @@ __all__ = [
     "attempt_environment",
     "eventually",
     "eventually_blocking",
+    "is_key_window_timer",
+    "key_window_closed",
     "log_line",
     "log_line_blocking",
     "onceflow_command",

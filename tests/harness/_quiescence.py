@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from temporalio.api.enums.v1 import EventType
+from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 
 from ._eventually import eventually
@@ -30,13 +31,17 @@ _REPORTED_BACK = {
     EventType.EVENT_TYPE_ACTIVITY_TASK_FAILED: "activity_task_failed_event_attributes",
 }
 """An activity whose code returned or raised; a timed-out or cancelled one may still run."""
+KEY_WINDOW_SUMMARY = b"send window of step"
+"""A key's send-window timer: its firing only closes the window (a parked step's key can
+no longer be sent); it sends nothing, so it does not keep a workflow from being idle."""
 
 
 async def workflow_idle(client: Client, workflow_id: str, *, timeout: float = 20.0) -> None:
     """Wait until the workflow can cause nothing more by itself.
 
-    Idle: the workflow is closed, or running with no workflow task, activity, timer,
-    child workflow or Nexus operation pending (it waits for a signal, an update or an
+    Idle: the workflow is closed, or running with no workflow task, activity, timer
+    (but a key's send-window timer, which sends nothing), child workflow or Nexus
+    operation pending (it waits for a signal, an update or an
     operator); and every activity it scheduled has completed or failed, so no activity
     code is still running with effects to come. A timed-out or cancelled activity is never
     vouched for: its code may still be running, and the probe fails.
@@ -68,7 +73,8 @@ async def _pending(handle: WorkflowHandle[Any, Any]) -> list[str]:
     async for event in handle.fetch_history_events():
         kind = event.event_type
         if kind == EventType.EVENT_TYPE_TIMER_STARTED:
-            timers.add(event.timer_started_event_attributes.timer_id)
+            if not is_key_window_timer(event):
+                timers.add(event.timer_started_event_attributes.timer_id)
         elif kind == EventType.EVENT_TYPE_TIMER_FIRED:
             timers.discard(event.timer_fired_event_attributes.timer_id)
         elif kind == EventType.EVENT_TYPE_TIMER_CANCELED:
@@ -83,6 +89,31 @@ async def _pending(handle: WorkflowHandle[Any, Any]) -> list[str]:
         pending += [f"timer {timer}" for timer in sorted(timers)]
     pending += [f"activity {name} (not reported back)" for name in activities.values()]
     return pending
+
+
+def is_key_window_timer(event: HistoryEvent) -> bool:
+    """Whether a ``TimerStarted`` event starts a key's send-window timer."""
+    return KEY_WINDOW_SUMMARY in event.user_metadata.summary.data
+
+
+async def key_window_closed(client: Client, workflow_id: str, *, timeout: float = 20.0) -> None:
+    """Wait until the workflow's key window timer fired: from then on the workflow holds
+    the step's key unusable (its decisions read the timer, not a clock)."""
+    handle = client.get_workflow_handle(workflow_id)
+
+    async def fired() -> bool:
+        windows: set[str] = set()
+        async for event in handle.fetch_history_events():
+            if event.event_type == EventType.EVENT_TYPE_TIMER_STARTED and is_key_window_timer(
+                event
+            ):
+                windows.add(event.timer_started_event_attributes.timer_id)
+            elif event.event_type == EventType.EVENT_TYPE_TIMER_FIRED:
+                if event.timer_fired_event_attributes.timer_id in windows:
+                    return True
+        return False
+
+    await eventually(fired, what=f"the key window timer of {workflow_id} fired", timeout=timeout)
 
 
 async def settled_count(client: Client, query: str, *, timeout: float = 20.0) -> int:

@@ -2,9 +2,6 @@
 ledger and request log: ``did_not_happen`` looks the charge up first, ``happened`` is
 verified by retrieving the named PaymentIntent and recorded where a later refund reads it."""
 
-import asyncio
-from datetime import UTC, datetime
-
 import pytest
 from onceflow_devstack.stripe_provider import Fault, ProviderControl, RequestRecord
 from temporalio.testing import WorkflowEnvironment
@@ -20,6 +17,7 @@ from onceflow.workflows.task_models import (
     TaskState,
     TaskStatus,
 )
+from tests.harness import key_window_closed
 
 from .conftest import (
     ACCOUNT,
@@ -285,12 +283,8 @@ async def test_did_not_happen_past_the_keys_send_by_deadline_sends_under_a_new_g
     workflow_id = await start_task(
         tasks, ("pay", SHORT_RETENTION_CHARGE.name, VISA_CHARGE), budget=ONE_UNKNOWN_PARKS
     )
-    status = await wait_for(tasks, workflow_id, parked)
-    policy = status.policies[SHORT_RETENTION_CHARGE.name]
-    send_by = policy.send_by(status.step("pay").attempts[0].started_at)
-    assert send_by is not None
-    past_send_by = max((send_by - datetime.now(UTC)).total_seconds(), 0) + 0.1
-    await asyncio.sleep(past_send_by)  # scenario: the operator decides after the send-by
+    await wait_for(tasks, workflow_id, parked)
+    await key_window_closed(worker.client, workflow_id)  # the operator decides after it
 
     answer = await tasks.reconcile(workflow_id, decide(ReconcileDecision.DID_NOT_HAPPEN))
 

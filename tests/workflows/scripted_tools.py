@@ -4,6 +4,7 @@ They stand in for a provider's far side: the workflow, the Temporal server and t
 budget under test are all real.
 """
 
+import asyncio
 from collections import defaultdict
 from collections.abc import Callable
 from datetime import timedelta
@@ -27,6 +28,7 @@ from onceflow.tools import (
     ToolContract,
     lookup_activity_name,
 )
+from onceflow.tools._activities import miss_past_lag
 from onceflow.workflows.task_models import RECORD_TASK_OUTCOME, TaskOutcomeInput
 
 
@@ -108,6 +110,8 @@ class Script:
         self.lagging: dict[str, timedelta] = {}
         """Labels whose look-up reads an eventually consistent index: its miss proves
         absence only this long after the step's last attempt."""
+        self.slow: dict[str, timedelta] = {}
+        """Labels whose attempts take this long at the far side (each of them)."""
         self.recorded: dict[str, str] = {}
         self.outcomes: list[TaskOutcomeInput] = []
         self.rejected: list[ToolCallInput] = []
@@ -163,10 +167,14 @@ class Script:
                     result={"label": label, "found_by": "lookup"},
                 )
             if label in self.lagging:
+                # What a registered look-up's activity wrapper judges: the miss proves
+                # absence once the lag has passed since the step's last attempt.
+                lag = self.lagging[label]
                 return ToolAttemptResult(
                     outcome=OutcomeClass.UNKNOWN,
                     reason="scripted: not in the lagging index",
-                    miss_proves_absence_after=self.lagging[label],
+                    miss_proves_absence=miss_past_lag(call.last_attempt_ended_at, lag),
+                    miss_proves_absence_after=lag,
                 )
             # The scripted far side is read consistently: not found means not there.
             return ToolAttemptResult(
@@ -189,6 +197,8 @@ class Script:
                     outcome=OutcomeClass.REJECTED, reason="invalid arguments: scripted"
                 )
             self.calls[label].append(call)
+            if label in self.slow:
+                await asyncio.sleep(self.slow[label].total_seconds())  # scenario: a slow far side
             planned = self._outcomes.get(label) or [OutcomeClass.SUCCEEDED]
             outcome = planned.pop(0) if len(planned) > 1 else planned[0]
             if outcome == DATABASE_DOWN:

@@ -13,19 +13,25 @@ before its first attempt; a task started by hand still pins them with one, and c
 from the time before it. Each test compares what the task recorded live with what a
 worker that caches nothing rebuilds from its history (its status query, after the task
 ended, replays the whole history).
+
+A live worker may also read an earlier workflow task's time (seen after a Temporal
+restart): the key's window is decided by a timer, never by comparing that clock.
 """
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
+from datetime import datetime, timedelta
 
 import pytest
+from temporalio import workflow
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHandle, WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, Worker
 
+from onceflow.retry_policy import OutcomeClass, RetryBudget
 from onceflow.task_api import CallRefused, TaskClient
 from onceflow.tools import CATALOGUE, Catalogue
 from onceflow.workflows import AgentTaskWorkflow
@@ -37,6 +43,8 @@ from onceflow.workflows.task_models import (
     TaskState,
     TaskStatus,
 )
+from tests.harness import eventually
+from tests.harness._replay_all import replay_histories
 
 from .scripted_tools import PROVIDER_KEYED, Script
 
@@ -204,3 +212,66 @@ async def test_parallel_first_calls_of_several_tools_and_a_racing_close_replay(
 async def iter_histories(histories: Iterable[WorkflowHistory]) -> AsyncIterator[WorkflowHistory]:
     for history in histories:
         yield history
+
+
+class LaggingClock:
+    """``workflow.now()`` as a live worker read it after a Temporal restart (chaos run,
+    kept in ``histories/investigate``): the time of the workflow task before the one
+    running. A replay reads the running task's time."""
+
+    def __init__(self, read: Callable[[], datetime]) -> None:
+        self._read = read
+        self._tasks: dict[str, tuple[datetime, datetime]] = {}
+        """Per run: (the previous workflow task's time, the running one's)."""
+
+    def __call__(self) -> datetime:
+        now, run = self._read(), workflow.info().run_id
+        previous, current = self._tasks.get(run, (now, now))
+        if now != current:
+            previous, current = current, now
+        self._tasks[run] = (previous, current)
+        return previous
+
+
+async def test_a_key_window_decided_on_a_lagging_live_clock_replays(
+    dev_server: WorkflowEnvironment,
+    task_queue: str,
+    script: Script,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A key kept 3 s less a 1 s margin; the first attempt ends unknown after the window.
+    window = timedelta(seconds=2)
+    policy = PROVIDER_KEYED.policy().model_copy(
+        update={"key_retention": timedelta(seconds=3), "retention_margin": timedelta(seconds=1)}
+    )
+    label = script.plan("lagging-clock", OutcomeClass.UNKNOWN, OutcomeClass.SUCCEEDED)
+    script.slow[label] = window + timedelta(seconds=2)
+    task = a_plan(label).model_copy(
+        update={
+            "policies": {PROVIDER_KEYED.name: policy},
+            "budget": RetryBudget(max_backoff=timedelta(seconds=1)),
+        }
+    )
+    handle = await dev_server.client.start_workflow(
+        AgentTaskWorkflow.run, task, id=f"lagging-{uuid.uuid4().hex}", task_queue=task_queue
+    )
+    monkeypatch.setattr(workflow, "now", LaggingClock(workflow.now))
+    async with Worker(
+        dev_server.client,
+        task_queue=task_queue,
+        workflows=[AgentTaskWorkflow],
+        activities=script.activities(),
+    ):
+        # Live, the decision after the attempt read the time before it: the key looked
+        # fresh. The window's timer fired during the attempt: the step parks, no repeat.
+        status = await eventually(
+            lambda: handle.query(AgentTaskWorkflow.status),
+            until=lambda status: status.state is TaskState.PARKED,
+            what="the task parks",
+        )
+    monkeypatch.undo()
+    assert script.attempts(label) == 1
+    assert "send window of the step's key closed" in (status.step("pay").park_reason or "")
+    report = await replay_histories(iter_histories([await handle.fetch_history()]), "dev")
+    assert (report.replayed, report.diverged) == (1, [])
+    await handle.terminate("test over")
