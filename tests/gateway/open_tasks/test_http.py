@@ -657,3 +657,65 @@ async def test_twenty_calls_then_a_failing_provider_spends_the_one_budget_and_ca
     listed = await status(http, gateways[0], agent, task_id)
     assert len(listed["steps"]) == 22 and listed["budget"]["attempts_used"] == 2
     assert count(database, "orders") == orders_before + 7
+
+
+async def test_parallel_calls_meeting_only_429s_send_at_most_n_plus_b_requests(
+    gateways: tuple[GatewayProcess, GatewayProcess],
+    agent: Caller,
+    http: httpx.AsyncClient,
+    stripe_provider: StripeProvider,
+) -> None:
+    # A model's five parallel charges while Stripe rate-limits every request: each call's
+    # first attempt is free, their retries share the task's 3. Judged by the provider's
+    # own request log: at most 5 + 3 charge requests reached it (fewer calls, when one
+    # arrives after the budget is spent).
+    parallel, per_task = 5, 3
+    budget = {
+        "max_attempts_per_task": per_task,
+        "max_attempts_per_step": per_task,
+        "initial_backoff": "PT0.05S",
+        "max_backoff": "PT0.2S",
+    }
+    created = await http.post(
+        f"{gateways[0].url}/v1/tasks",
+        json={"open": {}, "budget": budget},
+        headers=keyed(agent, unique("open")),
+    )
+    assert created.status_code == 201, created.text
+    task_id = created.json()["task_id"]
+    seen_before = len(await stripe_provider.control.requests())
+    await stripe_provider.control.add_fault(
+        Fault.RATE_LIMIT_429, path_prefix="/v1/payment_intents", times=None
+    )
+    try:
+        answers = await asyncio.gather(
+            *(
+                call(
+                    http,
+                    gateways[n % 2],
+                    agent,
+                    task_id,
+                    unique("call"),
+                    "charge_payment",
+                    charge(unique("ord")),
+                )
+                for n in range(parallel)
+            )
+        )
+    finally:
+        await stripe_provider.control.clear_faults()
+    # A call admitted after the others' retries spent the budget is refused, unsent.
+    admitted = [a for a in answers if a.status_code == 200]
+    refused = [a for a in answers if a.status_code != 200]
+    assert all(a.status_code == 409 for a in refused), [a.text for a in refused]
+    assert all("retry budget is spent" in a.json()["reason"] for a in refused)
+    assert admitted and {a.json()["state"] for a in admitted} == {"failed"}
+    sent = [
+        r
+        for r in (await stripe_provider.control.requests())[seen_before:]
+        if r.method == "POST" and r.path == "/v1/payment_intents"
+    ]
+    assert len(admitted) <= len(sent) <= len(admitted) + per_task, len(sent)
+    assert {r.outcome for r in sent} == {"faulted"}
+    listed = await status(http, gateways[0], agent, task_id)
+    assert listed["budget"]["attempts_used"] == len(sent) - len(admitted)

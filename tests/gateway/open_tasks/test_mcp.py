@@ -23,6 +23,7 @@ import mcp_types as types
 import pytest
 from mcp import Client, ClientSession
 from mcp.client.streamable_http import streamable_http_client
+from onceflow_devstack.stripe_provider import Fault
 
 from onceflow.gateway.mcp_server import (
     DELIBERATE_REPEAT_ARGUMENT,
@@ -31,6 +32,7 @@ from onceflow.gateway.mcp_server import (
     build_mcp_server,
     fixed_principal,
 )
+from onceflow.retry_policy import RetryBudget
 from tests.harness import eventually
 
 from ..conftest import (
@@ -492,3 +494,39 @@ async def test_the_repeat_guard_spans_the_session_across_its_task_rollover(
         assert coupon["task_id"] != first_task
 
     assert len(await stripe_provider.charges(order_id)) == 1
+
+
+async def test_parallel_calls_in_a_session_meeting_only_429s_send_at_most_n_plus_b_requests(
+    mcp_url: str, agent: Caller, stripe_provider: StripeProvider
+) -> None:
+    # A model's five parallel charges in one session while Stripe rate-limits every
+    # request: the session's task keeps its default budget (12 attempts beyond each
+    # call's first). Judged by the provider's own request log.
+    parallel, per_task = 5, RetryBudget().max_attempts_per_task
+    seen_before = len(await stripe_provider.control.requests())
+    await stripe_provider.control.add_fault(
+        Fault.RATE_LIMIT_429, path_prefix="/v1/payment_intents", times=None
+    )
+    try:
+        async with mcp_session(mcp_url, agent) as session:
+            results = await asyncio.gather(
+                *(
+                    session.call_tool("charge_payment", keyed(charge(unique("ord")), unique("k")))
+                    for _ in range(parallel)
+                )
+            )
+    finally:
+        await stripe_provider.control.clear_faults()
+    views = [result.structured_content or {} for result in results]
+    # A call made after the others' retries spent the budget is refused, unsent.
+    admitted = [view for view in views if view.get("state") == "failed"]
+    refused = [text_of(r) for r in results if (r.structured_content or {}).get("state") is None]
+    assert all("retry budget is spent" in text for text in refused), refused
+    assert admitted and len(admitted) + len(refused) == parallel, views
+    sent = [
+        r
+        for r in (await stripe_provider.control.requests())[seen_before:]
+        if r.method == "POST" and r.path == "/v1/payment_intents"
+    ]
+    assert len(admitted) <= len(sent) <= len(admitted) + per_task, len(sent)
+    assert {r.outcome for r in sent} == {"faulted"}
