@@ -797,12 +797,20 @@ class BoundaryService:
 
     async def _ask_task(self, task_id: str, call: CallInput, deadline: float) -> CallView:
         """Send the call and return the task's answer; when the bounded wait is over
-        first, the call's state as the task's status shows it (``pending`` if the task
-        has not taken it yet: sending it again is then what makes it run)."""
-        left = max(deadline - asyncio.get_running_loop().time(), 0.0)
+        first, the call's state as the task's status shows it. The wait bounds the
+        answer, never the delivery: the call is sent until the task has taken it (or
+        ``STATUS_QUERY_TIMEOUT`` passes with no worker to take it: ``pending``, and
+        sending it again is then what makes it run)."""
+        loop = asyncio.get_running_loop()
         async with _backend_errors():
             try:
-                answer: CallAnswer = await asyncio.wait_for(self._tasks.call(task_id, call), left)
+                sent = await asyncio.wait_for(
+                    self._tasks.send_call(task_id, call),
+                    max(deadline - loop.time(), STATUS_QUERY_TIMEOUT),
+                )
+                answer: CallAnswer = await asyncio.wait_for(
+                    sent.answer(), max(deadline - loop.time(), 0.0)
+                )
             # Temporal's client turns the cancelled wait into its own error.
             except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError):
                 answer = await self._call_now(task_id, call)

@@ -5,6 +5,7 @@ is the boundary's fingerprint check), it only starts idempotently by workflow id
 """
 
 from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -15,6 +16,8 @@ from temporalio.client import (
     WithStartWorkflowOperation,
     WorkflowHandle,
     WorkflowUpdateFailedError,
+    WorkflowUpdateHandle,
+    WorkflowUpdateStage,
 )
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.exceptions import WorkflowAlreadyStartedError
@@ -213,11 +216,8 @@ class TaskClient:
         Raises:
             CallRefused: The task refused the call (or has ended); nothing was recorded.
         """
-        if request.policy is None:
-            policies = self._catalogue.policies([request.tool])
-            if policies is not None:
-                request = request.model_copy(update={"policy": policies[request.tool]})
-        try:
+        request = self._with_policy(request)
+        async with _refused_calls():
             if start is None:
                 handle = self._client.get_workflow_handle_for(AgentTaskWorkflow.run, workflow_id)
                 return await handle.execute_update(AgentTaskWorkflow.call, request)
@@ -227,12 +227,33 @@ class TaskClient:
             return await self._client.execute_update_with_start_workflow(
                 AgentTaskWorkflow.call, request, start_workflow_operation=operation
             )
-        except WorkflowUpdateFailedError as failed:
-            raise CallRefused(_refusal(failed)) from None
-        except RPCError as error:
-            if error.status is not RPCStatusCode.NOT_FOUND:
-                raise
-            raise CallRefused("the task has ended: it takes no more calls") from None
+
+    async def send_call(self, workflow_id: str, request: CallInput) -> "SentCall":
+        """Send one call of an open task and return once the task has taken it (recorded
+        in its history, so it runs whoever waits for it); ``SentCall.answer()`` waits
+        for the answer ``call`` returns. For a caller that bounds its wait for the
+        answer, never the call's delivery.
+
+        Raises:
+            CallRefused: The task refused the call (or has ended); nothing was recorded.
+        """
+        request = self._with_policy(request)
+        handle = self._client.get_workflow_handle_for(AgentTaskWorkflow.run, workflow_id)
+        async with _refused_calls():
+            sent = await handle.start_update(
+                AgentTaskWorkflow.call,
+                request,
+                wait_for_stage=WorkflowUpdateStage.ACCEPTED,
+            )
+        return SentCall(sent)
+
+    def _with_policy(self, request: CallInput) -> CallInput:
+        if request.policy is not None:
+            return request
+        policies = self._catalogue.policies([request.tool])
+        if policies is None:
+            return request
+        return request.model_copy(update={"policy": policies[request.tool]})
 
     async def close(self, workflow_id: str) -> TaskStatus:
         """Close an open task: it takes no more calls and ends once its calls end.
@@ -400,6 +421,35 @@ def _same_decision(
     if decision.decision is ReconcileDecision.HAPPENED:
         return resource_id == decision.resource_id
     return True
+
+
+@dataclass(frozen=True)
+class SentCall:
+    """A call an open task has taken (``TaskClient.send_call``)."""
+
+    _update: WorkflowUpdateHandle[CallAnswer]
+
+    async def answer(self) -> CallAnswer:
+        """Wait for the call's answer: when it ends, parks or awaits approval.
+
+        Raises:
+            CallRefused: The task refused the call after taking it.
+        """
+        async with _refused_calls():
+            return await self._update.result()
+
+
+@asynccontextmanager
+async def _refused_calls() -> AsyncIterator[None]:
+    """A task's refusal of a call, or its end, as ``CallRefused``."""
+    try:
+        yield
+    except WorkflowUpdateFailedError as failed:
+        raise CallRefused(_refusal(failed)) from None
+    except RPCError as error:
+        if error.status is not RPCStatusCode.NOT_FOUND:
+            raise
+        raise CallRefused("the task has ended: it takes no more calls") from None
 
 
 def _refusal(failed: WorkflowUpdateFailedError) -> str:

@@ -9,9 +9,11 @@ orders and coupon tables, the idempotency records and the task workflows in Temp
 
 import asyncio
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import pytest
 from onceflow_devstack.stripe_provider import Fault
 
 from onceflow.tools import key_digest
@@ -27,6 +29,7 @@ from ..conftest import (
     new_tenant,
     open_service,
     rows,
+    start_gateway,
 )
 from .conftest import TOOLS
 
@@ -719,3 +722,54 @@ async def test_parallel_calls_meeting_only_429s_send_at_most_n_plus_b_requests(
     assert {r.outcome for r in sent} == {"faulted"}
     listed = await status(http, gateways[0], agent, task_id)
     assert listed["budget"]["attempts_used"] == len(sent) - len(admitted)
+
+
+@pytest.fixture(scope="module")
+def zero_wait_gateway(
+    stack: Stack, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
+    """A gateway that never waits for a running task's answer."""
+    gateway = start_gateway(
+        stack,
+        tmp_path_factory.mktemp("zero-wait") / "gateway.log",
+        ONCEFLOW_GATEWAY_REPLAY_WAIT_SECONDS="0",
+    )
+    yield gateway
+    gateway.stop()
+
+
+async def test_a_gateway_that_never_waits_still_delivers_every_call(
+    zero_wait_gateway: GatewayProcess,
+    agent: Caller,
+    http: httpx.AsyncClient,
+    stripe_provider: StripeProvider,
+) -> None:
+    # The gateway answers at once (202 with the call's state), but only once the task
+    # has taken the call: it runs, and the same key answers its end.
+    task_id = await open_task(http, zero_wait_gateway, agent)
+    order_id, key = unique("ord"), unique("call")
+    sent = await call(
+        http, zero_wait_gateway, agent, task_id, key, "charge_payment", charge(order_id)
+    )
+    assert sent.status_code in (200, 202), sent.text
+    assert sent.json()["state"] != "pending", sent.text
+
+    async def again() -> httpx.Response:
+        return await call(
+            http, zero_wait_gateway, agent, task_id, key, "charge_payment", charge(order_id)
+        )
+
+    ended = await eventually(
+        again,
+        until=lambda response: (
+            response.status_code == 200 and response.json()["state"] == "succeeded"
+        ),
+        what="the call's key answers its end",
+    )
+    [intent] = await stripe_provider.charges(order_id)
+    assert ended.json()["resource_id"] == intent.object_id
+    closed = await http.post(
+        f"{zero_wait_gateway.url}/v1/tasks/{task_id}/close", headers=agent.headers
+    )
+    assert closed.status_code == 200, closed.text
+    assert [step["tool"] for step in closed.json()["steps"]] == ["charge_payment"]
