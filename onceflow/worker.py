@@ -50,6 +50,12 @@ sandbox (BENCHMARKS.md, "The workflow sandbox"). Its determinism is proven where
 sandbox still runs it: the workflow tests' workers, the saved-history replays and the
 replay of every history a test or chaos run made, which fail on a refused call."""
 
+STICKY_TIMEOUT = timedelta(seconds=2)
+"""How long a task's next workflow task or query waits on the queue of the worker that
+cached it before any worker takes it (Temporal's default is 10 s). A worker that crashed
+leaves its tasks unanswered that long: within the gateway's 5 s status deadline, not
+past it. A busy worker loses a cached task to another that replays it: CPU, not harm."""
+
 
 @asynccontextmanager
 async def build_worker(
@@ -122,6 +128,7 @@ async def build_worker(
             interceptors=[AttemptAnnotations()],
             workflow_runner=WORKFLOW_RUNNER,
             max_cached_workflows=settings.max_cached_tasks,
+            sticky_queue_schedule_to_start_timeout=STICKY_TIMEOUT,
         ) as worker:
             yield worker
 

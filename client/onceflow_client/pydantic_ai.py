@@ -80,7 +80,9 @@ _CALL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
 _ANY_ARGUMENTS = SchemaValidator(core_schema.any_schema())
 """The gateway validates arguments against the tool's input model, and answers a bad call
 before anything is recorded; a second, local copy of that check could only disagree."""
-_UNANSWERED_PROBLEMS = frozenset({"backend-unavailable", "key-quota-exceeded"})
+_UNANSWERED_PROBLEMS = frozenset(
+    {"backend-unavailable", "key-quota-exceeded", "task-busy", "task-unanswered"}
+)
 """Answers after which the call may or may not have reached the task: ask again later."""
 _NO_EFFECT_OUTCOMES = frozenset({"rejected", "transient"})
 _SETTLE_PAUSE = 0.5

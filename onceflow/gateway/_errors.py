@@ -256,6 +256,15 @@ class BackendUnavailable(BoundaryError):
         self.retry_after_seconds = retry_after_seconds
 
 
+class TaskUnanswered(BackendUnavailable):
+    """The task exists but did not answer (no worker took its query in time, or its
+    workflow task fails); ``detail`` says which, from what Temporal holds without a
+    worker. Reading again after ``Retry-After`` is safe."""
+
+    slug = "task-unanswered"
+    title = "Task did not answer"
+
+
 class TaskBusy(BackendUnavailable):
     """The task is taking as many calls and decisions at once as Temporal allows (ten
     Updates in flight per workflow); nothing reached it, and a retry with the same key

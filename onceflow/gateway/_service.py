@@ -76,6 +76,7 @@ from onceflow.gateway._errors import (
     TaskBusy,
     TaskNotFound,
     TaskNotOpen,
+    TaskUnanswered,
     ToolNotAllowed,
     UnknownToolRequested,
     replayed_problem,
@@ -530,19 +531,45 @@ class BoundaryService:
             try:
                 status = await asyncio.wait_for(self._tasks.status(task_id), STATUS_QUERY_TIMEOUT)
             except TimeoutError:
-                raise BackendUnavailable(
-                    "the task did not answer its status query (is a worker running?)"
-                ) from None
+                raise await self._unanswered(task_id, tenant=principal.tenant) from None
             except RPCError as error:
                 if error.status in (RPCStatusCode.NOT_FOUND, RPCStatusCode.INVALID_ARGUMENT):
                     raise TaskNotFound("no such task") from None
                 raise
-            except WorkflowQueryFailedError:
-                raise TaskNotFound("no such task") from None
+            except WorkflowQueryFailedError as failed:
+                raise await self._unanswered(
+                    task_id, tenant=principal.tenant, failure=str(failed)
+                ) from None
         # Another tenant's task is reported exactly like a missing one.
         if status.tenant != principal.tenant:
             raise TaskNotFound("no such task")
         return status
+
+    async def _unanswered(
+        self, task_id: str, *, tenant: str | None = None, failure: str | None = None
+    ) -> TaskNotFound | TaskUnanswered:
+        """Why a task did not answer, from what Temporal holds without a worker: no such
+        task (404, or another tenant's), its workflow task failing, no worker polling its
+        queue, or a worker too slow to answer in time."""
+        summary = await self._tasks.summary(task_id)
+        if summary is None or (tenant is not None and summary.tenant != tenant):
+            return TaskNotFound("no such task")
+        exists = f"task {task_id} exists ({summary.state}) but"
+        if failure is not None:
+            return TaskUnanswered(
+                f"{exists} its status query failed: {failure} (its workflow task fails: "
+                "see the task in the Temporal UI)"
+            )
+        if await self._tasks.workers_polling() == 0:
+            return TaskUnanswered(
+                f"{exists} no worker polls its task queue: start one (onceflow worker)",
+                retry_after_seconds=5,
+            )
+        return TaskUnanswered(
+            f"{exists} did not answer its status query within {STATUS_QUERY_TIMEOUT:g} s, "
+            "although workers polled its task queue lately (one may have just stopped, "
+            "or be too busy)"
+        )
 
     # ── calls of open tasks ─────────────────────────────────────────────────────────
 
@@ -756,9 +783,7 @@ class BoundaryService:
             # the task answered) gets the refusal, as its first request would have.
             status = await self._status_or_none(task_id)
             if status is None:
-                raise BackendUnavailable(
-                    "the task did not answer its status query (is a worker running?)"
-                ) from None
+                raise await self._unanswered(task_id) from None
             view = call_view(_answer_from(task_id, status, call))
             if view.state is StepState.PENDING:
                 if await self._records.refresh(
@@ -869,9 +894,13 @@ class BoundaryService:
                 try:
                     return await asyncio.wait_for(self._tasks.close(task_id), STATUS_QUERY_TIMEOUT)
                 except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError):
-                    raise BackendUnavailable(
-                        "the task did not answer (is a worker running?); closing again is safe"
-                    ) from None
+                    unanswered = await self._unanswered(task_id)
+                    if isinstance(unanswered, TaskUnanswered):
+                        unanswered = TaskUnanswered(
+                            f"{unanswered.detail}; closing again is safe",
+                            retry_after_seconds=unanswered.retry_after_seconds or 2,
+                        )
+                    raise unanswered from None
                 except TaskRefusedCall as refused:
                     raise TaskNotOpen(str(refused), task_id=task_id) from None
 

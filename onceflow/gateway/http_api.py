@@ -51,8 +51,10 @@ from onceflow.gateway._errors import (
     QuotaExceeded,
     RequestInProgress,
     RequestTooLarge,
+    TaskBusy,
     TaskNotFound,
     TaskNotOpen,
+    TaskUnanswered,
     ToolNotAllowed,
     Unauthenticated,
     UnknownToolRequested,
@@ -182,7 +184,14 @@ _TOOL_CALL_PROBLEMS = (*_AUTHENTICATED, ToolNotAllowed, UnknownToolRequested, *_
 _NAMED_TOOL_CALL_PROBLEMS = tuple(
     kind for kind in _TOOL_CALL_PROBLEMS if kind is not UnknownToolRequested
 )
-_TASK_CALL_PROBLEMS = (*_TOOL_CALL_PROBLEMS, TaskNotFound, CallRefused, TaskNotOpen)
+_TASK_CALL_PROBLEMS = (
+    *_TOOL_CALL_PROBLEMS,
+    TaskNotFound,
+    CallRefused,
+    TaskNotOpen,
+    TaskBusy,
+    TaskUnanswered,
+)
 _DECISION_PROBLEMS = (
     *_AUTHENTICATED,
     DecisionsNotAllowed,
@@ -190,8 +199,10 @@ _DECISION_PROBLEMS = (
     *(kind for kind in _KEYED_BODY if kind is not MissingIdempotencyKey),
     DecisionRefused,
     DecisionConflict,
+    TaskBusy,
+    TaskUnanswered,
 )
-_TASK_READ_PROBLEMS = (*_AUTHENTICATED, TaskNotFound, InvalidRequest)
+_TASK_READ_PROBLEMS = (*_AUTHENTICATED, TaskNotFound, InvalidRequest, TaskUnanswered)
 
 _TASK_ENDED = {
     "model": TaskView,

@@ -11,15 +11,24 @@ from datetime import datetime
 from typing import Any
 
 from opentelemetry import trace
+from temporalio.api.enums.v1 import TaskQueueType
+from temporalio.api.taskqueue.v1 import TaskQueue
+from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import (
     Client,
     WithStartWorkflowOperation,
+    WorkflowExecution,
     WorkflowHandle,
     WorkflowUpdateFailedError,
     WorkflowUpdateHandle,
     WorkflowUpdateStage,
 )
-from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.common import (
+    SearchAttributePair,
+    TypedSearchAttributes,
+    WorkflowIDConflictPolicy,
+    WorkflowIDReusePolicy,
+)
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -182,6 +191,14 @@ class TaskClient:
             "task_queue": self._task_queue,
             "id_conflict_policy": WorkflowIDConflictPolicy.USE_EXISTING,
             "id_reuse_policy": WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            # Known before any worker runs the task: whose it is, for the gateway's
+            # answers and the listings while no worker serves the queue.
+            "search_attributes": TypedSearchAttributes(
+                [
+                    SearchAttributePair(TASK_TENANT, task.tenant),
+                    SearchAttributePair(TASK_KIND, "open" if task.open is not None else "plan"),
+                ]
+            ),
             "static_summary": ClearText(summary),
             "static_details": ClearText(
                 f"{what} of tenant `{task.tenant}` for principal `{task.principal}`."
@@ -321,6 +338,32 @@ class TaskClient:
         status = await self.status(workflow_id)
         return settle_decision(status, decision, refusal=refusal)
 
+    async def summary(self, workflow_id: str) -> TaskSummary | None:
+        """What Temporal holds of a task without asking a worker (its search attributes
+        and start); None when no such task exists."""
+        handle = self._client.get_workflow_handle(workflow_id)
+        try:
+            described = await handle.describe()
+        except RPCError as error:
+            if error.status in (RPCStatusCode.NOT_FOUND, RPCStatusCode.INVALID_ARGUMENT):
+                return None
+            raise
+        if described.workflow_type != "AgentTaskWorkflow":
+            return None
+        return _summary(described)
+
+    async def workers_polling(self) -> int:
+        """How many workers Temporal saw polling the task queue lately (about the last
+        minute: a worker that just died still counts for a while)."""
+        described = await self._client.workflow_service.describe_task_queue(
+            DescribeTaskQueueRequest(
+                namespace=self._client.namespace,
+                task_queue=TaskQueue(name=self._task_queue),
+                task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+            )
+        )
+        return len(described.pollers)
+
     async def list(
         self,
         *,
@@ -338,14 +381,18 @@ class TaskClient:
         if open_only:
             clauses.append(f"{TASK_KIND.name} = 'open'")
         async for execution in self._client.list_workflows(" AND ".join(clauses), limit=limit):
-            attributes = execution.typed_search_attributes
-            yield TaskSummary(
-                workflow_id=execution.id,
-                state=attributes.get(TASK_STATE) or "unknown",
-                tenant=attributes.get(TASK_TENANT) or "",
-                started_at=execution.start_time,
-                kind=attributes.get(TASK_KIND) or "plan",
-            )
+            yield _summary(execution)
+
+
+def _summary(execution: WorkflowExecution) -> TaskSummary:
+    attributes = execution.typed_search_attributes
+    return TaskSummary(
+        workflow_id=execution.id,
+        state=attributes.get(TASK_STATE) or "unknown",
+        tenant=attributes.get(TASK_TENANT) or "",
+        started_at=execution.start_time,
+        kind=attributes.get(TASK_KIND) or "plan",
+    )
 
 
 def settle_decision(

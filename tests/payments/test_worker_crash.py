@@ -9,6 +9,7 @@ ones the workflow reads, which is why every worker must get the same values.
 import asyncio
 import os
 import signal
+import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -19,9 +20,14 @@ from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
+from onceflow.gateway import GatewaySettings, open_boundary
+from onceflow.gateway._errors import TaskNotFound, TaskUnanswered
+from onceflow.gateway._principals import Principal
 from onceflow.retry_policy import RetryBudget
+from onceflow.settings import OnceflowSettings
+from onceflow.task_api import TaskClient
 from onceflow.tools import derive_child_key
-from onceflow.workflows.task_models import TaskState
+from onceflow.workflows.task_models import AgentTaskInput, OpenTaskOptions, TaskState
 from tests.harness import eventually, is_key_window_timer
 
 from .conftest import (
@@ -184,3 +190,94 @@ async def test_a_worker_paused_after_a_retry_was_decided_never_sends_the_forgott
     assert [r.outcome for r in sent] == ["executed"]  # never sent again
     [charge] = [entry for entry in await control.ledger() if entry.idempotency_key == key]
     assert step.resource_id == charge.object_id
+
+
+def operator_of(tenant: str) -> Principal:
+    return Principal(
+        principal_id=uuid.uuid4(),
+        tenant=tenant,
+        name="ops",
+        allowed_tools=frozenset(),
+        may_decide=True,
+        key_quota=None,
+    )
+
+
+async def test_a_crashed_workers_tasks_answer_their_status_through_another_worker(
+    dev_server: WorkflowEnvironment,
+    worker_process: WorkerProcess,
+    tasks: TaskClient,
+    database: str,
+    task_queue: str,
+) -> None:
+    # Open tasks spread over two workers, each cached where its first workflow task ran.
+    first = await worker_process()
+    await worker_process()
+    ids = [f"cached-{n}-{uuid.uuid4().hex}" for n in range(6)]
+    for workflow_id in ids:
+        await tasks.start(
+            AgentTaskInput(tenant=TENANT, principal="agent", open=OpenTaskOptions()),
+            workflow_id=workflow_id,
+        )
+    for workflow_id in ids:
+        await tasks.status(workflow_id)
+    cached_on_first = [
+        workflow_id
+        for workflow_id in ids
+        if await ran_first_task_on(dev_server.client, workflow_id, first)
+    ]
+    assert cached_on_first, "no task was cached on the first worker"
+    first.send_signal(signal.SIGKILL)
+    await first.wait()
+
+    # The gateway answers every one of them within its deadline: the other worker takes
+    # the queries once the dead worker's queue times out.
+    async with open_boundary(
+        OnceflowSettings(task_queue=task_queue),
+        GatewaySettings(),
+        database_url=database,
+        temporal_address=dev_server.client.service_client.config.target_host,
+    ) as service:
+        for workflow_id in ids:
+            status = await service.task_status(operator_of(TENANT), workflow_id)
+            assert status.workflow_id == workflow_id and status.open
+
+
+async def test_a_task_no_worker_serves_is_reported_as_such_not_as_missing(
+    dev_server: WorkflowEnvironment, database: str
+) -> None:
+    nobody = f"nobody-{uuid.uuid4().hex}"
+    workflow_id = f"unserved-{uuid.uuid4().hex}"
+    await TaskClient(dev_server.client, task_queue=nobody).start(
+        AgentTaskInput(tenant=TENANT, principal="agent", open=OpenTaskOptions()),
+        workflow_id=workflow_id,
+    )
+    async with open_boundary(
+        OnceflowSettings(task_queue=nobody),
+        GatewaySettings(),
+        database_url=database,
+        temporal_address=dev_server.client.service_client.config.target_host,
+    ) as service:
+        with pytest.raises(TaskUnanswered) as unanswered:
+            await service.task_status(operator_of(TENANT), workflow_id)
+        assert "no worker polls its task queue" in unanswered.value.detail
+        assert unanswered.value.status == 503
+        # Another tenant asking learns nothing: the same answer as a missing task.
+        with pytest.raises(TaskNotFound):
+            await service.task_status(operator_of("another-tenant"), workflow_id)
+        with pytest.raises(TaskNotFound):
+            await service.task_status(operator_of(TENANT), f"missing-{uuid.uuid4().hex}")
+    await dev_server.client.get_workflow_handle(workflow_id).terminate("test over")
+
+
+async def ran_first_task_on(
+    client: Client, workflow_id: str, worker: asyncio.subprocess.Process
+) -> bool:
+    """Whether the task's first workflow task ran in ``worker``'s process."""
+    handle = client.get_workflow_handle(workflow_id)
+    async for event in handle.fetch_history_events():
+        if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED:
+            return event.workflow_task_started_event_attributes.identity.startswith(
+                f"{worker.pid}@"
+            )
+    return False
