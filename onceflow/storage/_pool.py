@@ -1,5 +1,6 @@
 """The connection pool every activity shares within one worker process."""
 
+import contextlib
 import select
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -7,7 +8,7 @@ from typing import Any
 
 import psycopg
 from psycopg import AsyncConnection
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolClosed
 
 
 def build_pool(database_url: str, *, max_size: int = 10) -> AsyncConnectionPool:
@@ -20,11 +21,13 @@ def build_pool(database_url: str, *, max_size: int = 10) -> AsyncConnectionPool:
     replaced, and while the server is down a caller waits for a new one and gets
     ``PoolTimeout`` (``transient``: nothing was sent). See ``_check_connection``.
 
-    ``reconnect_timeout`` equals the wait: psycopg-pool backs reconnection off
-    exponentially without a cap (1, 3, 7, 15, 31, 63 s after the failure), so a server
-    back after 32 s would be found only at 63 s. Giving up after 10 s ends that chain,
-    and the next caller starts a new one at once: the pool finds a restarted server
-    within seconds, and a task's attempts (one pool wait each) cover the outage.
+    Reconnection never stops and never slows down: psycopg-pool backs it off
+    exponentially without a cap (1, 3, 7, 15, 31, 63 s after the failure), and once it
+    gives up (``reconnect_timeout``) nothing tries again until a caller's wait ends. Each
+    chain here lasts ``RECONNECT_CHAIN`` (attempts about 1 s apart) and the next starts
+    as it ends (``_reconnect_again``), so a server back after an outage of any length is
+    found within about a second, while the callers that wait for it still hold their
+    connection wait (10 s, a task's attempt each).
     """
     return AsyncConnectionPool(
         database_url,
@@ -34,8 +37,19 @@ def build_pool(database_url: str, *, max_size: int = 10) -> AsyncConnectionPool:
         timeout=10.0,
         kwargs={"connect_timeout": 5},
         check=_check_connection,
-        reconnect_timeout=10.0,
+        reconnect_timeout=RECONNECT_CHAIN,
+        reconnect_failed=_reconnect_again,
     )
+
+
+RECONNECT_CHAIN = 2.0
+"""Seconds one chain of reconnection attempts lasts before the next starts."""
+
+
+async def _reconnect_again(pool: AsyncConnectionPool) -> None:
+    """Start the next chain of reconnection attempts (the pool grows again)."""
+    with contextlib.suppress(PoolClosed):
+        await pool.check()
 
 
 async def _check_connection(conn: AsyncConnection[Any]) -> None:

@@ -8,6 +8,7 @@ its first attempt, nothing parks), judged by the orders table and the tasks' att
 """
 
 import asyncio
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -169,3 +170,78 @@ async def test_a_task_waits_out_its_databases_outage_without_spending_its_budget
     with psycopg.connect(postgres.url) as conn:
         orders = conn.execute("SELECT count(*) FROM orders").fetchone()
     assert orders == (1,)
+
+
+OUTAGE_SECONDS = 30
+"""Longer than every wait of the pools (10 s) and their reconnection chains."""
+
+
+async def test_after_a_long_outage_the_gateway_answers_as_soon_as_the_server_is_back(
+    postgres: Restartable, dev_server: WorkflowEnvironment, tmp_path: Path
+) -> None:
+    await apply_migrations(postgres.url)
+    agent = await make_caller(postgres.url, tenant=new_tenant())
+    stack = Stack(
+        postgres_url=postgres.url,
+        temporal_address=dev_server.client.service_client.config.target_host,
+        task_queue=f"long-outage-{uuid.uuid4().hex[:10]}",
+        client=dev_server.client,
+    )
+    tasks = TaskClient(dev_server.client, task_queue=stack.task_queue)
+    settings = OnceflowSettings(task_queue=stack.task_queue, shutdown_grace_seconds=2)
+    gateway = start_gateway(stack, tmp_path / "gateway.log")
+    url = f"{gateway.url}/v1/tools/create_order/calls"
+    headers = {**agent.headers, "Idempotency-Key": "before"}
+    task = AgentTaskInput(
+        tenant="acme",
+        principal="agent-7",
+        steps=[StepInput(step_id="1", tool="create_order", arguments=ORDER)],
+        record_outcome=False,
+    )
+    try:
+        async with (
+            build_pool(postgres.url, max_size=4) as pool,
+            build_worker(dev_server.client, pool, settings, tools=builtin()),
+            httpx.AsyncClient(timeout=60) as http,
+        ):
+            before = await http.post(url, json=ORDER, headers=headers)
+            assert before.status_code == 200, before.text
+            # Agents keep sending (three at a time) through the outage and after it.
+            answers: list[tuple[float, int]] = []
+            back: list[float] = []
+
+            async def agent_loop() -> None:
+                while not back or time.monotonic() - back[0] < 8:
+                    response = await http.post(url, json=ORDER, headers=headers)
+                    answers.append((time.monotonic(), response.status_code))
+
+            postgres.stop()
+            stopped = time.monotonic()
+            loops = [asyncio.create_task(agent_loop()) for _ in range(3)]
+            # A task started during the outage, with the default budget.
+            workflow_id = f"during-{uuid.uuid4().hex}"
+            await tasks.start(task, workflow_id=workflow_id)
+            await asyncio.sleep(OUTAGE_SECONDS)  # scenario: the server is down this long
+            postgres.start()
+            back.append(time.monotonic())
+            await asyncio.gather(*loops)
+
+            during = [code for at, code in answers if stopped < at < back[0]]
+            assert during and set(during) == {503}, during
+            after = sorted((at - back[0], code) for at, code in answers if at > back[0])
+            first = next((i for i, (_, code) in enumerate(after) if code == 200), -1)
+            # Answered within the pool's reconnection interval of the server's return
+            # (a request waiting since the outage gets the first new connection), and
+            # nothing fails after it.
+            assert first >= 0 and after[first][0] < 3, after
+            assert {code for _, code in after[first:]} == {200}, after
+
+            result = await asyncio.wait_for(tasks.result(workflow_id), timeout=60)
+    finally:
+        gateway.stop()
+
+    assert result.state is TaskState.SUCCEEDED, result.failure_reason
+    assert result.step("1").attempts[-1].outcome is OutcomeClass.SUCCEEDED
+    with psycopg.connect(postgres.url) as conn:
+        orders = conn.execute("SELECT count(*) FROM orders").fetchone()
+    assert orders == (2,)
