@@ -2,6 +2,7 @@
 have ended, and a connection it ended is replaced before anyone uses it."""
 
 import select
+import socket
 from typing import Any
 
 import psycopg
@@ -55,3 +56,24 @@ async def test_a_connection_the_server_ended_is_replaced_before_it_is_used(
             # The first statement on the handed-out connection succeeds.
             assert await (await conn.execute("SELECT pg_backend_pid()")).fetchone() != (ended,)
     assert round_trip_checks == [ended]
+
+
+async def test_reconnection_goes_on_at_the_same_pace_while_the_server_stays_down() -> None:
+    # Nothing listens: every attempt is refused at once. psycopg-pool alone backs off
+    # exponentially and gives up (1, 3, 7, 10 s: five attempts, then silence until a
+    # caller's wait ends); the pool keeps trying about every second, so a server that
+    # comes back after any outage is found within about a second.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    async with build_pool(f"postgresql://onceflow@127.0.0.1:{port}/onceflow") as pool:
+
+        def attempts() -> int:
+            return int(pool.get_stats().get("connections_errors", 0))
+
+        await eventually(
+            attempts,
+            until=lambda failed: failed >= 8,
+            what="eight refused connection attempts (more than one backed-off chain makes)",
+            timeout=30,
+        )
