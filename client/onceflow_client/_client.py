@@ -71,6 +71,9 @@ each retry after it. Default 0.5."""
 LONGEST_RETRY_WAIT = 30.0
 """The longest wait before a retry, in seconds. A ``Retry-After`` asking for more is not
 waited for: the refusal is raised with its ``retry_after``. Default 30."""
+SETTLE_TIMEOUT = 60.0
+"""Seconds an agent framework's tool call waits for onceflow to finish, park or ask for
+approval before the run pauses with the call still going (both adapters' default)."""
 
 
 def new_idempotency_key() -> str:

@@ -73,7 +73,13 @@ from agents import FunctionTool, RunContextWrapper, RunState, ToolApprovalItem
 from agents.tool import set_function_tool_failure_error_function
 from agents.tool_context import ToolContext
 
-from onceflow_client._client import CallResult, OnceflowClient, OnceflowError, OpenTask
+from onceflow_client._client import (
+    SETTLE_TIMEOUT,
+    CallResult,
+    OnceflowClient,
+    OnceflowError,
+    OpenTask,
+)
 
 __all__ = ["ALREADY_DONE", "OnceflowRun"]
 
@@ -108,7 +114,7 @@ class OnceflowRun:
         budget: dict[str, Any] | None = None,
         idle_timeout: timedelta | float | str | None = None,
         max_lifetime: timedelta | float | str | None = None,
-        settle_timeout: float = 300.0,
+        settle_timeout: float = SETTLE_TIMEOUT,
         decision_timeout: float = 60.0,
         retries: int = 2,
     ) -> None:
@@ -127,7 +133,8 @@ class OnceflowRun:
                 gateway's (30 minutes).
             max_lifetime: No call is accepted after this long. Default: the gateway's (1 day).
             settle_timeout: Seconds a tool call may run before the run is paused with an
-                interruption for it (onceflow keeps running it). Default 300.
+                interruption for it (onceflow keeps running it). Default 60, as in the
+                PydanticAI toolset.
             decision_timeout: Seconds a resumed tool call waits for onceflow's decided
                 outcome before telling the model that a person is still deciding. Default 60.
             retries: Resends of one request with the same key (lost answers, 503, 429).

@@ -60,6 +60,7 @@ from pydantic_ai.toolsets import AbstractToolset, ToolsetTool
 from pydantic_core import SchemaValidator, core_schema
 
 from onceflow_client._client import (
+    SETTLE_TIMEOUT,
     CallRefused,
     CallResult,
     OnceflowClient,
@@ -154,7 +155,7 @@ class OnceflowToolset(AbstractToolset[AgentDepsT]):
         budget: dict[str, Any] | None = None,
         idle_timeout: timedelta | float | str | None = None,
         max_lifetime: timedelta | float | str | None = None,
-        settle_timeout: float = 60.0,
+        settle_timeout: float = SETTLE_TIMEOUT,
         max_retries: int = 2,
     ) -> None:
         """
@@ -168,7 +169,8 @@ class OnceflowToolset(AbstractToolset[AgentDepsT]):
                 Default: the gateway's (30 minutes).
             max_lifetime: No call is taken after this long. Default: the gateway's.
             settle_timeout: Seconds a tool call waits for onceflow to finish, park or ask
-                for approval before the run ends with it deferred. Default 60.
+                for approval before the run ends with it deferred. Default 60, as in the
+                Agents SDK run.
             max_retries: How many times the model may correct the arguments of one tool
                 after a validation refusal (``ModelRetry``). Default 2.
         """
@@ -313,8 +315,9 @@ class OnceflowToolset(AbstractToolset[AgentDepsT]):
         )
 
     async def task_for(self, conversation_id: str) -> OpenTask:
-        """The open task of a conversation, created at its first call. The creation is
-        keyed by the conversation, so another process resuming it finds the same task."""
+        """The open task of a conversation, created at its first call (a coroutine:
+        ``await toolset.task_for(conversation_id)``). The creation is keyed by the
+        conversation, so another process resuming it finds the same task."""
         async with self._creating:
             task = self._tasks.get(conversation_id)
             if task is None:
