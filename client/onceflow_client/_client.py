@@ -17,7 +17,7 @@ for the caller to decide). Everything else is raised as it came.
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -74,6 +74,14 @@ waited for: the refusal is raised with its ``retry_after``. Default 30."""
 SETTLE_TIMEOUT = 60.0
 """Seconds an agent framework's tool call waits for onceflow to finish, park or ask for
 approval before the run pauses with the call still going (both adapters' default)."""
+
+
+def _ended(answer: "CallResult") -> bool:
+    return answer.ended
+
+
+def _settled(answer: "CallResult") -> bool:
+    return answer.ended or answer.waiting_for_person
 
 
 def new_idempotency_key() -> str:
@@ -233,7 +241,8 @@ class OpenTask:
                 the task answers such a call with the earlier one (``repeat_of``).
             wait: ``settled`` (default) returns when the call ends, parks or awaits
                 approval; ``ended`` returns only once it has ended (see ``wait``).
-            timeout: With ``wait="ended"``: seconds to wait before ``TimeoutError``.
+            timeout: Seconds to wait for the call to settle (or end) before
+                ``TimeoutError``; the call goes on. Default 300.
             idempotency_key: The call's key, when the caller keeps its own (e.g. to
                 resend a call after a restart); default a new one.
             retries: Retries of each request with the same key.
@@ -254,7 +263,11 @@ class OpenTask:
         )
         if wait == "ended":
             return await self.wait(answer, timeout=timeout, retries=retries)
-        return answer
+        # A gateway whose bounded wait ran out answered with the call still running:
+        # ask again (same key) until it has settled.
+        return await self._ask_until(
+            answer, _settled, "settled", timeout=timeout, poll_interval=1.0, retries=retries
+        )
 
     async def wait(
         self,
@@ -271,18 +284,37 @@ class OpenTask:
         Raises:
             TimeoutError: The call had not ended after ``timeout`` seconds.
         """
+        return await self._ask_until(
+            answer,
+            _ended,
+            "ended",
+            timeout=timeout,
+            poll_interval=poll_interval,
+            retries=retries,
+        )
+
+    async def _ask_until(
+        self,
+        answer: CallResult,
+        done: Callable[[CallResult], bool],
+        wait: Literal["settled", "ended"],
+        *,
+        timeout: float,
+        poll_interval: float,
+        retries: int,
+    ) -> CallResult:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         current = answer
-        while not current.ended:
+        while not done(current):
             left = deadline - loop.time()
             if left <= 0:
                 raise TimeoutError(f"call {answer.step_id} is still {current.state}")
             asked_at = loop.time()
             current = await self._send(
-                answer.request, answer.idempotency_key, wait="ended", retries=retries
+                answer.request, answer.idempotency_key, wait=wait, retries=retries
             )
-            if not current.ended and loop.time() - asked_at < poll_interval:
+            if not done(current) and loop.time() - asked_at < poll_interval:
                 # The gateway did not hold the request open: do not spin on it.
                 await asyncio.sleep(min(poll_interval, max(deadline - loop.time(), 0)))
         return current

@@ -152,6 +152,9 @@ TOOL_CALL_STEP_ID = "1"
 _POLL_FIRST, _POLL_MAX = 0.02, 0.25
 _Answer = TypeVar("_Answer")
 """What a keyed request answers: a task, a call or a decision."""
+KNOWN_ANSWER_WAIT = 0.5
+"""The least a call waits for its answer once the task has taken it: enough to read one
+Temporal already returned with the call (the task refused it), no more."""
 STATUS_QUERY_TIMEOUT = 5.0
 """Seconds a status query may take; a task whose workers are all down never answers."""
 _TASK_KINDS_KEPT = 10_000
@@ -833,8 +836,10 @@ class BoundaryService:
                     self._tasks.send_call(task_id, call),
                     max(deadline - loop.time(), STATUS_QUERY_TIMEOUT),
                 )
+                # A refusal is known when the call is sent (no round trip to read it):
+                # even a gateway that never waits reports it.
                 answer: CallAnswer = await asyncio.wait_for(
-                    sent.answer(), max(deadline - loop.time(), 0.0)
+                    sent.answer(), max(deadline - loop.time(), KNOWN_ANSWER_WAIT)
                 )
             # Temporal's client turns the cancelled wait into its own error.
             except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError):

@@ -1,10 +1,15 @@
 """``onceflow_client``'s open tasks against live gateway processes, a worker running the
 built-in tools and the local Stripe-compatible provider, judged by the provider's ledger
 and the orders and coupon tables.
+
+Every test runs twice: through gateways with the default bounded wait, and through
+gateways that never wait for an answer (``ONCEFLOW_GATEWAY_REPLAY_WAIT_SECONDS=0``: each
+call is answered at once, with its state, once the task has taken it).
 """
 
 import asyncio
 import uuid
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -22,7 +27,27 @@ from ..conftest import (
     count,
     make_caller,
     rows,
+    start_gateway,
 )
+
+
+@pytest.fixture(scope="module", params=["bounded-wait", "zero-wait"])
+def gateways(
+    stack: Stack, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[tuple[GatewayProcess, GatewayProcess]]:
+    """Two gateway processes on the module's stack, as behind a load balancer."""
+    settings = {"ONCEFLOW_GATEWAY_REPLAY_WAIT_SECONDS": "0"} if request.param == "zero-wait" else {}
+    logs = tmp_path_factory.mktemp(f"gateways-{request.param}")
+    first = start_gateway(stack, logs / "a.log", **settings)
+    try:
+        second = start_gateway(stack, logs / "b.log", **settings)
+    except BaseException:
+        first.stop()
+        raise
+    yield first, second
+    first.stop()
+    second.stop()
+
 
 ORDER = {
     "customer_id": "c-client",
