@@ -9,11 +9,14 @@ them a worker SIGSTOPped for longer than the provider keeps payment keys (6 s in
 run) and PostgreSQL stopped and started again.
 """
 
+import shutil
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
-from bench.chaos import OPEN_TASK_TOOLS, TOOLS, ChaosConfig, run_chaos
+from bench.chaos import OPEN_TASK_TOOLS, TOOLS, ChaosConfig, ChaosReport, run_chaos
 
 CI_SIZE = ChaosConfig(
     tasks=160,
@@ -35,11 +38,25 @@ limit reports where the run stood. The large run (BENCHMARKS.md) is where kills 
 the hundred."""
 
 
+KEPT = Path(tempfile.gettempdir()) / "onceflow-chaos-runs"
+"""Where a failed run's process logs and Temporal database are kept: the test session
+deletes its own temporary folder when it ends."""
+
+
 @pytest.mark.timeout(720)
 async def test_no_task_has_two_effects_or_gets_stuck_under_chaos(tmp_path: Path) -> None:
-    report = await run_chaos(CI_SIZE, scratch=tmp_path, say=print)
+    try:
+        report = await run_chaos(CI_SIZE, scratch=tmp_path, say=print)
+        print(report.table())
+        check(report)
+    except BaseException:
+        kept = KEPT / time.strftime("%Y%m%dT%H%M%S")
+        shutil.copytree(tmp_path, kept, ignore=shutil.ignore_patterns("pg", ".s.PGSQL*"))
+        print(f"the failed run's logs and Temporal database are kept in {kept}")
+        raise
 
-    print(report.table())
+
+def check(report: ChaosReport) -> None:
     assert report.violations == []
     assert report.stuck == []
     figures = report.figures
