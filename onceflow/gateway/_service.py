@@ -155,8 +155,10 @@ _Answer = TypeVar("_Answer")
 KNOWN_ANSWER_WAIT = 0.5
 """The least a call waits for its answer once the task has taken it: enough to read one
 Temporal already returned with the call (the task refused it), no more."""
-STATUS_QUERY_TIMEOUT = 5.0
-"""Seconds a status query may take; a task whose workers are all down never answers."""
+STATUS_QUERY_TIMEOUT = 12.0
+"""Seconds a status query may take: longer than the workers' sticky timeout
+(``onceflow.worker.STICKY_TIMEOUT``, 10 s), after which another worker answers for one that
+crashed; a task whose workers are all down never answers."""
 _TASK_KINDS_KEPT = 10_000
 """Tasks whose tenant and kind one boundary process remembers (see ``_task_kinds``)."""
 _READINESS_PROBE = ("onceflow-readiness-probe", "onceflow-readiness-probe")
