@@ -38,9 +38,12 @@ from onceflow.tools import (
 from onceflow.tools._checks import refuse
 from onceflow.workflows import AgentTaskWorkflow
 from onceflow.workflows.pruning import PruneIdempotencyRecordsWorkflow
+from onceflow.workflows.runner import DeliveredEventsRunner
 
-WORKFLOW_RUNNER = SandboxedWorkflowRunner(
-    restrictions=SandboxRestrictions.default.with_passthrough_modules("onceflow")
+WORKFLOW_RUNNER = DeliveredEventsRunner(
+    SandboxedWorkflowRunner(
+        restrictions=SandboxRestrictions.default.with_passthrough_modules("onceflow")
+    )
 )
 """The sandbox with onceflow's own modules passed through, not imported again for every
 workflow. Re-importing ``onceflow/workflows/agent_task.py`` for each task was about 85% of
@@ -48,15 +51,14 @@ the Python memory a waiting task held in a worker (170 of 200 KiB, tracemalloc) 
 largest share of a new task's CPU; replaying a task costs 2.5 times the CPU in the strict
 sandbox (BENCHMARKS.md, "The workflow sandbox"). Its determinism is proven where the strict
 sandbox still runs it: the workflow tests' workers, the saved-history replays and the
-replay of every history a test or chaos run made, which fail on a refused call."""
+replay of every history a test or chaos run made, which fail on a refused call. Wrapped so
+that no task keeps state built from events its workflow tasks never delivered
+(`onceflow.workflows.runner`)."""
 
 STICKY_TIMEOUT = timedelta(seconds=10)
 """How long a task's next workflow task or query waits on the queue of the worker that
-cached it before any worker takes it: Temporal's default, kept on purpose. Each expiry is
-recorded in the task's history (a workflow task timed out), and an Update accepted in the
-workflow task after one is where Core's live and replayed command orders can differ
-(tests/workflows/histories/investigate): a shorter wait (2 s was tried) made that, and so
-stuck tasks, more frequent in chaos runs. The gateway's status deadline waits it out."""
+cached it before any worker takes it: Temporal's default. Each expiry is recorded in the
+task's history (a workflow task timed out); the gateway's status deadline waits it out."""
 
 
 @asynccontextmanager

@@ -19,6 +19,7 @@ from temporalio.client import (
     WithStartWorkflowOperation,
     WorkflowExecution,
     WorkflowHandle,
+    WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
     WorkflowUpdateHandle,
     WorkflowUpdateStage,
@@ -37,6 +38,7 @@ from onceflow.telemetry import current_trace_id
 from onceflow.tools import CATALOGUE, Catalogue
 from onceflow.workflows import AgentTaskWorkflow
 from onceflow.workflows.agent_task import TRACE_ID_MEMO
+from onceflow.workflows.runner import UNDELIVERED_EVENTS_REFUSAL
 from onceflow.workflows.task_models import (
     AgentTaskInput,
     ApproveInput,
@@ -94,6 +96,9 @@ class DecisionAnswer(DecisionResult):
     decision: DecisionRecord | None = None
     """With ``replayed``: the earlier decision as the task recorded it."""
 
+
+QUERY_ASKS = 3
+"""How often a status query is sent when a worker refused it on events not yet delivered."""
 
 _TERMINAL = (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CLOSED)
 
@@ -291,6 +296,14 @@ class TaskClient:
     async def status(self, workflow_id: str) -> TaskStatus:
         """The task's current status (works for running and closed tasks)."""
         handle = self._client.get_workflow_handle_for(AgentTaskWorkflow.run, workflow_id)
+        for _ in range(QUERY_ASKS - 1):
+            try:
+                return await handle.query(AgentTaskWorkflow.status)
+            except WorkflowQueryFailedError as failed:
+                # Refused on events the task's next workflow task delivers: asked again,
+                # the query waits for that workflow task (workflows.runner).
+                if UNDELIVERED_EVENTS_REFUSAL not in str(failed):
+                    raise
         return await handle.query(AgentTaskWorkflow.status)
 
     async def result(self, workflow_id: str) -> TaskStatus:

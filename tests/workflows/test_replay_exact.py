@@ -215,9 +215,10 @@ async def iter_histories(histories: Iterable[WorkflowHistory]) -> AsyncIterator[
 
 
 class LaggingClock:
-    """``workflow.now()`` as a live worker read it after a Temporal restart (chaos run,
-    kept in ``histories/investigate``): the time of the workflow task before the one
-    running. A replay reads the running task's time."""
+    """``workflow.now()`` as a live worker read it in a chaos run, running the task on
+    events a query carried before any workflow task delivered them (the workers' runner
+    now refuses that: ``test_undelivered_events.py``): the time of the workflow task before
+    the one running. A replay reads the running task's time."""
 
     def __init__(self, read: Callable[[], datetime]) -> None:
         self._read = read
