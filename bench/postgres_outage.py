@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -52,13 +53,18 @@ async def _one_outage(
     http: httpx.AsyncClient, url: str, headers: dict[str, str], server: Any, seconds: float
 ) -> dict[str, Any]:
     answers: list[tuple[float, int]] = []
+    waits_503: list[float] = []
+    """How long each 503 answered while the server was down took."""
     back: list[float] = []
 
     async def agent() -> None:
         while not back or time.monotonic() - back[0] < AFTER_RETURN:
+            sent = time.monotonic()
             try:
                 response = await http.post(url, json=ORDER, headers=headers)
                 answers.append((time.monotonic(), response.status_code))
+                if response.status_code == 503 and not back:
+                    waits_503.append(answers[-1][0] - sent)
             except httpx.HTTPError:
                 answers.append((time.monotonic(), 0))
 
@@ -77,6 +83,7 @@ async def _one_outage(
         "answered_503_while_down": sum(
             1 for at, code in answers if stopped < at < back[0] and code == 503
         ),
+        "median_503_s": round(statistics.median(waits_503), 2) if waits_503 else None,
         "first_success_after_return_s": None if first is None else round(after[first][0], 2),
         "failures_after_first_success": None
         if first is None

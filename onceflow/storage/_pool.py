@@ -11,7 +11,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool, PoolClosed
 
 
-def build_pool(database_url: str, *, max_size: int = 10) -> AsyncConnectionPool:
+def build_pool(database_url: str, *, max_size: int = 10) -> "OnceflowPool":
     """An unopened pool; open it with ``async with`` (psycopg never re-runs a statement).
 
     Every connection is checked before it is handed out: after a PostgreSQL restart the
@@ -26,10 +26,10 @@ def build_pool(database_url: str, *, max_size: int = 10) -> AsyncConnectionPool:
     gives up (``reconnect_timeout``) nothing tries again until a caller's wait ends. Each
     chain here lasts ``RECONNECT_CHAIN`` (attempts about 1 s apart) and the next starts
     as it ends (``_reconnect_again``), so a server back after an outage of any length is
-    found within about a second, while the callers that wait for it still hold their
-    connection wait (10 s, a task's attempt each).
+    found within about a second. Once a chain has failed, callers wait
+    ``WAIT_WHILE_UNREACHABLE`` instead of the pool's 10 s (``OnceflowPool``).
     """
-    return AsyncConnectionPool(
+    return OnceflowPool(
         database_url,
         min_size=1,
         max_size=max_size,
@@ -38,18 +38,43 @@ def build_pool(database_url: str, *, max_size: int = 10) -> AsyncConnectionPool:
         kwargs={"connect_timeout": 5},
         check=_check_connection,
         reconnect_timeout=RECONNECT_CHAIN,
-        reconnect_failed=_reconnect_again,
     )
 
 
 RECONNECT_CHAIN = 2.0
 """Seconds one chain of reconnection attempts lasts before the next starts."""
 
+WAIT_WHILE_UNREACHABLE = 1.0
+"""Seconds a caller waits for a connection once the server is known to be unreachable:
+long enough for the next reconnection attempt (about a second apart) to hand it one when
+the server is back, short enough that a request fails fast (503, a ``transient``
+attempt) while it is down."""
 
-async def _reconnect_again(pool: AsyncConnectionPool) -> None:
-    """Start the next chain of reconnection attempts (the pool grows again)."""
-    with contextlib.suppress(PoolClosed):
-        await pool.check()
+
+class OnceflowPool(AsyncConnectionPool):
+    """psycopg's pool, reconnecting without end and failing fast while its server is
+    known to be unreachable."""
+
+    def __init__(self, conninfo: str, **kwargs: Any) -> None:
+        self.unreachable = False
+        """A chain of reconnection attempts failed and no connection was made since."""
+        super().__init__(
+            conninfo, configure=self._connected, reconnect_failed=self._reconnect_again, **kwargs
+        )
+
+    async def getconn(self, timeout: float | None = None) -> AsyncConnection[Any]:
+        if timeout is None and self.unreachable:
+            timeout = WAIT_WHILE_UNREACHABLE
+        return await super().getconn(timeout)
+
+    async def _connected(self, conn: AsyncConnection[Any]) -> None:
+        self.unreachable = False
+
+    async def _reconnect_again(self, pool: AsyncConnectionPool) -> None:
+        """Start the next chain of reconnection attempts (the pool grows again)."""
+        self.unreachable = True
+        with contextlib.suppress(PoolClosed):
+            await self.check()
 
 
 async def _check_connection(conn: AsyncConnection[Any]) -> None:

@@ -58,12 +58,14 @@ class DeliveredEventsRunner(WorkflowRunner):
 class _DeliveredEventsInstance(WorkflowInstance):
     def __init__(self, inner: WorkflowInstance) -> None:
         self._inner = inner
-        self._last_stamp: tuple[int, int] | None = None
-        self._ran_undelivered_events = False
+        self._last: tuple[int, int] | None = None
+        """The last non-query activation's (time, history length)."""
+        self._undelivered_at: int | None = None
+        """The history length of the last activation made of undelivered events."""
 
     def activate(self, act: WorkflowActivation) -> WorkflowActivationCompletion:
         if act.jobs and all(job.HasField("query_workflow") for job in act.jobs):
-            if self._ran_undelivered_events and any(
+            if act.history_length == self._undelivered_at and any(
                 job.query_workflow.query_id == LEGACY_QUERY_ID for job in act.jobs
             ):
                 # Failing this activation is what makes Core evict the run (a failed
@@ -72,14 +74,14 @@ class _DeliveredEventsInstance(WorkflowInstance):
                 refused.failed.failure.message = UNDELIVERED_EVENTS_REFUSAL
                 return refused
             return self._inner.activate(act)
-        # Every workflow task's activations carry the time of its WorkflowTaskStarted
-        # event; events applied past the last such event keep the previous time.
+        # A workflow task's activations carry the time of its WorkflowTaskStarted event;
+        # events applied past the last such event keep the previous time. The query that
+        # carried them comes next, from the same history (the same length); a query after
+        # a workflow task that completed carries at least its WorkflowTaskCompleted event.
         stamp = (act.timestamp.ToNanoseconds(), act.history_length)
-        last = self._last_stamp
-        self._ran_undelivered_events = (
-            last is not None and stamp[0] == last[0] and stamp[1] > last[1]
-        )
-        self._last_stamp = stamp
+        last, self._last = self._last, stamp
+        undelivered = last is not None and stamp[0] == last[0] and stamp[1] > last[1]
+        self._undelivered_at = act.history_length if undelivered else None
         return self._inner.activate(act)
 
     def get_serialization_context(self, *args: Any, **kwargs: Any) -> Any:
