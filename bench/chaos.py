@@ -93,6 +93,7 @@ from onceflow_devstack.temporal import TemporalDevServer
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.service import RPCError
 
+from bench._recovery import Recovery
 from onceflow.gateway import PrincipalStore
 from onceflow.storage import apply_migrations, build_pool
 from onceflow.task_api import connect_temporal
@@ -596,6 +597,7 @@ class ChaosRun:
         self.records: list[TaskRecord] = []
         self.figures: Counter[str] = Counter()
         self.durations: dict[str, float] = {}
+        self.recovery = Recovery()
         self.workers: list[Process] = []
         self.worker_serial = 0
         self.processes: list[Process] = []
@@ -778,6 +780,7 @@ class ChaosRun:
                 pause = min(pause * 2, 3)
                 continue
             record.answers[response.status_code] += 1
+            self.recovery.answered(response.status_code)
             if response.status_code in (200, 201, 202):
                 body: dict[str, Any] = response.json()
                 record.task_ids.add(body["task_id"])
@@ -822,6 +825,7 @@ class ChaosRun:
             state = answer.get("state")
             if state in ("succeeded", "failed"):
                 record.final_state = state
+                self.recovery.settled(record.number)
                 return
             if state in ("awaiting_approval", "parked"):
                 status = await self.status(answer["task_id"])
@@ -914,6 +918,7 @@ class ChaosRun:
                 pause = min(pause * 2, 3)
                 continue
             call.answers[response.status_code] += 1
+            self.recovery.answered(response.status_code)
             if response.status_code in (200, 202):
                 answer: dict[str, Any] = response.json()
                 if call.step_id is None:
@@ -969,6 +974,7 @@ class ChaosRun:
             status = await self.status(task_id)
             if status is not None and status["state"] == "closed":
                 record.final_state = "closed"
+                self.recovery.settled(record.number)
                 return
             if status is not None and status["state"] in ("parked", "awaiting_approval"):
                 await self.decide(record, status)
@@ -1149,6 +1155,7 @@ class ChaosRun:
         self.workers.remove(victim)
         self.figures["workers SIGKILLed (each replaced)"] += 1
         self.start_worker()
+        self.recovery.fault_ended("worker SIGKILL", self.in_flight())
 
     async def supervise_workers(self) -> None:
         """Keep two workers: a replacement that exits on its own (it cannot start while the
@@ -1243,6 +1250,7 @@ class ChaosRun:
                     victim.process.send_signal(signal.SIGCONT)
                 self.paused = None
             self.pauses.append((began, datetime.now().astimezone()))
+            self.recovery.fault_ended("worker SIGSTOP", self.in_flight())
             self.figures["workers SIGSTOPped past a key window"] += 1
             self.say(f"SIGCONT {victim.name}")
 
@@ -1259,6 +1267,7 @@ class ChaosRun:
             await self.temporal.start()
             self.figures["Temporal dev server restarts"] += 1
             self.durations["Temporal downtime (s)"] = round(time.monotonic() - began, 1)
+            self.recovery.fault_ended("Temporal restart", self.in_flight())
             self.say(f"Temporal back after {time.monotonic() - began:.1f} s")
 
     async def gateway_answers(self) -> list[int]:
@@ -1301,6 +1310,7 @@ class ChaosRun:
             finally:
                 await asyncio.to_thread(self.start_postgres)
                 self.postgres_down = False
+                self.recovery.fault_ended("PostgreSQL restart", self.in_flight())
             self.figures["PostgreSQL restarts"] += 1
             self.durations["PostgreSQL downtime (s)"] = round(time.monotonic() - began, 1)
             try:
@@ -1314,6 +1324,10 @@ class ChaosRun:
             except AssertionError as error:
                 self.violations.append(f"after the PostgreSQL restart: {error}")
             self.say(f"PostgreSQL back; gateways answer after {time.monotonic() - began:.1f} s")
+
+    def in_flight(self) -> set[int]:
+        """The tasks acknowledged and not yet settled."""
+        return {r.number for r in self.records if r.acknowledged and not r.final_state}
 
     def standing(self) -> str:
         """Where the run stands, in one line."""
@@ -1650,6 +1664,7 @@ class ChaosRun:
                 1 for d in target["deployments"] for w in d["writes"] if not w["applied"]
             ),
             **self.durations,
+            **self.recovery.figures(),
             **dict(sorted(self.figures.items())),
         }
         return ChaosReport(self.config, self.records, figures, violations, stuck, per_tool)

@@ -1,8 +1,8 @@
 """The onceflow worker process: runs task workflows and tool activities on one task queue.
 
-Run as ``onceflow worker`` or ``python worker.py``; run several on one task queue to
-scale out. SIGTERM or SIGINT shuts it down gracefully: running activities get
-``ONCEFLOW_SHUTDOWN_GRACE`` to finish before the process exits.
+Run as ``onceflow worker`` (the CLI calls ``serve_worker``; this module imports no CLI);
+run several on one task queue to scale out. SIGTERM or SIGINT shuts it down gracefully:
+running activities get ``ONCEFLOW_SHUTDOWN_GRACE`` to finish before the process exits.
 """
 
 import asyncio
@@ -30,12 +30,11 @@ from onceflow.tools import (
     ClientOpener,
     PolicyPinning,
     Tool,
-    client_retry_problems,
     open_tool_client,
+    refuse_retrying_client,
     register_tools,
     tool_activities,
 )
-from onceflow.tools._checks import refuse
 from onceflow.workflows import AgentTaskWorkflow
 from onceflow.workflows.pruning import PruneIdempotencyRecordsWorkflow
 from onceflow.workflows.runner import DeliveredEventsRunner
@@ -106,9 +105,7 @@ async def build_worker(
         for tool in tools:
             if tool.name in injected:
                 tool_client = injected[tool.name]
-                problems = client_retry_problems(tool_client)
-                if problems:
-                    raise refuse(tool.name, problems)
+                refuse_retrying_client(tool.name, tool_client)
             elif tool.open_client is not None and tool.open_client in by_opener:
                 tool_client = by_opener[tool.open_client]
             else:
@@ -175,14 +172,3 @@ async def serve_worker(
         if on_ready is not None:
             on_ready()
         await stop.wait()
-
-
-def main() -> None:
-    """Entry point for ``python worker.py``: the same as ``onceflow worker``."""
-    from onceflow.cli import main as onceflow
-
-    onceflow(["worker"])
-
-
-if __name__ == "__main__":
-    main()

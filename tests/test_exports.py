@@ -80,6 +80,7 @@ TOOLS = [
     "load_tools",
     "lookup_activity_name",
     "open_tool_client",
+    "refuse_retrying_client",
     "register_tools",
     "tool_activities",
 ]

@@ -69,7 +69,7 @@ def dev(
     Another shell joins it with `source <state dir>/dev.env`. A second stack on the same
     state folder is refused (exit 1), as is a port another program holds.
     """
-    from onceflow.cli._configuration import loaded_configuration
+    from onceflow.cli import loaded_configuration
     from onceflow_devstack.stack import embedded_stack
 
     ports = _chosen_ports(
@@ -129,7 +129,7 @@ def demo(
     ] = False,
 ) -> None:
     """Run a short scripted agent task end to end on the embedded stack and explain it."""
-    from onceflow.cli._configuration import loaded_configuration
+    from onceflow.cli import loaded_configuration
     from onceflow_devstack.demo import run_agent_demo, run_demo
 
     run = run_agent_demo if agent else run_demo

@@ -3,6 +3,10 @@
 import logging
 import os
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from onceflow.configuration import OnceflowConfiguration
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -23,6 +27,14 @@ def main(argv: list[str] | None = None) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def loaded_configuration() -> "OnceflowConfiguration":
+    """This command's configuration, read and checked on first use, then the same object
+    (for the dev stack's commands, which run inside this CLI)."""
+    from onceflow.cli._configuration import loaded_configuration as loaded
+
+    return loaded()
 
 
 def run(argv: list[str] | None = None) -> None:

@@ -236,9 +236,7 @@ async def _start_or_join(client: TaskClient, task: AgentTaskInput, workflow_id: 
     same key with other arguments (or another principal) is refused instead of
     silently answered with the earlier task.
     """
-    from onceflow.gateway._errors import KEY_REUSED_DETAIL
-    from onceflow.gateway._fingerprint import request_fingerprint
-    from onceflow.gateway._service import REQUEST_HASH_MEMO
+    from onceflow.gateway import KEY_REUSED_DETAIL, REQUEST_HASH_MEMO, request_fingerprint
 
     [step] = task.steps
     fingerprint = request_fingerprint(

@@ -47,6 +47,7 @@ from onceflow.gateway._responses import (
 )
 from onceflow.gateway._runtime import open_boundary
 from onceflow.gateway._service import (
+    REQUEST_HASH_MEMO,
     ApproveRequest,
     BoundaryAnswer,
     BoundaryService,
@@ -64,6 +65,7 @@ from onceflow.gateway._settings import (
 
 __all__ = [
     "KEY_REUSED_DETAIL",
+    "REQUEST_HASH_MEMO",
     "ALL_TOOLS",
     "API_VERSION",
     "AlreadyClaimed",

@@ -87,7 +87,11 @@ from onceflow.tools._classify import (
     classify_http_error,
     classify_http_status,
 )
-from onceflow.tools._client_retries import client_retry_problems, open_tool_client
+from onceflow.tools._client_retries import (
+    client_retry_problems,
+    open_tool_client,
+    refuse_retrying_client,
+)
 from onceflow.tools._contract import ApprovalThreshold, DedupeStrategy, EffectFlags, ToolContract
 from onceflow.tools._identity import (
     IDEMPOTENCY_KEY_MAX_LENGTH,
@@ -126,6 +130,7 @@ __all__ = [
     "classify_http_error",
     "classify_http_status",
     "client_retry_problems",
+    "refuse_retrying_client",
     "ClientOpener",
     "DatabaseUnavailable",
     "DedupeStrategy",

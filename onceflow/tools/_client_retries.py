@@ -23,10 +23,16 @@ async def open_tool_client(tool: Tool, clients: AsyncExitStack) -> Any:
     if tool.open_client is None:
         return None
     client = await clients.enter_async_context(tool.open_client())
+    refuse_retrying_client(tool.name, client)
+    return client
+
+
+def refuse_retrying_client(tool_name: str, client: Any) -> None:
+    """Raise ``ToolRegistrationError`` when ``client`` (or a client it holds) retries on
+    its own: the task's budget owns every retry."""
     problems = client_retry_problems(client)
     if problems:
-        raise refuse(tool.name, problems)
-    return client
+        raise refuse(tool_name, problems)
 
 
 def client_retry_problems(client: Any) -> list[Problem]:

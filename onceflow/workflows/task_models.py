@@ -26,7 +26,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from onceflow.retry_policy import OutcomeClass, RetryBudget
-from onceflow.tools._policy import ToolPolicy
+from onceflow.tools import ToolPolicy
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$"
 
