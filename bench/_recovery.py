@@ -3,7 +3,7 @@
 From the moment a fault ends (a worker SIGKILLed and its replacement started, a SIGSTOPped
 worker resumed, Temporal or PostgreSQL back), two times: until an agent's next request
 succeeds through a gateway, and until every task in flight at that moment has settled
-(ended, closed, or decided by the driver as an operator would).
+(ended or closed, or parked with a decision the task refuses: left to a person).
 """
 
 import statistics

@@ -39,8 +39,9 @@ class TcpProxy:
         self.address = ""
         """``127.0.0.1:<port>`` once started."""
 
-    async def start(self) -> str:
-        self._server = await asyncio.start_server(self._forward, "127.0.0.1", 0)
+    async def start(self, port: int = 0) -> str:
+        """Listen on ``port`` (any free one by default) and return the address."""
+        self._server = await asyncio.start_server(self._forward, "127.0.0.1", port)
         self.address = f"127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
         return self.address
 
@@ -62,6 +63,10 @@ class TcpProxy:
         self._server = None
 
     async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._server is None:
+            # Accepted just before ``stop`` closed the listener: cut like the others.
+            writer.transport.abort()
+            return
         self._writers.add(writer)
         try:
             if self._unix:
@@ -72,6 +77,10 @@ class TcpProxy:
                 )
         except OSError:
             writer.transport.abort()
+            return
+        if self._server is None:
+            writer.transport.abort()
+            upstream_writer.transport.abort()
             return
         self._writers.add(upstream_writer)
         pipes = {
@@ -92,6 +101,16 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
         pass
     finally:
         writer.transport.abort()
+
+
+def database_proxy(url: str) -> TcpProxy:
+    """A proxy (not yet started) to the PostgreSQL server at ``url``: TCP or its Unix socket."""
+    postgres = conninfo_to_dict(url)
+    host = str(postgres.get("host") or "127.0.0.1")
+    port = int(postgres.get("port") or 5432)
+    if host.startswith("/"):
+        return TcpProxy(unix=f"{host}/.s.PGSQL.{port}")
+    return TcpProxy(host=host, port=port)
 
 
 @asynccontextmanager
@@ -120,13 +139,7 @@ async def fragile_boundary(stack: Stack, **settings: Any) -> AsyncIterator[Fragi
     the gateway's own (about 10 s of retries, a 10 s pool wait) answer an outage the same
     way, only later.
     """
-    postgres = conninfo_to_dict(stack.postgres_url)
-    host = str(postgres.get("host") or "127.0.0.1")
-    if host.startswith("/"):
-        socket = f"{host}/.s.PGSQL.{postgres.get('port') or 5432}"
-        database = TcpProxy(unix=socket)
-    else:
-        database = TcpProxy(host=host, port=int(postgres.get("port") or 5432))
+    database = database_proxy(stack.postgres_url)
     temporal_host, temporal_port = stack.temporal_address.rsplit(":", 1)
     temporal = TcpProxy(host=temporal_host, port=int(temporal_port))
     async with proxy_to(database), proxy_to(temporal):

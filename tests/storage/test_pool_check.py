@@ -1,20 +1,18 @@
 """The pool's check before a checkout: a round trip only for a connection the server may
 have ended, and a connection it ended is replaced before anyone uses it."""
 
-import asyncio
-import contextlib
 import select
 import socket
-from collections.abc import Callable
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from onceflow.storage import build_pool
 from onceflow.storage._pool import WAIT_WHILE_UNREACHABLE
+from tests.gateway.outages import database_proxy
 from tests.harness import eventually
 
 
@@ -84,30 +82,6 @@ async def test_reconnection_goes_on_at_the_same_pace_while_the_server_stays_down
         )
 
 
-def relay_to(url: str) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], Any]:
-    """A handler relaying one client connection to the server at ``url`` (TCP or its Unix
-    socket), both ways, until either side closes."""
-    server = conninfo_to_dict(url)
-    host, port = str(server.get("host", "127.0.0.1")), int(server.get("port") or 5432)
-
-    async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if host.startswith("/"):
-            upstream = await asyncio.open_unix_connection(f"{host}/.s.PGSQL.{port}")
-        else:
-            upstream = await asyncio.open_connection(host, port)
-
-        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
-            with contextlib.suppress(ConnectionError):
-                while data := await source.read(65536):
-                    sink.write(data)
-                    await sink.drain()
-            sink.close()
-
-        await asyncio.gather(pipe(reader, upstream[1]), pipe(upstream[0], writer))
-
-    return relay
-
-
 async def test_callers_fail_fast_while_the_server_is_unreachable_and_wait_again_once_it_is_back(
     database: str,
 ) -> None:
@@ -125,10 +99,13 @@ async def test_callers_fail_fast_while_the_server_is_unreachable_and_wait_again_
         with pytest.raises(PoolTimeout, match=f"after {WAIT_WHILE_UNREACHABLE:.2f} sec"):
             async with pool.connection():
                 pass
-        relay = await asyncio.start_server(relay_to(database), "127.0.0.1", port)
-        async with relay:
+        relay = database_proxy(database)
+        await relay.start(port)
+        try:
             await eventually(
                 lambda: not pool.unreachable, what="a connection through the relay", timeout=30
             )
             async with pool.connection() as conn:
                 assert await (await conn.execute("SELECT 1")).fetchone() == (1,)
+        finally:
+            await relay.stop()
