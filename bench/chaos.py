@@ -317,8 +317,6 @@ class TaskRecord:
     answers: Counter[int] = field(default_factory=Counter)
     final_state: str | None = None
     final_status: dict[str, Any] | None = None
-    left_parked: bool = False
-    """The task refused the run's last decision for its parked step (a person's to take)."""
     parked_seen: list[dict[str, Any]] = field(default_factory=list)
     reconciled: list[str] = field(default_factory=list)
     approvals: list[bool] = field(default_factory=list)
@@ -996,7 +994,6 @@ class ChaosRun:
         return status
 
     async def decide(self, record: TaskRecord, status: dict[str, Any]) -> None:
-        record.left_parked = False
         for step in status["steps"]:
             if step.get("repeat_of"):
                 continue  # a repeat mirrors its earlier call, which is the one decided
@@ -1037,13 +1034,7 @@ class ChaosRun:
                     "reason": "chaos run: looked up at the far side",
                     **({"resource_id": resource} if resource else {}),
                 }
-                decided = await self.decision(status["workflow_id"], "reconcile", body)
-                if decided is None:
-                    # The task refuses what the far side shows (no proof the email was
-                    # not applied): the run's operator leaves it to a person.
-                    record.left_parked = True
-                    self.recovery.settled(record.number)
-                elif decided:
+                if await self.decision(status["workflow_id"], "reconcile", body):
                     record.reconciled.append(body["decision"])
                     record.reconciled_steps.add(step["step_id"])
                     if body["decision"] == "did_not_happen":
@@ -1052,8 +1043,7 @@ class ChaosRun:
                     if "send-by deadline" in (step.get("park_reason") or ""):
                         self.figures["parked steps whose key's send-by deadline passed"] += 1
 
-    async def decision(self, task_id: str, kind: str, body: dict[str, Any]) -> bool | None:
-        """Whether the decision was taken; None when the task refused it for good."""
+    async def decision(self, task_id: str, kind: str, body: dict[str, Any]) -> bool:
         try:
             response = await self.http.post(
                 f"{self.gateway()}/v1/tasks/{task_id}/{kind}",
@@ -1064,13 +1054,6 @@ class ChaosRun:
             return False
         # A decision the step already had (asked again before its state moved on) is
         # answered with it, decides nothing new and is not counted again.
-        if response.status_code == 409 and str(response.json().get("type", "")).endswith(
-            ":decision-refused"
-        ):
-            # Refused for good unless the task says when to ask again, or that its
-            # look-up could not run (both may be accepted later).
-            detail = str(response.json().get("detail", ""))
-            return False if "again after" in detail or "could not run" in detail else None
         return response.status_code == 200 and not response.json().get("replayed")
 
     async def find_effect(self, status: dict[str, Any], step: dict[str, Any]) -> str | None:
@@ -1342,13 +1325,6 @@ class ChaosRun:
                 self.violations.append(f"after the PostgreSQL restart: {error}")
             self.say(f"PostgreSQL back; gateways answer after {time.monotonic() - began:.1f} s")
 
-    def only_left_parked_remain(self) -> bool:
-        """Every task not yet ended is parked with a decision the task refused: agents
-        would wait for a person from here on, so the run stops waiting for them."""
-        return all(
-            r.final_state or r.left_parked or r.refusal or not r.acknowledged for r in self.records
-        )
-
     def in_flight(self) -> set[int]:
         """The tasks acknowledged and not yet settled."""
         return {r.number for r in self.records if r.acknowledged and not r.final_state}
@@ -1469,13 +1445,6 @@ class ChaosRun:
         await self.heal()
         self.durations["chaos phase (s)"] = round(time.monotonic() - self.started_driving, 1)
         self.say("faults healed; waiting for the remaining tasks to end")
-        await eventually(
-            lambda: driving.done() or self.only_left_parked_remain(),
-            what="every task ended or was left parked for a person",
-            timeout=math.inf,
-            interval=0.5,
-        )
-        self.settle_deadline = min(self.settle_deadline, time.monotonic())
         await driving
         self.durations["driving incl. settling (s)"] = round(
             time.monotonic() - self.started_driving, 1
