@@ -147,6 +147,10 @@ charge when it did not)."""
 ABANDON_AFTER = 3
 """An operator abandons a parked step after this many ``did_not_happen`` decisions that
 ended parked again with still no effect at the far side."""
+UNDECIDABLE_AFTER = 4
+"""Once driving is over, the run stops waiting for a task whose waiting step got no
+decision this many times in a row (each try re-asks the task first, which holds the
+request up to the gateway's 10 s replay wait): well past any look-up's lag here."""
 MAX_PENDING_FAULTS = 2
 """Faults wait for the next matching request; at most this many wait at a time, so the
 fault rate follows the traffic instead of piling up while a far side is quiet."""
@@ -317,6 +321,9 @@ class TaskRecord:
     answers: Counter[int] = field(default_factory=Counter)
     final_state: str | None = None
     final_status: dict[str, Any] | None = None
+    undecided_in_a_row: int = 0
+    """How many times in a row the run's operator found the task waiting and could take
+    no decision (the task refused each, or none was possible yet)."""
     parked_seen: list[dict[str, Any]] = field(default_factory=list)
     reconciled: list[str] = field(default_factory=list)
     approvals: list[bool] = field(default_factory=list)
@@ -994,9 +1001,11 @@ class ChaosRun:
         return status
 
     async def decide(self, record: TaskRecord, status: dict[str, Any]) -> None:
+        waiting = taken = 0
         for step in status["steps"]:
             if step.get("repeat_of"):
                 continue  # a repeat mirrors its earlier call, which is the one decided
+            waiting += step["state"] in ("awaiting_approval", "parked")
             if step["state"] == "awaiting_approval":
                 approved = not record.deny
                 body = {
@@ -1006,6 +1015,7 @@ class ChaosRun:
                     "arguments_digest": step["arguments_digest"],
                 }
                 if await self.decision(status["workflow_id"], "approve", body):
+                    taken += 1
                     record.approvals.append(approved)
                     self.figures["approvals" if approved else "denials"] += 1
             elif step["state"] == "parked":
@@ -1035,6 +1045,7 @@ class ChaosRun:
                     **({"resource_id": resource} if resource else {}),
                 }
                 if await self.decision(status["workflow_id"], "reconcile", body):
+                    taken += 1
                     record.reconciled.append(body["decision"])
                     record.reconciled_steps.add(step["step_id"])
                     if body["decision"] == "did_not_happen":
@@ -1042,6 +1053,8 @@ class ChaosRun:
                     self.figures[f"parked steps reconciled: {body['decision']}"] += 1
                     if "send-by deadline" in (step.get("park_reason") or ""):
                         self.figures["parked steps whose key's send-by deadline passed"] += 1
+        if waiting:
+            record.undecided_in_a_row = 0 if taken else record.undecided_in_a_row + 1
 
     async def decision(self, task_id: str, kind: str, body: dict[str, Any]) -> bool:
         try:
@@ -1325,6 +1338,19 @@ class ChaosRun:
                 self.violations.append(f"after the PostgreSQL restart: {error}")
             self.say(f"PostgreSQL back; gateways answer after {time.monotonic() - began:.1f} s")
 
+    def only_undecidable_remain(self) -> bool:
+        """Every task not ended waits for a decision the run's operator has failed to take
+        ``UNDECIDABLE_AFTER`` times in a row (an email whose outcome is unknown after DATA
+        and not at the sink: the task refuses did_not_happen without proof). A person
+        would take it from here: the run stops waiting and reports them parked at end."""
+        return all(
+            r.final_state
+            or r.refusal
+            or not r.acknowledged
+            or r.undecided_in_a_row >= UNDECIDABLE_AFTER
+            for r in self.records
+        )
+
     def in_flight(self) -> set[int]:
         """The tasks acknowledged and not yet settled."""
         return {r.number for r in self.records if r.acknowledged and not r.final_state}
@@ -1445,6 +1471,13 @@ class ChaosRun:
         await self.heal()
         self.durations["chaos phase (s)"] = round(time.monotonic() - self.started_driving, 1)
         self.say("faults healed; waiting for the remaining tasks to end")
+        await eventually(
+            lambda: driving.done() or self.only_undecidable_remain(),
+            what="every task ended, or waits for a decision the run cannot take",
+            timeout=math.inf,
+            interval=0.5,
+        )
+        self.settle_deadline = min(self.settle_deadline, time.monotonic())
         await driving
         self.durations["driving incl. settling (s)"] = round(
             time.monotonic() - self.started_driving, 1
