@@ -61,7 +61,7 @@ A minimal tool (``examples/ticketdesk`` has the whole of it)::
         open_client=open_desk,
     )
 
-The full walk-through is README.md, "Add your own tool"; the reference is
+The full walk-through is docs/add-your-own-tool.md; the reference is
 docs/tool-api.md, generated from these docstrings.
 """
 
