@@ -9,6 +9,7 @@ import socket
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +104,25 @@ async def time_skipping_env(
     request: pytest.FixtureRequest,
 ) -> AsyncIterator[WorkflowEnvironment]:
     """Temporal's time-skipping test server with onceflow's search attributes."""
+    async with _time_skipping(request, "the time-skipping server") as env:
+        yield env
+
+
+@pytest.fixture
+async def own_time_skipping_env(
+    request: pytest.FixtureRequest,
+) -> AsyncIterator[WorkflowEnvironment]:
+    """A time-skipping test server of the test's own, for a test that sleeps through its
+    task's timers: on the shared one, work another test left in flight (seen under CI's
+    load, twice) holds time skipping, and the sleep waits in real time until the RPC fails."""
+    async with _time_skipping(request, "a test's own time-skipping server") as env:
+        yield env
+
+
+@asynccontextmanager
+async def _time_skipping(
+    request: pytest.FixtureRequest, server: str
+) -> AsyncIterator[WorkflowEnvironment]:
     started = StartedWorkflows()
     env = await WorkflowEnvironment.start_time_skipping(
         data_converter=pydantic_data_converter,
@@ -112,9 +132,11 @@ async def time_skipping_env(
         interceptors=[started],
     )
     await _register_search_attributes(env.client)
-    yield env
-    await _replay_every_task(request.config, env.client, "the time-skipping server", started.ids)
-    await env.shutdown()
+    try:
+        yield env
+        await _replay_every_task(request.config, env.client, server, started.ids)
+    finally:
+        await env.shutdown()
 
 
 @pytest.fixture(scope="session")

@@ -58,6 +58,15 @@ async def worker(
         yield running
 
 
+@pytest.fixture
+async def own_worker(
+    own_time_skipping_env: WorkflowEnvironment, task_queue: str, script: Script
+) -> AsyncIterator[Worker]:
+    """The scripted worker on the test's own time-skipping server (for a test that sleeps)."""
+    async with scripted_worker(own_time_skipping_env, task_queue, script) as running:
+        yield running
+
+
 async def start(
     env: WorkflowEnvironment,
     task_queue: str,
@@ -341,14 +350,17 @@ async def test_a_running_step_cannot_be_reconciled(
 
 
 async def test_approval_gates_the_first_attempt_and_binds_to_the_arguments(
-    time_skipping_env: WorkflowEnvironment, task_queue: str, script: Script, worker: Worker
+    own_time_skipping_env: WorkflowEnvironment,
+    task_queue: str,
+    script: Script,
+    own_worker: Worker,
 ) -> None:
     arguments = {"label": "big-refund", "amount": 500}
-    handle = await start(time_skipping_env, task_queue, ("r", "scripted_approval", arguments))
+    handle = await start(own_time_skipping_env, task_queue, ("r", "scripted_approval", arguments))
     status = await wait_until(
-        time_skipping_env, handle, lambda s: s.state is TaskState.AWAITING_APPROVAL
+        own_time_skipping_env, handle, lambda s: s.state is TaskState.AWAITING_APPROVAL
     )
-    await time_skipping_env.sleep(timedelta(hours=5))  # scenario: every timer due fires
+    await own_time_skipping_env.sleep(timedelta(hours=5))  # scenario: every timer due fires
     assert script.attempts("big-refund") == 0
     assert status.step("r").arguments_digest == arguments_digest("scripted_approval", arguments)
 
@@ -386,12 +398,15 @@ async def test_approval_gates_the_first_attempt_and_binds_to_the_arguments(
 
 
 async def test_a_denied_step_never_runs(
-    time_skipping_env: WorkflowEnvironment, task_queue: str, script: Script, worker: Worker
+    own_time_skipping_env: WorkflowEnvironment,
+    task_queue: str,
+    script: Script,
+    own_worker: Worker,
 ) -> None:
     arguments = {"label": "denied-refund", "amount": 101}
-    handle = await start(time_skipping_env, task_queue, ("r", "scripted_approval", arguments))
+    handle = await start(own_time_skipping_env, task_queue, ("r", "scripted_approval", arguments))
     status = await wait_until(
-        time_skipping_env, handle, lambda s: s.state is TaskState.AWAITING_APPROVAL
+        own_time_skipping_env, handle, lambda s: s.state is TaskState.AWAITING_APPROVAL
     )
     await handle.execute_update(
         AgentTaskWorkflow.approve,
@@ -404,7 +419,7 @@ async def test_a_denied_step_never_runs(
         ),
     )
     result = await handle.result()
-    await time_skipping_env.sleep(timedelta(hours=2))  # scenario: every timer due fires
+    await own_time_skipping_env.sleep(timedelta(hours=2))  # scenario: every timer due fires
 
     assert script.attempts("denied-refund") == 0
     assert result.state is TaskState.FAILED
