@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from onceflow.configuration import OnceflowConfiguration, load_configuration
+    from onceflow.errors import OnceflowError
     from onceflow.retry_policy import OutcomeClass, RetryBudget
     from onceflow.tools import (
         ApprovalThreshold,
@@ -39,6 +40,7 @@ __version__ = "0.1.0"
 _HOMES = {
     "OnceflowConfiguration": "onceflow.configuration",
     "load_configuration": "onceflow.configuration",
+    "OnceflowError": "onceflow.errors",
     "OutcomeClass": "onceflow.retry_policy",
     "RetryBudget": "onceflow.retry_policy",
     **{
@@ -72,6 +74,7 @@ __all__ = [
     "LeaseLost",
     "NothingSent",
     "OnceflowConfiguration",
+    "OnceflowError",
     "OutcomeClass",
     "RetryBudget",
     "Tool",

@@ -18,6 +18,7 @@ ONCEFLOW = [
     "LeaseLost",
     "NothingSent",
     "OnceflowConfiguration",
+    "OnceflowError",
     "OutcomeClass",
     "RetryBudget",
     "Tool",
@@ -119,6 +120,7 @@ def test_onceflow_names_are_the_ones_their_subpackages_define() -> None:
     assert set(ONCEFLOW) - {"__version__"} <= {
         *tools.__all__,
         "OnceflowConfiguration",
+        "OnceflowError",
         "load_configuration",
         "OutcomeClass",
         "RetryBudget",

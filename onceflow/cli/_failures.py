@@ -11,6 +11,7 @@ from temporalio.client import WorkflowQueryFailedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from onceflow.encryption import ENCRYPTED_ENCODING, PayloadDecryptionFailed
+from onceflow.errors import OnceflowError, describe_validation
 from onceflow.settings import InvalidSettings
 from onceflow.task_api import DecisionConflict, DecisionRefused
 from onceflow.tools import ToolRegistrationError, UnknownTool
@@ -46,20 +47,15 @@ EXIT_CODES_HELP = (
 """The exit codes as ``onceflow --help`` lists them."""
 
 
-class CommandFailed(Exception):
+class CommandFailed(OnceflowError):
     """A failure already phrased for the operator."""
+
+    code = "command-failed"
+    title = "Command failed"
 
     def __init__(self, message: str, *, exit_code: int = ExitCode.FAILED) -> None:
         super().__init__(message)
         self.exit_code = int(exit_code)
-
-
-def describe_validation_error(error: ValidationError) -> str:
-    """All of a validation error's problems on one line."""
-    return "; ".join(
-        f"{'.'.join(str(part) for part in problem['loc']) or 'input'}: {problem['msg']}"
-        for problem in error.errors()
-    )
 
 
 def explain(error: BaseException) -> CommandFailed:
@@ -68,7 +64,7 @@ def explain(error: BaseException) -> CommandFailed:
         return error
     if isinstance(error, ValidationError):
         return CommandFailed(
-            f"invalid input: {describe_validation_error(error)}", exit_code=ExitCode.BAD_INPUT
+            f"invalid input: {describe_validation(error)}", exit_code=ExitCode.BAD_INPUT
         )
     if isinstance(error, InvalidSettings | ToolRegistrationError | UnknownTool):
         return CommandFailed(str(error), exit_code=ExitCode.BAD_INPUT)

@@ -35,6 +35,7 @@ from onceflow.cli.plugin import (
     register_plugin_commands,
     stop_on_signals,
 )
+from onceflow.errors import MalformedIdempotencyKey
 from onceflow.settings import InvalidSettings, load_settings, read_settings
 from onceflow.task_api import DecisionAnswer, TaskClient, connect_temporal
 from onceflow.telemetry import boundary_span, process_telemetry
@@ -274,7 +275,7 @@ async def _until_settled(client: TaskClient, workflow_id: str) -> TaskStatus:
 def _one_step_task(tool: str, tenant: str, principal: str, key: str, raw: str) -> AgentTaskInput:
     try:
         check_idempotency_key(key)
-    except ValueError as malformed:
+    except MalformedIdempotencyKey as malformed:
         raise CommandFailed(str(malformed), exit_code=ExitCode.BAD_INPUT) from None
     try:
         arguments: Any = json.loads(raw)

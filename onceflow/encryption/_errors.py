@@ -5,9 +5,15 @@ PayloadDecryptionFailed
 └── PayloadTampered        it does not authenticate under the key its id names
 """
 
+from onceflow.errors import OnceflowError
 
-class PayloadDecryptionFailed(Exception):
+
+class PayloadDecryptionFailed(OnceflowError):
     """An encrypted payload this process cannot turn back into the value it holds."""
+
+    status = 422
+    code = "payload-not-decodable"
+    title = "Payload cannot be decrypted"
 
     def __init__(self, message: str, *, key_id: str) -> None:
         super().__init__(message)

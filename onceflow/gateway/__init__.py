@@ -5,10 +5,9 @@ Every transport (``gateway.http_api``, ``gateway.mcp_server``) calls the same
 Temporal, whose ``USE_EXISTING`` dedupes starts but never compares inputs.
 """
 
-from onceflow.gateway._errors import (
+from onceflow.errors import (
     KEY_REUSED_DETAIL,
     BackendUnavailable,
-    BoundaryError,
     DecisionConflict,
     DecisionRefused,
     DecisionsNotAllowed,
@@ -72,7 +71,6 @@ __all__ = [
     "ApproveRequest",
     "BackendUnavailable",
     "BoundaryAnswer",
-    "BoundaryError",
     "BoundaryService",
     "Claimed",
     "CreateTaskRequest",

@@ -50,11 +50,11 @@ from onceflow.encryption import (
     PayloadEncryptionSettings,
     UnknownEncryptionKey,
 )
-from onceflow.gateway._errors import (
+from onceflow.errors import (
     BackendUnavailable,
-    BoundaryError,
     DecisionsNotAllowed,
     InvalidRequest,
+    OnceflowError,
     OriginNotAllowed,
     PayloadNotDecodable,
     RequestTooLarge,
@@ -128,7 +128,7 @@ def install_codec_endpoint(
     *,
     principals: Callable[[Request], PrincipalStore],
     namespace: Callable[[Request], str],
-    problem: Callable[[BoundaryError], Response],
+    problem: Callable[[OnceflowError], Response],
 ) -> None:
     """Add the codec endpoint's routes (outside the OpenAPI document) to ``app``.
 
@@ -137,7 +137,7 @@ def install_codec_endpoint(
         encryption: The settings holding the keys and the UI's origin.
         principals: The principal store of the request's boundary service.
         namespace: The Temporal namespace of the request's boundary service.
-        problem: How the app answers a ``BoundaryError``.
+        problem: How the app answers a ``OnceflowError``.
     """
     keys = encryption.key_ring()
     if keys is None:
@@ -191,7 +191,7 @@ def install_codec_endpoint(
             return with_cors(
                 request, problem(BackendUnavailable("the database is unreachable; retry"))
             )
-        except BoundaryError as refused:
+        except OnceflowError as refused:
             return with_cors(request, problem(refused))
         body = json_format.MessageToDict(Payloads(payloads=converted))
         return with_cors(request, JSONResponse(body, headers={"Cache-Control": "no-store"}))
@@ -234,7 +234,7 @@ def install_codec_endpoint(
             _refuse_foreign_origin(request, ui_origin)
             api_key = await _form_api_key(request)
             principal = _an_operator(await principals(request).authenticate(api_key))
-        except BoundaryError as refused:
+        except OnceflowError as refused:
             return _page(
                 f"<p role='alert'>{html.escape(refused.detail)}</p>{_login_form(request)}",
                 status=refused.status,

@@ -1,7 +1,7 @@
 """What the OpenAPI document says about answers: each route's statuses, with the problem
 types and the headers of each, as the gateway sends them.
 
-A route lists the ``BoundaryError`` classes it may raise; ``problem_answers`` turns them
+A route lists the ``OnceflowError`` classes it may raise; ``problem_answers`` turns them
 into one answer per status, whose ``application/problem+json`` schema names exactly
 those classes' ``type`` URIs and whose headers are the ones ``http_api`` sets for them.
 ``finish_document`` then drops the 422 "Validation Error" FastAPI adds to every route
@@ -15,12 +15,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from onceflow.gateway._errors import (
+from onceflow.errors import (
+    ANSWERED_ERRORS,
     PROBLEM_BASE,
-    BoundaryError,
     CallRefused,
     DecisionConflict,
     DecisionRefused,
+    OnceflowError,
     QuotaExceeded,
     RequestInProgress,
     Unauthenticated,
@@ -112,25 +113,25 @@ _WAIT_AND_RETRY = (RequestInProgress, QuotaExceeded)
 """Refusals that carry a ``Retry-After`` (every 503 does too)."""
 
 
-def problem_answers(kinds: Iterable[type[BoundaryError]]) -> dict[int | str, dict[str, Any]]:
+def problem_answers(kinds: Iterable[type[OnceflowError]]) -> dict[int | str, dict[str, Any]]:
     """The error answers of a route that may raise ``kinds``: one per status, with the
     problem types it carries and its headers."""
-    by_status: dict[int, list[type[BoundaryError]]] = {}
+    by_status: dict[int, list[type[OnceflowError]]] = {}
     for kind in kinds:
         by_status.setdefault(kind.status, []).append(kind)
     answers: dict[int | str, dict[str, Any]] = {}
     for status, found in sorted(by_status.items()):
         answer: dict[str, Any] = {
-            "description": "\n".join(f"- `{kind.slug}`: {_first_line(kind)}" for kind in found),
+            "description": "\n".join(f"- `{kind.code}`: {_first_line(kind)}" for kind in found),
             "content": {
                 PROBLEM_JSON: {
                     "schema": {
                         "allOf": [{"$ref": "#/components/schemas/Problem"}],
                         "properties": {
-                            "type": {"enum": [PROBLEM_BASE + kind.slug for kind in found]}
+                            "type": {"enum": [PROBLEM_BASE + kind.code for kind in found]}
                         },
                     },
-                    "examples": {kind.slug: _example(kind) for kind in found},
+                    "examples": {kind.code: _example(kind) for kind in found},
                 }
             },
         }
@@ -141,7 +142,7 @@ def problem_answers(kinds: Iterable[type[BoundaryError]]) -> dict[int | str, dic
     return answers
 
 
-def _problem_headers(status: int, kinds: list[type[BoundaryError]]) -> dict[str, Any]:
+def _problem_headers(status: int, kinds: list[type[OnceflowError]]) -> dict[str, Any]:
     headers: dict[str, Any] = {}
     if any(issubclass(kind, Unauthenticated) for kind in kinds):
         headers["WWW-Authenticate"] = WWW_AUTHENTICATE
@@ -149,7 +150,7 @@ def _problem_headers(status: int, kinds: list[type[BoundaryError]]) -> dict[str,
     if waits:
         retry_after = dict(RETRY_AFTER)
         if len(waits) < len(kinds):
-            with_it = ", ".join(f"`{kind.slug}`" for kind in waits)
+            with_it = ", ".join(f"`{kind.code}`" for kind in waits)
             retry_after["required"] = False
             retry_after["description"] = f"With {with_it}: {RETRY_AFTER['description']}"
         headers["Retry-After"] = retry_after
@@ -158,11 +159,11 @@ def _problem_headers(status: int, kinds: list[type[BoundaryError]]) -> dict[str,
     return headers
 
 
-def _example(kind: type[BoundaryError]) -> dict[str, Any]:
+def _example(kind: type[OnceflowError]) -> dict[str, Any]:
     return {
         "summary": kind.title,
         "value": {
-            "type": PROBLEM_BASE + kind.slug,
+            "type": PROBLEM_BASE + kind.code,
             "title": kind.title,
             "status": kind.status,
             "detail": _first_line(kind),
@@ -170,7 +171,7 @@ def _example(kind: type[BoundaryError]) -> dict[str, Any]:
     }
 
 
-def _first_line(kind: type[BoundaryError]) -> str:
+def _first_line(kind: type[OnceflowError]) -> str:
     """The first paragraph of the class's docstring, on one line."""
     paragraph = inspect.cleandoc(kind.__doc__ or kind.title).split("\n\n")[0]
     return " ".join(paragraph.split())
@@ -189,19 +190,8 @@ def finish_document(document: dict[str, Any]) -> None:
         schemas.pop(name, None)
     schemas["Problem"] = Problem.model_json_schema(ref_template="#/components/schemas/{model}")
     schemas["Problem"]["properties"]["type"]["enum"] = sorted(
-        PROBLEM_BASE + kind.slug for kind in _every_problem()
+        PROBLEM_BASE + kind.code for kind in ANSWERED_ERRORS
     )
-
-
-def _every_problem() -> list[type[BoundaryError]]:
-    found: list[type[BoundaryError]] = []
-    pending: list[type[BoundaryError]] = [BoundaryError]
-    while pending:
-        kind = pending.pop()
-        pending.extend(kind.__subclasses__())
-        if kind is not BoundaryError:
-            found.append(kind)
-    return found
 
 
 def durations_in_seconds(schemas: dict[str, Any], names: Iterable[str]) -> None:

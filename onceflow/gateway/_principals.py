@@ -17,7 +17,7 @@ from psycopg import AsyncConnection, errors
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from onceflow.gateway._errors import Unauthenticated
+from onceflow.errors import OnceflowError, Unauthenticated
 from onceflow.storage import autocommit
 
 ALL_TOOLS = "*"
@@ -27,8 +27,12 @@ PRINCIPAL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 """Tenants and principal names: no ``:``, so the scopes built from them stay unambiguous."""
 
 
-class PrincipalExists(ValueError):
+class PrincipalExists(OnceflowError, ValueError):
     """A principal of that name already exists in the tenant."""
+
+    status = 409
+    code = "principal-exists"
+    title = "Principal exists"
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from onceflow.gateway._errors import QuotaExceeded
+from onceflow.errors import QuotaExceeded
 from onceflow.storage import autocommit
 
 T = TypeVar("T")

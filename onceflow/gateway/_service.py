@@ -60,18 +60,17 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
-from onceflow.gateway._errors import (
+from onceflow.errors import (
     KEY_REUSED_DETAIL,
     BackendUnavailable,
-    BoundaryError,
     CallRefused,
     DecisionConflict,
     DecisionRefused,
     DecisionsNotAllowed,
     InvalidRequest,
     KeyReusedWithDifferentRequest,
-    MalformedIdempotencyKey,
     MissingIdempotencyKey,
+    OnceflowError,
     RequestInProgress,
     TaskBusy,
     TaskNotFound,
@@ -79,7 +78,9 @@ from onceflow.gateway._errors import (
     TaskUnanswered,
     ToolNotAllowed,
     UnknownToolRequested,
+    describe_validation,
     replayed_problem,
+    validation_problems,
 )
 from onceflow.gateway._fingerprint import request_fingerprint
 from onceflow.gateway._principals import ALL_TOOLS, Principal, PrincipalStore
@@ -107,10 +108,7 @@ from onceflow.gateway._responses import (
 from onceflow.gateway._settings import GatewaySettings
 from onceflow.gateway._strict import validate_strictly
 from onceflow.retry_policy import RetryBudget
-from onceflow.task_api import CallRefused as TaskRefusedCall
 from onceflow.task_api import DecisionAnswer, TaskClient
-from onceflow.task_api import DecisionConflict as TaskDecisionConflict
-from onceflow.task_api import DecisionRefused as TaskRefusedDecision
 from onceflow.telemetry import boundary_span, sensitive_locations, unstorable_locations
 from onceflow.tools import (
     CATALOGUE,
@@ -122,7 +120,6 @@ from onceflow.tools import (
     derive_task_workflow_id,
     key_digest,
 )
-from onceflow.tools import MalformedIdempotencyKey as KeyOutsideAlphabet
 from onceflow.workflows.task_models import (
     NAME_PATTERN,
     AgentTaskInput,
@@ -846,8 +843,6 @@ class BoundaryService:
             # Temporal's client turns the cancelled wait into its own error.
             except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError):
                 answer = await self._call_now(task_id, call)
-            except TaskRefusedCall as refused:
-                raise CallRefused(str(refused), reason=str(refused), task_id=task_id) from None
         return call_view(answer)
 
     async def _call_now(self, task_id: str, call: CallInput) -> CallAnswer:
@@ -861,7 +856,7 @@ class BoundaryService:
             return None
 
     async def _complete_call(
-        self, record: IdempotencyRecord, task_id: str, answer: BoundaryAnswer | BoundaryError
+        self, record: IdempotencyRecord, task_id: str, answer: BoundaryAnswer | OnceflowError
     ) -> None:
         if isinstance(answer, BoundaryAnswer):
             state, status_code, body = RecordState.SUCCEEDED, answer.status_code, answer.body
@@ -908,7 +903,7 @@ class BoundaryService:
                             retry_after_seconds=unanswered.retry_after_seconds or 2,
                         )
                     raise unanswered from None
-                except TaskRefusedCall as refused:
+                except CallRefused as refused:
                     raise TaskNotOpen(str(refused), task_id=task_id) from None
 
     # ── decisions ───────────────────────────────────────────────────────────────────
@@ -1049,7 +1044,7 @@ class BoundaryService:
         return reply
 
     async def _complete_decision(
-        self, record: IdempotencyRecord, task_id: str, answer: DecisionReply | BoundaryError
+        self, record: IdempotencyRecord, task_id: str, answer: DecisionReply | OnceflowError
     ) -> None:
         if isinstance(answer, DecisionReply):
             state, status_code, body = RecordState.SUCCEEDED, 200, answer.body
@@ -1082,22 +1077,10 @@ class BoundaryService:
         self, task_id: str, decision: ApproveInput | ReconcileInput
     ) -> DecisionAnswer:
         async with _backend_errors():
-            try:
-                if isinstance(decision, ApproveInput):
-                    answer = await self._tasks.approve(task_id, decision)
-                else:
-                    answer = await self._tasks.reconcile(task_id, decision)
-            except TaskRefusedDecision as refused:
-                raise DecisionRefused(str(refused)) from None
-            except TaskDecisionConflict as conflict:
-                raise DecisionConflict(
-                    str(conflict),
-                    task_state=conflict.task_state.value,
-                    step_state=conflict.step_state.value,
-                    decision=(
-                        conflict.earlier.model_dump(mode="json") if conflict.earlier else None
-                    ),
-                ) from None
+            if isinstance(decision, ApproveInput):
+                answer = await self._tasks.approve(task_id, decision)
+            else:
+                answer = await self._tasks.reconcile(task_id, decision)
         trace.get_current_span().set_attribute("onceflow.replayed", answer.replayed)
         return answer
 
@@ -1490,10 +1473,7 @@ def _checked_key(raw: str | None) -> str:
             "this call has an effect: send an Idempotency-Key that identifies this logical "
             "attempt, and the same key on every retry of it"
         )
-    try:
-        return check_idempotency_key(raw)
-    except KeyOutsideAlphabet as malformed:
-        raise MalformedIdempotencyKey(str(malformed)) from None
+    return check_idempotency_key(raw)
 
 
 def _checked_optional_key(raw: str | None) -> str | None:
@@ -1634,14 +1614,8 @@ def _parsed(model: type[BaseModel], body: Any) -> Any:
 
 
 def _invalid(invalid: ValidationError, *, location: tuple[str | int, ...]) -> InvalidRequest:
-    # Only where and what, never the offending input: it may hold a secret.
-    problems = [
-        {"loc": [*location, *problem["loc"]], "msg": problem["msg"]} for problem in invalid.errors()
-    ]
-    summary = "; ".join(
-        f"{'.'.join(str(part) for part in problem['loc']) or 'body'}: {problem['msg']}"
-        for problem in problems[:5]
-    )
+    problems = validation_problems(invalid, location=location)
+    summary = describe_validation(problems, whole="body", limit=5)
     return InvalidRequest(f"invalid request: {summary}", errors=problems)
 
 

@@ -6,6 +6,7 @@ from datetime import timedelta
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from onceflow.errors import OnceflowError
 from onceflow.retry_policy import RetryBudget
 from onceflow.settings import FileBackedSettings, InvalidSettings, read_settings
 
@@ -53,8 +54,11 @@ class GatewaySettings(FileBackedSettings):
         return timedelta(seconds=self.claim_lease_seconds)
 
 
-class RetentionTooShort(ValueError):
+class RetentionTooShort(OnceflowError, ValueError):
     """Result retention does not outlast the longest retry window: refuse to start."""
+
+    code = "retention-too-short"
+    title = "Result retention too short"
 
 
 class InvalidGatewaySettings(InvalidSettings):

@@ -35,10 +35,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from temporalio.service import RPCError
 
 from onceflow.encryption import PayloadEncryptionSettings
-from onceflow.gateway._codec_endpoint import install_codec_endpoint
-from onceflow.gateway._errors import (
+from onceflow.errors import (
     BackendUnavailable,
-    BoundaryError,
     CallRefused,
     DecisionConflict,
     DecisionRefused,
@@ -48,6 +46,7 @@ from onceflow.gateway._errors import (
     MalformedIdempotencyKey,
     MissingIdempotencyKey,
     NotReady,
+    OnceflowError,
     QuotaExceeded,
     RequestInProgress,
     RequestTooLarge,
@@ -59,7 +58,9 @@ from onceflow.gateway._errors import (
     Unauthenticated,
     UnknownToolRequested,
     UnsupportedMediaType,
+    validation_problems,
 )
+from onceflow.gateway._codec_endpoint import install_codec_endpoint
 from onceflow.gateway._fingerprint import API_VERSION
 from onceflow.gateway._openapi import (
     DECISION_ANSWER_HEADERS,
@@ -137,7 +138,7 @@ class SortedJSONResponse(JSONResponse):
         ).encode()
 
 
-def _problem_response(error: BoundaryError) -> Response:
+def _problem_response(error: OnceflowError) -> Response:
     headers: dict[str, str] = {REPLAYED_HEADER: "true"} if error.replayed else {}
     retry_after = error.retry_after_seconds
     if retry_after is None and error.status == 503:
@@ -218,7 +219,7 @@ _TASK_GOING = {
 }
 
 
-def _tool_call_answers(problems: tuple[type[BoundaryError], ...]) -> dict[int | str, Any]:
+def _tool_call_answers(problems: tuple[type[OnceflowError], ...]) -> dict[int | str, Any]:
     return {200: _TASK_ENDED, 202: _TASK_GOING, **problem_answers(problems)}
 
 
@@ -663,13 +664,16 @@ CallKeyHeader = Annotated[
 
 
 def _install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(BoundaryError)
-    async def boundary_error(request: Request, error: BoundaryError) -> Response:
+    @app.exception_handler(OnceflowError)
+    async def boundary_error(request: Request, error: OnceflowError) -> Response:
+        if error.status >= 500 and not isinstance(error, BackendUnavailable):
+            # A process's own failure (settings, a tool's registration), not a refusal.
+            return _internal_error(request, error)
         return _problem_response(error)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, error: RequestValidationError) -> Response:
-        problems = [{"loc": list(item["loc"]), "msg": item["msg"]} for item in error.errors()]
+        problems = validation_problems(error.errors())
         return _problem_response(InvalidRequest("invalid request", errors=problems))
 
     @app.exception_handler(StarletteHTTPException)

@@ -63,11 +63,11 @@ from starlette.datastructures import Headers
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from onceflow.gateway._errors import (
+from onceflow.errors import (
     BackendUnavailable,
-    BoundaryError,
     CallRefused,
     InvalidRequest,
+    OnceflowError,
     UnknownToolRequested,
 )
 from onceflow.gateway._principals import Principal
@@ -207,7 +207,7 @@ def build_mcp_server(
     ) -> types.ListToolsResult:
         try:
             principal = await principal_of(ctx)
-        except BoundaryError as refused:
+        except OnceflowError as refused:
             code = types.INTERNAL_ERROR if refused.status >= 500 else types.INVALID_REQUEST
             raise MCPError(code=code, message=refused.detail) from None
         # What a principal may not call stays unlisted: its schema and annotations are
@@ -244,7 +244,7 @@ def build_mcp_server(
             return _call_answer(await session.call(principal, contract, arguments, key, deliberate))
         except UnknownToolRequested as unknown:
             raise MCPError(code=types.INVALID_PARAMS, message=unknown.detail) from None
-        except BoundaryError as refused:
+        except OnceflowError as refused:
             return _result(refused.problem(), is_error=True)
 
     return BoundaryMcpServer(
@@ -341,14 +341,14 @@ class BearerGate:
         key = _bearer_key(Headers(scope=scope).get("authorization", ""))
         try:
             principal = await self._service.authenticate(key)
-        except BoundaryError as refused:
+        except OnceflowError as refused:
             await _problem_response(refused)(scope, receive, send)
             return
         state = {**scope.get("state", {}), _PRINCIPAL_STATE: principal}
         await self._app({**scope, "state": state}, receive, send)
 
 
-def _problem_response(refused: BoundaryError) -> Response:
+def _problem_response(refused: OnceflowError) -> Response:
     """The refusal as the HTTP API answers it: ``application/problem+json``."""
     headers: dict[str, str] = {}
     if refused.status == 401:
@@ -599,7 +599,7 @@ class _Session:
         because of this call (or its spent budget, which a next task must not reset)."""
         try:
             status = await self._service.task_status(principal, task_id)
-        except BoundaryError:
+        except OnceflowError:
             return False
         if status.closing is not None or is_terminal(status):
             return True

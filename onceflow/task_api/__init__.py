@@ -1,11 +1,9 @@
 """Client-side access to tasks: the Temporal connection and ``TaskClient``."""
 
+from onceflow.errors import CallRefused, DecisionConflict, DecisionRefused
 from onceflow.task_api._connection import connect_temporal
 from onceflow.task_api._tasks import (
-    CallRefused,
     DecisionAnswer,
-    DecisionConflict,
-    DecisionRefused,
     SentCall,
     TaskClient,
     TaskSummary,

@@ -34,6 +34,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from onceflow.encryption import ClearText
+from onceflow.errors import CallRefused, DecisionConflict, DecisionRefused
 from onceflow.telemetry import current_trace_id
 from onceflow.tools import CATALOGUE, Catalogue
 from onceflow.workflows import AgentTaskWorkflow
@@ -48,43 +49,10 @@ from onceflow.workflows.task_models import (
     DecisionResult,
     ReconcileDecision,
     ReconcileInput,
-    StepState,
     TaskState,
     TaskStatus,
 )
 from onceflow.workflows.visibility import TASK_KIND, TASK_STATE, TASK_TENANT
-
-
-class DecisionRefused(Exception):
-    """The task refused an approve or reconcile decision; nothing was recorded."""
-
-
-class CallRefused(Exception):
-    """An open task refused a call before anything was recorded (task closed, tool not
-    allowed, invalid arguments, budget spent, call id used for another call)."""
-
-
-class DecisionConflict(Exception):
-    """The step was already decided otherwise, or the task ended; nothing was recorded.
-
-    Attributes:
-        task_state: The task's state when the decision arrived.
-        step_state: The step's state then.
-        earlier: The step's last accepted decision of the same kind, if any.
-    """
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        task_state: TaskState,
-        step_state: StepState,
-        earlier: DecisionRecord | None,
-    ) -> None:
-        super().__init__(message)
-        self.task_state = task_state
-        self.step_state = step_state
-        self.earlier = earlier
 
 
 class DecisionAnswer(DecisionResult):
@@ -239,7 +207,7 @@ class TaskClient:
             CallRefused: The task refused the call (or has ended); nothing was recorded.
         """
         request = self._with_policy(request)
-        async with _refused_calls():
+        async with _refused_calls(workflow_id):
             if start is None:
                 handle = self._client.get_workflow_handle_for(AgentTaskWorkflow.run, workflow_id)
                 return await handle.execute_update(AgentTaskWorkflow.call, request)
@@ -261,7 +229,7 @@ class TaskClient:
         """
         request = self._with_policy(request)
         handle = self._client.get_workflow_handle_for(AgentTaskWorkflow.run, workflow_id)
-        async with _refused_calls():
+        async with _refused_calls(workflow_id):
             sent = await handle.start_update(
                 AgentTaskWorkflow.call,
                 request,
@@ -287,7 +255,7 @@ class TaskClient:
         try:
             return await handle.execute_update(AgentTaskWorkflow.close)
         except WorkflowUpdateFailedError as failed:
-            raise CallRefused(_refusal(failed)) from None
+            raise CallRefused(_refusal(failed), task_id=workflow_id) from None
         except RPCError as error:
             if error.status is not RPCStatusCode.NOT_FOUND:
                 raise
@@ -455,9 +423,9 @@ def settle_decision(
         f"{ended}{decided}; there is nothing left to decide"
         if status.state in _TERMINAL
         else f"{ended}{decided} already",
-        task_state=status.state,
-        step_state=step.state,
-        earlier=last,
+        task_state=status.state.value,
+        step_state=step.state.value,
+        decision=last.model_dump(mode="json") if last is not None else None,
     )
 
 
@@ -495,21 +463,23 @@ class SentCall:
         Raises:
             CallRefused: The task refused the call after taking it.
         """
-        async with _refused_calls():
+        async with _refused_calls(self._update.workflow_id):
             return await self._update.result()
 
 
 @asynccontextmanager
-async def _refused_calls() -> AsyncIterator[None]:
+async def _refused_calls(workflow_id: str) -> AsyncIterator[None]:
     """A task's refusal of a call, or its end, as ``CallRefused``."""
     try:
         yield
     except WorkflowUpdateFailedError as failed:
-        raise CallRefused(_refusal(failed)) from None
+        raise CallRefused(_refusal(failed), task_id=workflow_id) from None
     except RPCError as error:
         if error.status is not RPCStatusCode.NOT_FOUND:
             raise
-        raise CallRefused("the task has ended: it takes no more calls") from None
+        raise CallRefused(
+            "the task has ended: it takes no more calls", task_id=workflow_id
+        ) from None
 
 
 def _refusal(failed: WorkflowUpdateFailedError) -> str:

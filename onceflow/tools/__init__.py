@@ -65,6 +65,7 @@ The full walk-through is docs/add-your-own-tool.md; the reference is
 docs/tool-api.md, generated from these docstrings.
 """
 
+from onceflow.errors import MalformedIdempotencyKey
 from onceflow.retry_policy import OutcomeClass
 from onceflow.storage import classify_database_error
 from onceflow.tools._activities import tool_activities
@@ -95,7 +96,6 @@ from onceflow.tools._client_retries import (
 from onceflow.tools._contract import ApprovalThreshold, DedupeStrategy, EffectFlags, ToolContract
 from onceflow.tools._identity import (
     IDEMPOTENCY_KEY_MAX_LENGTH,
-    MalformedIdempotencyKey,
     arguments_digest,
     check_idempotency_key,
     derive_child_key,

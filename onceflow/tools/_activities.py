@@ -19,6 +19,7 @@ from psycopg_pool import AsyncConnectionPool
 from pydantic import ValidationError
 from temporalio import activity
 
+from onceflow.errors import describe_validation
 from onceflow.retry_policy import OutcomeClass
 from onceflow.tools._attempts import KeyUnusable, ToolAttemptResult, ToolCallInput
 from onceflow.tools._call import ToolCall
@@ -58,13 +59,9 @@ async def _run(
     try:
         args = contract.input_model.model_validate(identity.arguments)
     except ValidationError as invalid:
-        # Field names and pydantic's messages only: the values may be secrets.
-        problems = "; ".join(
-            f"{'.'.join(str(part) for part in error['loc']) or 'arguments'}: {error['msg']}"
-            for error in invalid.errors()
-        )
         return ToolAttemptResult(
-            outcome=OutcomeClass.REJECTED, reason=f"invalid arguments: {problems}"
+            outcome=OutcomeClass.REJECTED,
+            reason=f"invalid arguments: {describe_validation(invalid, whole='arguments')}",
         )
     call = ToolCall(args=args, identity=identity, client=client, contract=contract, pool=pool)
     try:

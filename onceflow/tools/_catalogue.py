@@ -2,13 +2,17 @@
 
 from collections.abc import Iterable, Iterator
 
+from onceflow.errors import OnceflowError
 from onceflow.tools._checks import contract_problems, refuse
 from onceflow.tools._contract import ToolContract
 from onceflow.tools._policy import ToolPolicy
 
 
-class UnknownTool(LookupError):
+class UnknownTool(OnceflowError, LookupError):
     """No tool of that name is registered."""
+
+    code = "unknown-tool"
+    title = "Unknown tool"
 
 
 class Catalogue:

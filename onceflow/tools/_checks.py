@@ -10,6 +10,7 @@ from datetime import timedelta
 
 from pydantic import BaseModel
 
+from onceflow.errors import OnceflowError
 from onceflow.tools._contract import DedupeStrategy, ToolContract
 
 TOOL_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
@@ -22,8 +23,11 @@ RESERVED_NAMES = frozenset({"record_task_outcome", "prune_idempotency_records"})
 Problem = tuple[str, str]
 
 
-class ToolRegistrationError(ValueError):
+class ToolRegistrationError(OnceflowError, ValueError):
     """A tool's contract or implementation is unsafe or incomplete; it is not registered."""
+
+    code = "tool-registration"
+    title = "Tool not registered"
 
 
 def contract_problems(contract: ToolContract) -> list[Problem]:

@@ -10,13 +10,11 @@ import json
 import re
 from typing import Any
 
+from onceflow.errors import MalformedIdempotencyKey
+
 CHILD_KEY_VERSION = "v1"
 IDEMPOTENCY_KEY_MAX_LENGTH = 200
 _IDEMPOTENCY_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")
-
-
-class MalformedIdempotencyKey(ValueError):
-    """A client key that is empty, too long or outside the allowed alphabet."""
 
 
 def check_idempotency_key(raw_key: str) -> str:

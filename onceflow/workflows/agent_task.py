@@ -59,6 +59,7 @@ with workflow.unsafe.imports_passed_through():
 
     # Summaries are identifiers only: readable in the UI when payloads are encrypted.
     from onceflow.encryption import ClearText
+    from onceflow.errors import OnceflowError, describe_validation
     from onceflow.retry_policy import (
         FailStep,
         OutcomeClass,
@@ -131,8 +132,11 @@ NO_EFFECT_STEP_STATES = frozenset({StepState.FAILED, StepState.DENIED})
 """Ended with no effect: an identical later call is a new call, not a repeat."""
 
 
-class ToolNotOnThisWorker(RuntimeError):
+class ToolNotOnThisWorker(OnceflowError, RuntimeError):
     """The worker running the workflow task does not know a step's tool: retry elsewhere."""
+
+    code = "tool-not-on-this-worker"
+    title = "Tool not on this worker"
 
 
 class _StepStopped(Exception):
@@ -424,11 +428,7 @@ class AgentTaskWorkflow:
         except UnknownTool as unknown:
             return str(unknown)
         except ValidationError as invalid:
-            problems = "; ".join(
-                f"{'.'.join(str(part) for part in error['loc']) or 'arguments'}: {error['msg']}"
-                for error in invalid.errors()
-            )
-            return f"invalid arguments: {problems}"
+            return f"invalid arguments: {describe_validation(invalid, whole='arguments')}"
         return None
 
     def _call_state_problem(self, request: CallInput, *, live: bool = False) -> str | None:

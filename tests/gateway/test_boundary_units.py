@@ -7,8 +7,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from onceflow import gateway
-from onceflow.gateway import BoundaryError, IdempotencyRecord, RecordState, request_fingerprint
+from onceflow import errors, gateway
+from onceflow.errors import OnceflowError
+from onceflow.gateway import IdempotencyRecord, RecordState, request_fingerprint
 from onceflow.gateway._responses import stored_outcome, task_view
 from onceflow.gateway.mcp_server import IDEMPOTENCY_KEY_ARGUMENT, tool_definition
 from onceflow.retry_policy import RetryBudget
@@ -61,15 +62,17 @@ def test_a_fingerprint_ignores_key_order_only(body: dict[str, object]) -> None:
 
 
 def test_every_failure_mode_has_its_own_class_status_and_one_line_docstring() -> None:
-    classes = [
+    classes = list(errors.ANSWERED_ERRORS)
+    defined = [
         value
-        for value in vars(gateway).values()
+        for value in vars(errors).values()
         if isinstance(value, type)
-        and issubclass(value, BoundaryError)
-        and value is not BoundaryError
+        and issubclass(value, OnceflowError)
+        and value is not OnceflowError
     ]
+    assert sorted(map(str, classes)) == sorted(map(str, defined))
     assert len(classes) >= 13
-    assert len({cls.slug for cls in classes}) == len(classes)
+    assert len({cls.code for cls in classes}) == len(classes)
     for cls in classes:
         assert cls.__doc__ and "\n" not in cls.__doc__.strip(), cls
         assert 400 <= cls.status < 600
@@ -172,14 +175,14 @@ async def test_temporals_updates_in_flight_limit_is_429_task_busy_and_an_outage_
     # held in flight on one workflow); both backends are up: not a 503.
     from temporalio.service import RPCError, RPCStatusCode
 
-    from onceflow.gateway._errors import BackendUnavailable, TaskBusy
+    from onceflow.errors import BackendUnavailable, TaskBusy
     from onceflow.gateway._service import _backend_errors
 
     full = "limit on number of concurrent in-flight updates has been reached (10)"
     with pytest.raises(TaskBusy) as busy:
         async with _backend_errors():
             raise RPCError(full, RPCStatusCode.RESOURCE_EXHAUSTED, b"")
-    assert (busy.value.status, busy.value.slug, busy.value.retry_after_seconds) == (
+    assert (busy.value.status, busy.value.code, busy.value.retry_after_seconds) == (
         429,
         "task-busy",
         1,

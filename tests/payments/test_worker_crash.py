@@ -20,8 +20,8 @@ from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 
+from onceflow.errors import TaskNotFound, TaskUnanswered
 from onceflow.gateway import GatewaySettings, open_boundary
-from onceflow.gateway._errors import TaskNotFound, TaskUnanswered
 from onceflow.gateway._principals import Principal
 from onceflow.retry_policy import RetryBudget
 from onceflow.settings import OnceflowSettings
