@@ -4,9 +4,9 @@ A change to the commands the workflow issues on a path a running task may still 
 (an open task, a parked step, a call awaiting approval: they wait for weeks) ships
 behind ``workflow.patched(id)`` with its id registered here; tasks started before the
 release replay the old branch, new ones record the marker and take the new one. A
-patch retires in two releases, each only once the condition holds (README, "Ship a
-workflow change"): ``workflow.deprecate_patch(id)`` replaces the branch once no task
-that started without the marker is open, then the call goes once none that recorded
+patch retires in two releases, each only once the condition holds (docs/production.md,
+"Ship a workflow change"): ``workflow.deprecate_patch(id)`` replaces the branch once no
+task that started without the marker is open, then the call goes once none that recorded
 it through ``patched`` is open either.
 
 0.1.0 is the baseline: the patches of its pre-release development were folded into it

@@ -3,7 +3,7 @@
 A production namespace must have them registered once (the embedded stack and the tests
 register them), e.g.
 ``temporal operator search-attribute create --name OnceflowState --type Keyword``;
-README's "Operate it" lists them all.
+docs/production.md ("Run it in production") registers them all.
 """
 
 from temporalio.common import SearchAttributeKey

@@ -1,4 +1,5 @@
-"""Result retention and pruning, and what a retry after pruning does (README: Retention).
+"""Result retention and pruning, and what a retry after pruning does
+(``onceflow/gateway/README.md``, "Retention and pruning").
 
 * The prune schedule deletes only terminal records past ``result_expires_at``.
 * A retry after pruning is a new claim. While Temporal still keeps the closed task, the

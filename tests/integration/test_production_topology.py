@@ -1,5 +1,6 @@
-"""The production topology, started from parts exactly as README's "Run it in production"
-section says: its deploy block is parsed and each line run by ``bash`` as written.
+"""The production topology, started from parts exactly as the "Run it in production" page
+(docs/production.md) says: its deploy block is parsed and each line run by ``bash`` as
+written.
 
 The test plays the operator's surroundings and nothing else: the Temporal dev server
 stands in for the cluster, in a namespace created for this run (so the block's own
@@ -7,7 +8,7 @@ stands in for the cluster, in a namespace created for this run (so the block's o
 attributes there), a database created for this run on the embedded PostgreSQL stands in
 for the managed one (so ``onceflow migrate`` creates the schema), and an SMTP sink in this
 process is the relays' far side. The block's settings come from the environment, under the
-names the section documents.
+names the page documents.
 
 Then, as an agent would: one ``issue_coupon`` call through the first gateway, the same
 call (same ``Idempotency-Key``) through the second, and an email through the relay. The
@@ -42,7 +43,8 @@ from temporalio.testing import WorkflowEnvironment
 from onceflow.workflows.visibility import ALL_SEARCH_ATTRIBUTES, TASK_STATE, TASK_TENANT
 from tests.harness import REPO, log_line
 
-SECTION = "## Run it in production"
+PAGE = REPO / "docs" / "production.md"
+SECTION = "# Run it in production"
 SERVICES = ("worker", "gateway", "relay", "mcp")
 """The long-running commands; every other line of the block runs once, to completion."""
 STARTED = {"worker": 2, "gateway": 2}
@@ -74,11 +76,10 @@ class Command:
 
 
 def production_section() -> str:
-    """README's "Run it in production" section, up to the next one."""
-    text = (REPO / "README.md").read_text()
-    start = text.index(f"\n{SECTION}\n")
-    end = text.find("\n## ", start + 1)
-    return text[start : end if end != -1 else len(text)]
+    """The "Run it in production" page, whole: README's section of that name moved there."""
+    text = PAGE.read_text()
+    assert text.startswith(f"{SECTION}\n"), f"{PAGE} does not open with {SECTION!r}"
+    return text
 
 
 def deploy_block(section: str) -> list[Command]:

