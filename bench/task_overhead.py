@@ -73,8 +73,14 @@ from bench._bare_http import READY as BARE_HTTP_READY
 from bench._otlp_sink import READY as SINK_READY
 from bench._report import RESULTS, Arm, report, run_info
 from bench.open_task_calls import CpuMeter
-from onceflow.gateway import IdempotencyStore, NewClaim, PrincipalStore, request_fingerprint
-from onceflow.gateway._service import REQUEST_HASH_MEMO, TOOL_CALL_STEP_ID
+from onceflow.gateway import (
+    REQUEST_HASH_MEMO,
+    TOOL_CALL_STEP_ID,
+    IdempotencyStore,
+    NewClaim,
+    PrincipalStore,
+    request_fingerprint,
+)
 from onceflow.storage import apply_migrations, build_pool
 from onceflow.task_api import TaskClient, connect_temporal
 from onceflow.telemetry import configure_tracing

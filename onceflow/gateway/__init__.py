@@ -37,6 +37,13 @@ from onceflow.gateway._records import (
     PruneResult,
     RecordState,
 )
+from onceflow.gateway._requests import (
+    ApproveRequest,
+    BoundaryAnswer,
+    CreateTaskRequest,
+    ReconcileRequest,
+    TaskStepRequest,
+)
 from onceflow.gateway._responses import (
     StepView,
     TaskView,
@@ -45,15 +52,7 @@ from onceflow.gateway._responses import (
     task_view,
 )
 from onceflow.gateway._runtime import open_boundary
-from onceflow.gateway._service import (
-    REQUEST_HASH_MEMO,
-    ApproveRequest,
-    BoundaryAnswer,
-    BoundaryService,
-    CreateTaskRequest,
-    ReconcileRequest,
-    TaskStepRequest,
-)
+from onceflow.gateway._service import BoundaryService
 from onceflow.gateway._settings import (
     GatewaySettings,
     InvalidGatewaySettings,
@@ -61,10 +60,12 @@ from onceflow.gateway._settings import (
     check_retention,
     load_gateway_settings,
 )
+from onceflow.gateway._task_requests import REQUEST_HASH_MEMO, TOOL_CALL_STEP_ID
 
 __all__ = [
     "KEY_REUSED_DETAIL",
     "REQUEST_HASH_MEMO",
+    "TOOL_CALL_STEP_ID",
     "ALL_TOOLS",
     "API_VERSION",
     "AlreadyClaimed",

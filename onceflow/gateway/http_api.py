@@ -60,6 +60,7 @@ from onceflow.errors import (
     UnsupportedMediaType,
     validation_problems,
 )
+from onceflow.gateway._backend import TEMPORAL_UNREACHABLE
 from onceflow.gateway._codec_endpoint import install_codec_endpoint
 from onceflow.gateway._fingerprint import API_VERSION
 from onceflow.gateway._openapi import (
@@ -71,18 +72,17 @@ from onceflow.gateway._openapi import (
     finish_document,
     problem_answers,
 )
-from onceflow.gateway._responses import CallView, Readiness, TaskView
-from onceflow.gateway._service import (
-    TEMPORAL_UNREACHABLE,
+from onceflow.gateway._requests import (
     ApproveRequest,
     BoundaryAnswer,
-    BoundaryService,
     CallRequest,
     CreateOpenTaskRequest,
     CreateTaskRequest,
     DecisionReply,
     ReconcileRequest,
 )
+from onceflow.gateway._responses import CallView, Readiness, TaskView
+from onceflow.gateway._service import BoundaryService
 from onceflow.task_api import DecisionAnswer
 from onceflow.tools import CATALOGUE, IDEMPOTENCY_KEY_MAX_LENGTH, Catalogue
 from onceflow.workflows.task_models import NAME_PATTERN, StepStatus, TaskStatus

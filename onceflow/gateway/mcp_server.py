@@ -71,8 +71,9 @@ from onceflow.errors import (
     UnknownToolRequested,
 )
 from onceflow.gateway._principals import Principal
+from onceflow.gateway._requests import BoundaryAnswer
 from onceflow.gateway._responses import CallView, call_status_code, call_view, is_terminal
-from onceflow.gateway._service import BoundaryAnswer, BoundaryService
+from onceflow.gateway._service import BoundaryService
 from onceflow.tools import IDEMPOTENCY_KEY_MAX_LENGTH, ToolContract
 from onceflow.workflows.agent_task import NO_EFFECT_STEP_STATES
 from onceflow.workflows.task_models import CallAnswer, StepState, TaskState

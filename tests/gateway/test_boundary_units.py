@@ -176,11 +176,11 @@ async def test_temporals_updates_in_flight_limit_is_429_task_busy_and_an_outage_
     from temporalio.service import RPCError, RPCStatusCode
 
     from onceflow.errors import BackendUnavailable, TaskBusy
-    from onceflow.gateway._service import _backend_errors
+    from onceflow.gateway._backend import backend_errors
 
     full = "limit on number of concurrent in-flight updates has been reached (10)"
     with pytest.raises(TaskBusy) as busy:
-        async with _backend_errors():
+        async with backend_errors():
             raise RPCError(full, RPCStatusCode.RESOURCE_EXHAUSTED, b"")
     assert (busy.value.status, busy.value.code, busy.value.retry_after_seconds) == (
         429,
@@ -188,6 +188,6 @@ async def test_temporals_updates_in_flight_limit_is_429_task_busy_and_an_outage_
         1,
     )
     with pytest.raises(BackendUnavailable) as down:
-        async with _backend_errors():
+        async with backend_errors():
             raise RPCError("connection refused", RPCStatusCode.UNAVAILABLE, b"")
     assert down.value.status == 503 and not isinstance(down.value, TaskBusy)

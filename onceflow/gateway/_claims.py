@@ -1,0 +1,235 @@
+"""The one claim mechanism behind every keyed request: a task start, a call of an open
+task, a decision.
+
+A request claims ``(scope, key)`` under its fingerprint in PostgreSQL (``settle``); its
+owner acts and stores the answer as the key's result, or releases the claim when it got no
+answer and a resend is safe. Another request with the same key and fingerprint waits a
+bounded time for that result, takes the claim over once its owner's lease ran out, or is
+told the key is in progress; one with another fingerprint is refused. Tasks, calls and
+decisions differ only in what the owner does and what a finished record answers.
+"""
+
+import asyncio
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg_pool import PoolTimeout
+
+from onceflow.errors import (
+    KEY_REUSED_DETAIL,
+    KeyReusedWithDifferentRequest,
+    OnceflowError,
+    RequestInProgress,
+)
+from onceflow.gateway._backend import backend_errors
+from onceflow.gateway._principals import Principal
+from onceflow.gateway._records import (
+    AlreadyClaimed,
+    Claimed,
+    IdempotencyRecord,
+    IdempotencyStore,
+    NewClaim,
+    RecordState,
+)
+from onceflow.gateway._settings import GatewaySettings
+from onceflow.tools import key_digest
+
+log = logging.getLogger("onceflow.gateway")
+
+_POLL_FIRST, _POLL_MAX = 0.02, 0.25
+_Answer = TypeVar("_Answer")
+"""What a keyed request answers: a task, a call or a decision."""
+
+
+class Claims:
+    """Claims keys for requests, settles with their owners, stores or releases answers."""
+
+    def __init__(self, records: IdempotencyStore, settings: GatewaySettings) -> None:
+        self._records = records
+        self._settings = settings
+
+    def new(
+        self,
+        principal: Principal,
+        *,
+        scope: str,
+        idempotency_key: str,
+        fingerprint: str,
+        workflow_id: str,
+    ) -> NewClaim:
+        """The claim a request by ``principal`` makes, under the gateway settings: lease, retention
+        and key quota."""
+        return NewClaim(
+            scope=scope,
+            idempotency_key=idempotency_key,
+            request_hash=fingerprint,
+            tenant=principal.tenant,
+            principal_id=principal.principal_id,
+            workflow_id=workflow_id,
+            lease=self._settings.claim_lease,
+            result_retention=self._settings.result_retention,
+            key_quota=principal.key_quota or self._settings.default_key_quota,
+            quota_window_seconds=self._settings.quota_window_seconds,
+        )
+
+    def reply_deadline(self) -> float:
+        """When a request stops waiting for another one holding its key (loop time)."""
+        return asyncio.get_running_loop().time() + self._settings.replay_wait_seconds
+
+    async def settle(
+        self,
+        claim: NewClaim,
+        *,
+        target: str,
+        doing: str,
+        deadline: float,
+        owned: Callable[[IdempotencyRecord], Awaitable[_Answer]],
+        finished: Callable[[IdempotencyRecord], Awaitable[_Answer]],
+        earlier: IdempotencyRecord | None = None,
+        in_flight: Callable[[IdempotencyRecord], Awaitable[_Answer | None]] | None = None,
+        retry_after: Callable[[IdempotencyRecord], float] | None = None,
+    ) -> _Answer:
+        """Claim ``(scope, key)`` or settle with whoever holds it: the one loop behind
+        every keyed request.
+
+        Args:
+            claim: The claim this request makes.
+            target: The task it is about, for logs.
+            doing: What the key's owner is doing, for the in-progress answer.
+            deadline: Loop time after which the request stops waiting for an owner.
+            owned: Runs the request once this one holds the claim (new or taken over).
+            finished: Answers from a terminal record with the same fingerprint.
+            earlier: The record already read for this key, if any (no claim attempt).
+            in_flight: Answers from a live owner's record when it can (None: keep waiting).
+            retry_after: Seconds a caller should wait when the owner is still at it.
+                Default: what is left of the owner's lease.
+
+        Raises:
+            KeyReusedWithDifferentRequest: The key's record has another fingerprint.
+            RequestInProgress: Another request still holds the key at ``deadline``.
+        """
+        digest = key_digest(claim.idempotency_key)
+        loop = asyncio.get_running_loop()
+        pause = _POLL_FIRST
+        async with backend_errors():
+            outcome: Claimed | AlreadyClaimed = (
+                AlreadyClaimed(earlier) if earlier is not None else await self._records.claim(claim)
+            )
+            while True:
+                if isinstance(outcome, Claimed):
+                    log.info("claimed key %s in %s for task %s", digest, claim.scope, target)
+                    return await owned(outcome.record)
+                record = outcome.record
+                if record.request_hash != claim.request_hash:
+                    log.info(
+                        "refused key %s in %s: reused for another request", digest, claim.scope
+                    )
+                    raise KeyReusedWithDifferentRequest(KEY_REUSED_DETAIL, key_digest=digest)
+                if record.is_terminal:
+                    log.info("replaying key %s in %s (task %s)", digest, claim.scope, target)
+                    return await finished(record)
+                if in_flight is not None:
+                    answer = await in_flight(record)
+                    if answer is not None:
+                        return answer
+                if record.lease_expired:
+                    taken = await self._records.take_over(record, lease=claim.lease)
+                    if taken is not None:
+                        log.warning(
+                            "took over key %s in %s after its claim's lease expired "
+                            "(fencing token %d)",
+                            digest,
+                            claim.scope,
+                            taken.fencing_token,
+                        )
+                        return await owned(taken)
+                left = deadline - loop.time()
+                if left <= 0:
+                    wait = retry_after(record) if retry_after else record.lease_left.total_seconds()
+                    raise RequestInProgress(
+                        f"another request with this Idempotency-Key is {doing}; retry with "
+                        "the same key and body",
+                        retry_after_seconds=max(1, math.ceil(wait)),
+                        key_digest=digest,
+                    )
+                await asyncio.sleep(min(pause, left))
+                pause = min(pause * 2, _POLL_MAX)
+                current = await self._records.get(claim.scope, claim.idempotency_key)
+                # Gone (pruned, or released after a failure) means nobody holds the key
+                # now: claim it anew.
+                outcome = (
+                    AlreadyClaimed(current)
+                    if current is not None
+                    else await self._records.claim(claim)
+                )
+
+    async def answer_once(
+        self,
+        record: IdempotencyRecord,
+        *,
+        target: str,
+        doing: str,
+        ask: Callable[[], Awaitable[_Answer]],
+        stored: Callable[[_Answer], tuple[int, dict[str, Any]]],
+        refusals: tuple[type[OnceflowError], ...],
+    ) -> _Answer:
+        """The owner's part for a call or a decision: ask the task, keep its answer.
+
+        The answer (``stored`` turns it into a status and a body) and each of
+        ``refusals``, the task's own definitive answers, become the key's result. When no
+        answer came (the task service or the database failed), the claim goes: a call or a
+        decision is sent under its own id (the call id, the step's one decision), so a
+        retry with the key sends it again and the task answers it by that id, never acting
+        twice.
+        """
+        try:
+            answer = await ask()
+        except refusals as refused:
+            await self.store(record, target, refused, doing=doing)
+            raise
+        except Exception:
+            await self.release(record)
+            raise
+        await self.store(record, target, stored(answer), doing=doing)
+        return answer
+
+    async def store(
+        self,
+        record: IdempotencyRecord,
+        target: str,
+        answer: tuple[int, dict[str, Any]] | OnceflowError,
+        *,
+        doing: str,
+    ) -> None:
+        """Keep ``answer`` (a status and a body, or a refusal) as the key's result."""
+        if isinstance(answer, OnceflowError):
+            state, status_code, body = RecordState.FAILED, answer.status, answer.problem()
+        else:
+            state, (status_code, body) = RecordState.SUCCEEDED, answer
+        stored = await self._records.complete(
+            record, state=state, status_code=status_code, response_body=body, resource_id=target
+        )
+        if not stored:
+            log.warning(
+                "claim of key %s in %s was taken over while %s task %s",
+                key_digest(record.idempotency_key),
+                record.scope,
+                doing,
+                target,
+            )
+
+    async def release(self, record: IdempotencyRecord) -> None:
+        """Give the key up: a retry with it claims it anew."""
+        try:
+            await self._records.release(record)
+        except (psycopg.Error, PoolTimeout) as error:
+            # The claim's lease runs out instead; a retry with the key then takes it over.
+            log.warning(
+                "could not release key %s in %s (%s)",
+                key_digest(record.idempotency_key),
+                record.scope,
+                type(error).__name__,
+            )

@@ -1,0 +1,551 @@
+"""Tasks at the boundary: one-step tool calls, plans and open tasks, started at most once
+per key and fingerprint, and their status.
+
+A new claim starts the task workflow (id derived from scope and key, ``USE_EXISTING``)
+and waits a bounded time for its result; a start that cannot reach Temporal releases the
+claim, so a retry with the key starts (or joins) the task at once. The same fingerprint
+on a terminal record replays the stored status and body, flagged as a replay; on a running
+one it waits a bounded time, else answers in progress (202 and the task's URL; 409 while
+the claim's owner has not started the task yet). Another fingerprint is refused.
+
+The workflow writes its own terminal result into the record (``record_task_outcome``),
+so a replay works even when the gateway that started it died; if the record is still
+processing when the workflow has closed, the workflow's result is used and stored. An open
+task is created the same way, but answered as soon as it runs (201): it ends only when it
+is closed.
+"""
+
+import asyncio
+import hashlib
+import logging
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry import trace
+from temporalio.client import (
+    WorkflowExecutionStatus,
+    WorkflowFailureError,
+    WorkflowQueryFailedError,
+)
+from temporalio.service import RPCError, RPCStatusCode
+
+from onceflow.errors import (
+    KEY_REUSED_DETAIL,
+    InvalidRequest,
+    KeyReusedWithDifferentRequest,
+    TaskNotFound,
+    TaskNotOpen,
+    TaskUnanswered,
+)
+from onceflow.gateway._backend import STATUS_QUERY_TIMEOUT, TEMPORAL_UNREACHABLE, backend_errors
+from onceflow.gateway._claims import Claims
+from onceflow.gateway._fingerprint import request_fingerprint
+from onceflow.gateway._principals import ALL_TOOLS, Principal
+from onceflow.gateway._records import IdempotencyRecord, IdempotencyStore
+from onceflow.gateway._requests import (
+    BoundaryAnswer,
+    CreateOpenTaskRequest,
+    CreateTaskRequest,
+    allowed_tool,
+    annotated,
+    check_budget,
+    checked_key,
+    parsed,
+    replayed_answer,
+    request_attributes,
+    request_scope,
+    validated_arguments,
+)
+from onceflow.gateway._responses import (
+    CREATED_STATUS_CODE,
+    IN_PROGRESS_STATUS_CODE,
+    TaskView,
+    is_terminal,
+    stored_outcome,
+    task_status_url,
+    task_view,
+)
+from onceflow.gateway._settings import GatewaySettings
+from onceflow.task_api import TaskClient
+from onceflow.telemetry import boundary_span
+from onceflow.tools import Catalogue, derive_task_workflow_id, key_digest
+from onceflow.workflows.task_models import (
+    AgentTaskInput,
+    OpenTaskOptions,
+    StepInput,
+    TaskState,
+    TaskStatus,
+)
+
+log = logging.getLogger("onceflow.gateway")
+
+REQUEST_HASH_MEMO = "onceflow_request_hash"
+"""Workflow memo field holding the fingerprint of the request that started the task."""
+STARTED_BY_CLAIM_MEMO = "onceflow_started_by_claim"
+"""Workflow memo field naming the claim whose owner started the task (a digest of its
+owner token): whether an answer is a replay depends on who started the task, not on
+whether the task is still running when the gateway looks."""
+TOOL_CALL_STEP_ID = "1"
+"""Step id of the single step of a one-step task (a tool call)."""
+_TASK_KINDS_KEPT = 10_000
+"""Tasks whose tenant and kind one boundary process remembers (see ``_task_kinds``)."""
+
+
+@dataclass(frozen=True)
+class _Submission:
+    principal: Principal
+    scope: str
+    idempotency_key: str = field(repr=False)
+    fingerprint: str
+    task: AgentTaskInput = field(repr=False)
+
+
+class TaskRequests:
+    """Starts tasks once per key and fingerprint, waits for and replays their answers."""
+
+    def __init__(
+        self,
+        *,
+        claims: Claims,
+        records: IdempotencyStore,
+        tasks: TaskClient,
+        settings: GatewaySettings,
+        catalogue: Catalogue,
+        after_claim: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self._claims = claims
+        self._records = records
+        self._tasks = tasks
+        self._settings = settings
+        self._catalogue = catalogue
+        self._after_claim = after_claim
+        self._task_kinds: OrderedDict[str, tuple[str, bool]] = OrderedDict()
+        """Tenant and open-ness of tasks seen lately, by task id: both are fixed for the
+        task's life, and a task id is never reused, so they need asking only once."""
+
+    async def call_tool(
+        self, principal: Principal, tool: str, arguments: Any, idempotency_key: str | None
+    ) -> BoundaryAnswer:
+        """Run one tool call as a one-step task, at most once per key and fingerprint."""
+        # Only a catalogue name goes into the span: the path segment is the caller's text.
+        known = tool if tool in self._catalogue else "unknown"
+        attributes = request_attributes(
+            principal, request_scope(principal, known, "call"), idempotency_key
+        )
+        with boundary_span(f"tools.call {known}", {**attributes, "onceflow.tool": known}):
+            return annotated(await self._call_tool(principal, tool, arguments, idempotency_key))
+
+    async def _call_tool(
+        self, principal: Principal, tool: str, arguments: Any, idempotency_key: str | None
+    ) -> BoundaryAnswer:
+        contract = allowed_tool(self._catalogue, principal, tool)
+        key = checked_key(idempotency_key)
+        if not isinstance(arguments, dict):
+            raise InvalidRequest(
+                "the body must be a JSON object of the tool's arguments",
+                errors=[{"loc": [], "msg": "Input should be an object"}],
+            )
+        normalized = validated_arguments(contract.input_model, arguments, location=())
+        scope = request_scope(principal, tool, "call")
+        submission = _Submission(
+            principal=principal,
+            scope=scope,
+            idempotency_key=key,
+            fingerprint=request_fingerprint(
+                operation="tools.call",
+                scope=scope,
+                route=f"POST /v1/tools/{tool}/calls",
+                body=normalized,
+            ),
+            task=AgentTaskInput(
+                tenant=principal.tenant,
+                principal=principal.name,
+                steps=[StepInput(step_id=TOOL_CALL_STEP_ID, tool=tool, arguments=normalized)],
+                record_outcome=True,
+            ),
+        )
+        return await self._submit(submission)
+
+    async def create_task(
+        self, principal: Principal, body: Any, idempotency_key: str | None
+    ) -> BoundaryAnswer:
+        """Run a multi-step task, or create an open task (a body with ``open``), at most
+        once per key and fingerprint."""
+        if isinstance(body, dict) and "open" in body:
+            return await self.open_task(principal, body, idempotency_key)
+        attributes = request_attributes(
+            principal, request_scope(principal, "task", "create"), idempotency_key
+        )
+        with boundary_span("tasks.create", attributes):
+            return annotated(await self._create_task(principal, body, idempotency_key))
+
+    async def open_task(
+        self, principal: Principal, body: Any, idempotency_key: str | None
+    ) -> BoundaryAnswer:
+        """Create an open task (``CreateOpenTaskRequest``), at most once per key and
+        fingerprint; answered 201 as soon as it runs (the same key answers with the same
+        task: 201 while it is open, its stored final view once it closed)."""
+        attributes = request_attributes(
+            principal, request_scope(principal, "task", "create"), idempotency_key
+        )
+        with boundary_span("tasks.open", attributes):
+            return annotated(await self._open_task(principal, body, idempotency_key))
+
+    async def _open_task(
+        self, principal: Principal, body: Any, idempotency_key: str | None
+    ) -> BoundaryAnswer:
+        request = parsed(CreateOpenTaskRequest, body)
+        key = checked_key(idempotency_key)
+        check_budget(request.budget, self._settings)
+        # The principal's tools as they are now: the task keeps them for its whole life,
+        # and each call is also checked against the caller's tools when it arrives.
+        allowed = None if ALL_TOOLS in principal.allowed_tools else sorted(principal.allowed_tools)
+        normalized = {
+            "open": request.open.model_dump(mode="json"),
+            "budget": request.budget.model_dump(mode="json") if request.budget else None,
+        }
+        task = AgentTaskInput(
+            tenant=principal.tenant,
+            principal=principal.name,
+            budget=request.budget,
+            open=OpenTaskOptions(
+                idle_timeout=request.open.idle_timeout,
+                max_lifetime=request.open.max_lifetime,
+                allowed_tools=allowed,
+            ),
+            record_outcome=True,
+        )
+        return await self._submit(task_submission(principal, key, normalized, task))
+
+    async def _create_task(
+        self, principal: Principal, body: Any, idempotency_key: str | None
+    ) -> BoundaryAnswer:
+        request: CreateTaskRequest = parsed(CreateTaskRequest, body)
+        contracts = [allowed_tool(self._catalogue, principal, step.tool) for step in request.steps]
+        trace.get_current_span().set_attribute(
+            "onceflow.tools", [step.tool for step in request.steps]
+        )
+        key = checked_key(idempotency_key)
+        if len({step.step_id for step in request.steps}) != len(request.steps):
+            raise InvalidRequest(
+                "step ids must be unique within a task",
+                errors=[{"loc": ["steps"], "msg": "step ids must be unique within a task"}],
+            )
+        steps = [
+            StepInput(
+                step_id=step.step_id,
+                tool=step.tool,
+                arguments=validated_arguments(
+                    contract.input_model, step.arguments, location=("steps", index, "arguments")
+                ),
+            )
+            for index, (step, contract) in enumerate(zip(request.steps, contracts, strict=True))
+        ]
+        check_budget(request.budget, self._settings)
+        normalized = {
+            "steps": [step.model_dump(mode="json") for step in steps],
+            "budget": request.budget.model_dump(mode="json") if request.budget else None,
+        }
+        task = AgentTaskInput(
+            tenant=principal.tenant,
+            principal=principal.name,
+            steps=steps,
+            budget=request.budget,
+            record_outcome=True,
+        )
+        return await self._submit(task_submission(principal, key, normalized, task))
+
+    async def task_status(self, principal: Principal, task_id: str) -> TaskStatus:
+        """A task of the principal's tenant; ``TaskNotFound`` for any other."""
+        if len(task_id) > 1000:
+            raise TaskNotFound("no such task")
+        async with backend_errors():
+            try:
+                status = await asyncio.wait_for(self._tasks.status(task_id), STATUS_QUERY_TIMEOUT)
+            except TimeoutError:
+                raise await self.unanswered(task_id, tenant=principal.tenant) from None
+            except RPCError as error:
+                if error.status in (RPCStatusCode.NOT_FOUND, RPCStatusCode.INVALID_ARGUMENT):
+                    raise TaskNotFound("no such task") from None
+                raise
+            except WorkflowQueryFailedError as failed:
+                raise await self.unanswered(
+                    task_id, tenant=principal.tenant, failure=str(failed)
+                ) from None
+        # Another tenant's task is reported exactly like a missing one.
+        if status.tenant != principal.tenant:
+            raise TaskNotFound("no such task")
+        return status
+
+    async def unanswered(
+        self, task_id: str, *, tenant: str | None = None, failure: str | None = None
+    ) -> TaskNotFound | TaskUnanswered:
+        """Why a task did not answer, from what Temporal holds without a worker: no such
+        task (404, or another tenant's), its workflow task failing, no worker polling its
+        queue, or a worker too slow to answer in time."""
+        summary = await self._tasks.summary(task_id)
+        if summary is None or (tenant is not None and summary.tenant != tenant):
+            return TaskNotFound("no such task")
+        exists = f"task {task_id} exists ({summary.state}) but"
+        if failure is not None:
+            return TaskUnanswered(
+                f"{exists} its status query failed: {failure} (its workflow task fails: "
+                "see the task in the Temporal UI)"
+            )
+        if await self._tasks.workers_polling() == 0:
+            return TaskUnanswered(
+                f"{exists} no worker polls its task queue: start one (onceflow worker)",
+                retry_after_seconds=5,
+            )
+        return TaskUnanswered(
+            f"{exists} did not answer its status query within {STATUS_QUERY_TIMEOUT:g} s, "
+            "although workers polled its task queue lately (one may have just stopped, "
+            "or be too busy)"
+        )
+
+    def knows(self, task_id: str) -> bool:
+        """Whether this process remembers the task's tenant and kind."""
+        return task_id in self._task_kinds
+
+    def remember_task(self, task_id: str, *, tenant: str, is_open: bool) -> None:
+        """Remember a task's tenant and kind (both fixed for its life)."""
+        self._task_kinds[task_id] = (tenant, is_open)
+        self._task_kinds.move_to_end(task_id)
+        while len(self._task_kinds) > _TASK_KINDS_KEPT:
+            self._task_kinds.popitem(last=False)
+
+    def check_open_task(self, principal: Principal, task_id: str) -> None:
+        """Refuse a remembered task that is another tenant's or a plan."""
+        tenant, is_open = self._task_kinds[task_id]
+        if tenant != principal.tenant:
+            # Another tenant's task is reported exactly like a missing one.
+            raise TaskNotFound("no such task")
+        if not is_open:
+            raise TaskNotOpen(
+                "this task is a plan: its steps were given when it started; "
+                "create an open task (POST /v1/tasks with open) to send calls",
+                task_id=task_id,
+            )
+
+    async def _submit(self, submission: _Submission) -> BoundaryAnswer:
+        principal = submission.principal
+        workflow_id = derive_task_workflow_id(
+            tenant=principal.tenant,
+            scope=submission.scope,
+            idempotency_key=submission.idempotency_key,
+        )
+        claim = self._claims.new(
+            principal,
+            scope=submission.scope,
+            idempotency_key=submission.idempotency_key,
+            fingerprint=submission.fingerprint,
+            workflow_id=workflow_id,
+        )
+        deadline = self._claims.reply_deadline()
+
+        async def replayed(record: IdempotencyRecord) -> BoundaryAnswer:
+            return replayed_answer(record)
+
+        async def started(record: IdempotencyRecord) -> BoundaryAnswer | None:
+            # Another request started the task: answer as it would have.
+            if not record.task_started:
+                return None
+            if submission.task.open is not None:
+                return await self._open_task_answer(record, replayed=True)
+            return await self._answer_when_done(record, deadline, replayed=True)
+
+        return await self._claims.settle(
+            claim,
+            target=workflow_id,
+            doing="starting the task",
+            deadline=deadline,
+            owned=lambda record: self._start_claimed(record, submission, deadline),
+            finished=replayed,
+            in_flight=started,
+        )
+
+    async def _start_claimed(
+        self, record: IdempotencyRecord, submission: _Submission, deadline: float
+    ) -> BoundaryAnswer:
+        if self._after_claim is not None:
+            await self._after_claim()
+        try:
+            handle = await self._tasks.start(
+                submission.task,
+                workflow_id=record.workflow_id,
+                memo={
+                    REQUEST_HASH_MEMO: record.request_hash,
+                    STARTED_BY_CLAIM_MEMO: claim_mark(record),
+                },
+            )
+            described = await handle.describe()
+        except RPCError as error:
+            if error.status in TEMPORAL_UNREACHABLE:
+                # Whether or not the start reached Temporal, the claim may go: the workflow
+                # id is derived from the key, so a retry with the key joins the task if it
+                # did start, and the fingerprint in its memo refuses another body. Kept, the
+                # claim would answer every retry 409 until its lease ran out.
+                await self._claims.release(record)
+            raise
+        memo = await described.memo()
+        if memo.get(REQUEST_HASH_MEMO) != record.request_hash:
+            # Only after a pruned record: the key's task is still known to Temporal but
+            # was started for another request. Nothing was started now, so the claim goes.
+            await self._records.release(record)
+            raise KeyReusedWithDifferentRequest(
+                KEY_REUSED_DETAIL, key_digest=key_digest(record.idempotency_key)
+            )
+        # An open task continues as new when it grows long, and then writes its outcome
+        # from a later run: its record is not bound to the first run (the workflow id,
+        # which is never reused, still fences it).
+        run_id = described.run_id if submission.task.open is None else None
+        if not await self._records.mark_started(record, run_id=run_id):
+            log.warning("claim on task %s was taken over while starting it", record.workflow_id)
+        # A task another claim started (a retry after its record was pruned, or after
+        # the first owner's lease ran out) answers with its result: this request executed
+        # nothing. A task this claim started may already have ended: not a replay.
+        already_closed = described.status is not WorkflowExecutionStatus.RUNNING
+        started_here = memo.get(STARTED_BY_CLAIM_MEMO) == claim_mark(record)
+        if submission.task.open is not None:
+            if already_closed:
+                return await self._open_task_answer(record, replayed=True)
+            self.remember_task(record.workflow_id, tenant=record.tenant, is_open=True)
+            # Nothing has happened in the task yet: no need to ask it.
+            view = TaskView(
+                task_id=record.workflow_id,
+                state=TaskState.RUNNING,
+                steps=[],
+                status_url=task_status_url(record.workflow_id),
+                open=True,
+            )
+            return BoundaryAnswer(
+                status_code=CREATED_STATUS_CODE,
+                body=view.model_dump(mode="json"),
+                task_id=record.workflow_id,
+                replayed=False,
+            )
+        return await self._answer_when_done(record, deadline, replayed=not started_here)
+
+    async def _open_task_answer(
+        self, record: IdempotencyRecord, *, replayed: bool
+    ) -> BoundaryAnswer:
+        """An open task's creation answered again: 201 and its view while it is open;
+        once it closed, its final view, stored (the workflow stores it itself when it
+        closes; this covers a close whose write did not reach the record)."""
+        try:
+            status: TaskStatus | None = await asyncio.wait_for(
+                self._tasks.status(record.workflow_id), STATUS_QUERY_TIMEOUT
+            )
+        except (TimeoutError, RPCError, WorkflowQueryFailedError):
+            status = None
+        if status is None or not is_terminal(status):
+            view = (
+                task_view(status)
+                if status is not None
+                else TaskView(
+                    task_id=record.workflow_id,
+                    state=TaskState.RUNNING,
+                    steps=[],
+                    status_url=task_status_url(record.workflow_id),
+                    open=True,
+                )
+            )
+            return BoundaryAnswer(
+                status_code=CREATED_STATUS_CODE,
+                body=view.model_dump(mode="json"),
+                task_id=record.workflow_id,
+                replayed=replayed,
+            )
+        return await self._store_ended(record, status, replayed=replayed)
+
+    async def _answer_when_done(
+        self, record: IdempotencyRecord, deadline: float, *, replayed: bool
+    ) -> BoundaryAnswer:
+        left = max(deadline - asyncio.get_running_loop().time(), 0.0)
+        try:
+            status = await asyncio.wait_for(self._tasks.result(record.workflow_id), left)
+        except TimeoutError:
+            current: TaskStatus | None
+            try:
+                current = await asyncio.wait_for(
+                    self._tasks.status(record.workflow_id), STATUS_QUERY_TIMEOUT
+                )
+            except (TimeoutError, RPCError):
+                # No worker answered the query (none polling, or the one holding the task
+                # died mid-query: "context canceled"): still accepted, nothing more to tell.
+                current = None
+            if current is None or not is_terminal(current):
+                view = (
+                    task_view(current)
+                    if current is not None
+                    else TaskView(
+                        task_id=record.workflow_id,
+                        state=TaskState.RUNNING,
+                        steps=[],
+                        status_url=task_status_url(record.workflow_id),
+                    )
+                )
+                return BoundaryAnswer(
+                    status_code=IN_PROGRESS_STATUS_CODE,
+                    body=view.model_dump(mode="json"),
+                    task_id=record.workflow_id,
+                    replayed=replayed,
+                )
+            status = current
+        except WorkflowFailureError as failure:
+            status = await self._closed_abnormally(record.workflow_id, failure)
+        return await self._store_ended(record, status, replayed=replayed)
+
+    async def _store_ended(
+        self, record: IdempotencyRecord, status: TaskStatus, *, replayed: bool
+    ) -> BoundaryAnswer:
+        stored = await self._records.get(record.scope, record.idempotency_key)
+        if stored is not None and stored.is_terminal:
+            return replayed_answer(stored, replayed=replayed)
+        # The task ended but its outcome did not reach the record: use the task's own
+        # result and store it, fenced exactly like the workflow's write.
+        state, status_code, body, resource_id = stored_outcome(status)
+        await self._records.record_outcome(
+            workflow_id=record.workflow_id,
+            run_id=None,
+            state=state,
+            status_code=status_code,
+            response_body=body,
+            resource_id=resource_id,
+        )
+        log.warning("stored the outcome of task %s from its result", record.workflow_id)
+        return BoundaryAnswer(
+            status_code=status_code, body=body, task_id=record.workflow_id, replayed=replayed
+        )
+
+    async def _closed_abnormally(
+        self, workflow_id: str, failure: WorkflowFailureError
+    ) -> TaskStatus:
+        # Terminated, cancelled or timed out by Temporal: the task failed as a whole.
+        last = await self._tasks.status(workflow_id)
+        reason = f"the task's workflow closed without a result ({type(failure.cause).__name__})"
+        return last.model_copy(update={"state": TaskState.FAILED, "failure_reason": reason})
+
+
+def task_submission(
+    principal: Principal, key: str, normalized: dict[str, Any], task: AgentTaskInput
+) -> "_Submission":
+    """A task start (plan or open) to claim under ``POST /v1/tasks``'s scope."""
+    scope = request_scope(principal, "task", "create")
+    return _Submission(
+        principal=principal,
+        scope=scope,
+        idempotency_key=key,
+        fingerprint=request_fingerprint(
+            operation="tasks.create", scope=scope, route="POST /v1/tasks", body=normalized
+        ),
+        task=task,
+    )
+
+
+def claim_mark(record: IdempotencyRecord) -> str:
+    """What names a claim in its task's memo: a digest of the claim's owner token (the
+    token itself fences the record's writes, so it stays in the database)."""
+    return hashlib.sha256(f"claim\x00{record.owner_token}".encode()).hexdigest()[:32]
