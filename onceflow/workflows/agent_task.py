@@ -81,6 +81,7 @@ with workflow.unsafe.imports_passed_through():
         UnknownTool,
     )
     from onceflow.tools import arguments_digest as digest_arguments
+    from onceflow.workflows.patches import OUTCOME_AFTER_DURABLE_DECISION
     from onceflow.workflows.task_models import (
         RECORD_TASK_OUTCOME,
         AgentTaskInput,
@@ -198,6 +199,9 @@ class AgentTaskWorkflow:
         self._call_crash: BaseException | None = None
         """What a call's coroutine raised that was not the call's own end (a worker
         without the tool, a bug): the main loop raises it, failing the workflow task."""
+        self._decision_admitted_at = 0
+        """History length of the workflow task that admitted the last decision Update
+        (approve, reconcile, close): see ``_record_outcome``."""
         carried = task.carried
         if carried is not None:
             self._started_at = carried.started_at
@@ -253,6 +257,7 @@ class AgentTaskWorkflow:
     @workflow.update
     def approve(self, decision: ApproveInput) -> DecisionResult:
         """Approve or deny a step awaiting approval (validated before it is recorded)."""
+        self._decision_admitted()
         return self._accept_approval(decision, via="update")
 
     @approve.validator
@@ -280,6 +285,7 @@ class AgentTaskWorkflow:
         after all, or the named resource is not the step's) is the Update's failure, and
         nothing is recorded but the look-up's evidence.
         """
+        self._decision_admitted()
         check = await self._check_reconciliation(decision)
         if check.refusal is not None:
             raise ApplicationError(check.refusal, type="DecisionRefused", non_retryable=True)
@@ -343,6 +349,7 @@ class AgentTaskWorkflow:
     @workflow.update
     def close(self) -> TaskStatus:
         """Take no more calls: the task ends once its unfinished calls end."""
+        self._decision_admitted()
         if self._closing is None:
             self._closing = "closed by the agent"
             self._changed = True
@@ -1097,10 +1104,23 @@ class AgentTaskWorkflow:
             status.evidence["lookup"] = found.reason or "inconclusive"
         return found
 
+    def _decision_admitted(self) -> None:
+        self._decision_admitted_at = workflow.info().get_current_history_length()
+
     async def _record_outcome(self) -> None:
         # The record is the boundary's answer to repeats. Writing it is an idempotent
         # local update, so the workflow (still the only retry owner) tries a few times;
         # if all fail, the boundary falls back to asking the workflow itself.
+        if (
+            self._decision_admitted_at == workflow.info().get_current_history_length()
+            and workflow.patched(OUTCOME_AFTER_DURABLE_DECISION)
+        ):
+            # The Update that ended the task came in this workflow task, which is not in
+            # history until it completes: a worker lost before that, and a Temporal
+            # restart that forgets the Update, would leave a record of an end the task
+            # never reached (it still awaits the decision). A timer makes the decision
+            # durable first; the local activity then runs in the next workflow task.
+            await workflow.sleep(MIN_TIMER, summary=ClearText("make the decision durable"))
         outcome = TaskOutcomeInput(workflow_id=workflow.info().workflow_id, status=self._status())
         summary = ClearText("record the task's result for repeated requests")
         for attempt in range(1, 6):

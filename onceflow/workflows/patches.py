@@ -10,7 +10,7 @@ task that started without the marker is open, then the call goes once none that 
 it through ``patched`` is open either.
 
 0.1.0 is the baseline: the patches of its pre-release development were folded into it
-(no user's task ran before it), so it holds none.
+(no user's task ran before it).
 """
 
 from dataclasses import dataclass
@@ -32,6 +32,23 @@ class Patch:
     """The condition under which the next step of its retirement may ship."""
 
 
-PATCHES: tuple[Patch, ...] = ()
+OUTCOME_AFTER_DURABLE_DECISION = "outcome-after-durable-decision"
+
+
+PATCHES: tuple[Patch, ...] = (
+    Patch(
+        id=OUTCOME_AFTER_DURABLE_DECISION,
+        change=(
+            "A task ended by a decision Update (approve, reconcile, close) in the workflow "
+            "task that admitted it starts a 1 ms timer before recording its outcome, so the "
+            "record is never written for a decision history does not hold yet."
+        ),
+        since="0.2.0",
+        retire_when=(
+            "deprecate once no task started before 0.2.0 is open; remove once none started "
+            "before the release that deprecated it is open"
+        ),
+    ),
+)
 """The patches in the workflow code, oldest first. The replay test checks that every
 ``workflow.patched`` id is registered and has saved histories on both of its sides."""

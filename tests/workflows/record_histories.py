@@ -344,6 +344,34 @@ async def _record(
     await recorded_open.execute_update(AgentTaskWorkflow.close)
     await save("open_task_outcome_recorded", recorded_open)
 
+    # A decision Update that ends the task in the workflow task that admitted it: a timer
+    # makes the decision durable before the outcome is recorded (patch
+    # outcome-after-durable-decision, whose old side is open_task_outcome_recorded).
+    denied = await start(
+        StepInput(
+            step_id="d", tool="scripted_approval", arguments={"label": "denied", "amount": 900}
+        ),
+        record_outcome=True,
+    )
+    awaiting = await _until(env, denied, TaskState.AWAITING_APPROVAL)
+    await denied.execute_update(
+        AgentTaskWorkflow.approve,
+        ApproveInput(
+            step_id="d",
+            approved=False,
+            approver="cfo",
+            reason="not this one",
+            arguments_digest=awaiting.step("d").arguments_digest,
+        ),
+    )
+    await save("denied_outcome_after_durable_decision", denied)
+    closed = await open_task(record_outcome=True)
+    await closed.execute_update(
+        AgentTaskWorkflow.call, calling("c1", "scripted_safe", script.plan("fc", S))
+    )
+    await closed.execute_update(AgentTaskWorkflow.close)
+    await save("open_task_closed_outcome_after_durable_decision", closed)
+
     # The same past the key's send-by deadline: the new generation waits until the old
     # key's last request has settled at the provider, and looks the effect up again.
     await parks_then(
