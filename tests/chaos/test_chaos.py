@@ -1,4 +1,4 @@
-"""The chaos run (``bench/chaos.py``) at CI size: real gateways, workers, relays, Temporal,
+"""The chaos run (``tests/chaos/harness``) at CI size: real gateways, workers, relays, Temporal,
 PostgreSQL and far sides, broken on purpose while tasks of every tool, and open tasks
 whose agents send calls one by one, run through them.
 
@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.chaos import OPEN_TASK_TOOLS, TOOLS, ChaosConfig, ChaosReport, run_chaos
+from tests.chaos.harness.config import OPEN_TASK_TOOLS, TOOLS, ChaosConfig
+from tests.chaos.harness.records import ChaosReport
+from tests.chaos.harness.run import run_chaos
 
 CI_SIZE = ChaosConfig(
     tasks=160,

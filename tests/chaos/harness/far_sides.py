@@ -1,11 +1,11 @@
 """The chaos run's far sides in one process of their own: provider, SMTP sink, deploy target.
 
-``python -m bench._far_sides`` serves the local Stripe-compatible provider, the SMTP sink
-(with its JSON side door) and the deployment target on ephemeral ports of 127.0.0.1,
-prints one JSON line with their addresses, and serves until SIGTERM. They run apart from
-the chaos driver so that the driver's own load never delays a far side's answer, and
-everything the driver does to them (faults in, records out) goes over HTTP, as it would
-to a real provider.
+``python -m tests.chaos.harness.far_sides`` serves the local Stripe-compatible provider,
+the SMTP sink (with its JSON side door) and the deployment target on ephemeral ports of
+127.0.0.1, prints one JSON line with their addresses, and serves until SIGTERM. They run
+apart from the chaos driver so that the driver's own load never delays a far side's
+answer, and everything the driver does to them (faults in, records out) goes over HTTP,
+as it would to a real provider.
 """
 
 import asyncio

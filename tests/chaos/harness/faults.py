@@ -1,0 +1,270 @@
+"""The chaos run's fault injectors (the nemesis), paced by the tasks that end.
+
+While agents drive the tasks: SIGKILL of a ready worker (a replacement is started each
+time), provider faults (responses dropped or delayed after the commit, resets,
+429/500/503), SMTP faults (connection dropped after DATA with the message kept or lost,
+delayed replies, deferred recipients), ``pg_terminate_backend`` on onceflow's PostgreSQL
+connections, and three one-off faults that never overlap: a worker SIGSTOPped for longer
+than the provider keeps payment keys then SIGCONTed, one restart of the Temporal dev
+server, one restart of PostgreSQL. Never paced by the clock, so a slower machine meets
+the same faults per task. Once driving is over, :meth:`FaultInjector.heal` clears the far
+sides' pending faults.
+"""
+
+import asyncio
+import contextlib
+import functools
+import math
+import signal
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+import httpx
+import psycopg
+
+from tests.harness import eventually
+
+from .config import (
+    KEY_RETENTION_SECONDS,
+    MAX_PENDING_FAULTS,
+    PAUSE_SECONDS,
+    PROVIDER_FAULTS,
+    SMTP_FAULTS,
+)
+from .context import RunContext
+from .stack import Process
+
+
+class FaultInjector:
+    """Breaks the stack while agents drive it; each fault is counted in the figures."""
+
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+        self.stack = ctx.stack
+        self.one_off = asyncio.Lock()
+        """Held by each one-off fault (SIGSTOP, Temporal restart, PostgreSQL restart), so
+        they never overlap and each one's effects can be told apart."""
+        self.paused: Process | None = None
+        self.postgres_down = False
+
+    async def until_work(self, done: Callable[[], bool]) -> bool:
+        """Wait until ``done()`` holds, checked each time a task is submitted or ends;
+        False if driving stopped first."""
+        while self.ctx.driving and not done():
+            await self.ctx.progressed.wait()
+        return self.ctx.driving
+
+    async def every(self, tasks: int, action: Callable[[], Any]) -> None:
+        """Run ``action`` each time another ``tasks`` tasks have ended, while driving.
+
+        Paced by work, not by the clock: on a machine half as fast the same tasks meet
+        the same faults, instead of twice as many kills per task.
+        """
+        if tasks <= 0:
+            return
+        mark = tasks
+        while await self.until_work(functools.partial(self.ended_at_least, mark)):
+            try:
+                await action()
+            except Exception as error:  # a failed injection is reported, never fatal
+                self.ctx.figures[f"injections that failed ({type(error).__name__})"] += 1
+            mark = self.ctx.finished + tasks
+
+    def ended_at_least(self, count: int) -> bool:
+        return self.ctx.finished >= count
+
+    def ready_workers(self) -> list[Process]:
+        """Running workers that said they are ready, except a SIGSTOPped one."""
+        return [
+            w
+            for w in self.stack.workers
+            if w is not self.paused and w.process.poll() is None and "ready" in w.log()
+        ]
+
+    def killable_workers(self) -> list[Process]:
+        """Ready workers, none while one is SIGSTOPped: the stopped worker is that
+        moment's fault, and the other one must run."""
+        return [] if self.paused is not None else self.ready_workers()
+
+    async def kill_a_worker(self) -> None:
+        """SIGKILL a ready worker (waiting for one: a replacement still starting, or
+        Temporal restarting, has none) and start its replacement."""
+        ready = await eventually(
+            lambda: [] if not self.ctx.driving else self.killable_workers(),
+            until=lambda ready: not self.ctx.driving or bool(ready),
+            what="a worker is ready to be killed",
+            timeout=math.inf,
+            interval=0.2,
+        )
+        if not ready:
+            return
+        victim = self.ctx.rng.choice(ready)
+        victim.kill()
+        self.stack.workers.remove(victim)
+        self.ctx.figures["workers SIGKILLed (each replaced)"] += 1
+        self.stack.start_worker()
+        self.ctx.recovery.fault_ended("worker SIGKILL", self.ctx.in_flight())
+
+    async def provider_fault(self) -> None:
+        pending = (await self.ctx.http.get(f"{self.stack.far['provider_url']}/_test/faults")).json()
+        if len(pending["data"]) >= MAX_PENDING_FAULTS:
+            return  # faults are consumed by traffic; never let a backlog fault every request
+        fault, delay = self.ctx.rng.choice(PROVIDER_FAULTS)
+        await self.ctx.http.post(
+            f"{self.stack.far['provider_url']}/_test/faults",
+            json={
+                "fault": fault,
+                "method": "POST",
+                "path_prefix": "/v1/",
+                "times": 1,
+                "delay_seconds": delay,
+            },
+        )
+        self.ctx.figures["provider faults injected"] += 1
+
+    async def smtp_fault(self) -> None:
+        pending = (await self.ctx.http.get(f"{self.stack.far['smtp_control_url']}/messages")).json()
+        if len(pending["faults"]) >= MAX_PENDING_FAULTS:
+            return
+        rule = dict(self.ctx.rng.choice(SMTP_FAULTS))
+        await self.ctx.http.post(f"{self.stack.far['smtp_control_url']}/faults", json=rule)
+        self.ctx.figures["SMTP faults injected"] += 1
+
+    async def kill_connections(self) -> None:
+        if self.postgres_down:
+            return
+        async with await psycopg.AsyncConnection.connect(
+            self.stack.database_url, autocommit=True
+        ) as conn:
+            cursor = await conn.execute(
+                "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                " AND backend_type = 'client backend' AND random() < 0.5"
+            )
+            row = await cursor.fetchone()
+        self.ctx.figures["PostgreSQL connections terminated"] += int(row[0]) if row else 0
+        self.ctx.figures["pg_terminate_backend rounds"] += 1
+
+    async def submitted_share(self, share: float) -> bool:
+        """Wait until ``share`` of the tasks are submitted; False if driving ended first."""
+        await eventually(
+            lambda: not self.ctx.driving or self.ctx.submitted >= share * self.ctx.config.tasks,
+            what=f"{share:.0%} of the tasks are submitted",
+            timeout=math.inf,
+            interval=0.2,
+        )
+        return self.ctx.driving
+
+    async def pause_a_worker_once(self) -> None:
+        """SIGSTOP a worker for longer than the provider's key retention, then SIGCONT it.
+
+        Its frozen attempts (and the tasks Temporal hands its pollers meanwhile) time out
+        and are retried by the other worker within their keys' send-by windows, or looked
+        up and parked past them; when it resumes, whatever it was about to send is past
+        its key's window and must not leave (the provider's request log is the judge).
+        """
+        share = self.ctx.config.pause_worker_at
+        if share is None or not await self.submitted_share(share):
+            return
+        async with self.one_off:
+            if not self.ctx.driving:
+                return
+            ready = await eventually(
+                self.ready_workers, what="a worker is ready to be stopped", timeout=60
+            )
+            victim = self.ctx.rng.choice(ready)
+            self.ctx.say(
+                f"SIGSTOP {victim.name} for {PAUSE_SECONDS:g} s (payment keys are kept "
+                f"{KEY_RETENTION_SECONDS:g} s)"
+            )
+            self.paused = victim
+            began = datetime.now().astimezone()
+            victim.process.send_signal(signal.SIGSTOP)
+            try:
+                await asyncio.sleep(PAUSE_SECONDS)  # scenario: the key window passes meanwhile
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    victim.process.send_signal(signal.SIGCONT)
+                self.paused = None
+            self.ctx.pauses.append((began, datetime.now().astimezone()))
+            self.ctx.recovery.fault_ended("worker SIGSTOP", self.ctx.in_flight())
+            self.ctx.figures["workers SIGSTOPped past a key window"] += 1
+            self.ctx.say(f"SIGCONT {victim.name}")
+
+    async def restart_temporal_once(self) -> None:
+        share = self.ctx.config.restart_temporal_at
+        if share is None or not await self.submitted_share(share):
+            return
+        async with self.one_off:
+            if not self.ctx.driving:
+                return
+            self.ctx.say("restarting the Temporal dev server (state kept in its db file)")
+            began = time.monotonic()
+            await asyncio.to_thread(self.stack.temporal.stop)
+            await self.stack.temporal.start()
+            self.ctx.figures["Temporal dev server restarts"] += 1
+            self.ctx.durations["Temporal downtime (s)"] = round(time.monotonic() - began, 1)
+            self.ctx.recovery.fault_ended("Temporal restart", self.ctx.in_flight())
+            self.ctx.say(f"Temporal back after {time.monotonic() - began:.1f} s")
+
+    async def gateway_answers(self) -> list[int]:
+        """Each gateway's status for an authenticated read (it needs PostgreSQL); 0 for
+        no answer."""
+
+        async def ask(url: str) -> int:
+            try:
+                response = await self.ctx.http.get(f"{url}/v1/tools", headers=self.ctx.headers())
+            except httpx.HTTPError:
+                return 0
+            return response.status_code
+
+        return list(await asyncio.gather(*(ask(url) for url in self.stack.gateway_urls)))
+
+    async def restart_postgres_once(self) -> None:
+        """Stop PostgreSQL (fast shutdown: every session is ended) and start it again on
+        the same data folder and socket, once the gateways answer 503 for it."""
+        share = self.ctx.config.restart_postgres_at
+        if share is None or not await self.submitted_share(share):
+            return
+        async with self.one_off:
+            if not self.ctx.driving:
+                return
+            self.ctx.say("stopping PostgreSQL")
+            began = time.monotonic()
+            self.postgres_down = True
+            try:
+                await asyncio.to_thread(self.stack.pg_ctl, "-w", "-m", "fast", "stop")
+                try:
+                    await eventually(
+                        self.gateway_answers,
+                        until=lambda codes: all(code == 503 for code in codes),
+                        what="both gateways answer 503 while PostgreSQL is down",
+                        timeout=30,
+                        interval=0.2,
+                    )
+                except AssertionError as error:
+                    self.ctx.violations.append(f"PostgreSQL outage: {error}")
+            finally:
+                await asyncio.to_thread(self.stack.start_postgres)
+                self.postgres_down = False
+                self.ctx.recovery.fault_ended("PostgreSQL restart", self.ctx.in_flight())
+            self.ctx.figures["PostgreSQL restarts"] += 1
+            self.ctx.durations["PostgreSQL downtime (s)"] = round(time.monotonic() - began, 1)
+            try:
+                await eventually(
+                    self.gateway_answers,
+                    until=lambda codes: all(code == 200 for code in codes),
+                    what="both gateways answer again after PostgreSQL restarted",
+                    timeout=60,
+                    interval=0.2,
+                )
+            except AssertionError as error:
+                self.ctx.violations.append(f"after the PostgreSQL restart: {error}")
+            self.ctx.say(f"PostgreSQL back; gateways answer after {time.monotonic() - began:.1f} s")
+
+    async def heal(self) -> None:
+        with contextlib.suppress(httpx.HTTPError):
+            await self.ctx.http.delete(f"{self.stack.far['provider_url']}/_test/faults")
+            await self.ctx.http.delete(f"{self.stack.far['smtp_control_url']}/faults")
