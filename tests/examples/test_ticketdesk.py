@@ -10,8 +10,6 @@ ticket per logical call.
 
 import json
 import os
-import re
-import shutil
 import subprocess
 import sys
 import uuid
@@ -24,7 +22,9 @@ import httpx
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from tests.harness import REPO, eventually_blocking, onceflow_command, replay_tools_from
+from tests.harness import REPO, onceflow_command, replay_tools_from
+
+from .installation import install_example, start, stop_all, wait_for
 
 EXAMPLE = REPO / "examples" / "ticketdesk"
 TOOLS = "create_ticket,create_ticket_unkeyed"
@@ -102,67 +102,6 @@ class Desk:
         return done.returncode, output, report
 
 
-def install_example(into: Path) -> Path:
-    """Install the example package offline into ``into/site``, as a user would install it.
-
-    It is built from a copy, so the build leaves nothing in the repository.
-    """
-    source = into / "src"
-    shutil.copytree(
-        EXAMPLE, source, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__")
-    )
-    site = into / "site"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--no-build-isolation",
-            "--no-index",
-            "--target",
-            str(site),
-            str(source),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
-    assert list(site.glob("onceflow_example_ticketdesk-*.dist-info/entry_points.txt"))
-    return site
-
-
-def start(arguments: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    """Start a long-running process with its output going to ``log`` (never a full pipe)."""
-    with log.open("wb") as stream:
-        return subprocess.Popen(
-            arguments,
-            cwd=REPO,
-            env={**os.environ, **env},
-            stdout=stream,
-            stderr=subprocess.STDOUT,
-        )
-
-
-def wait_for(process: subprocess.Popen[bytes], log: Path, pattern: str) -> re.Match[str]:
-    """Wait until ``log`` has a line matching ``pattern``; fail at once if the process exits."""
-
-    def search() -> re.Match[str] | None:
-        text = log.read_text(errors="replace")
-        found = re.search(pattern, text)
-        if not found and process.poll() is not None:
-            raise AssertionError(f"{log.name}: exited ({process.returncode}):\n{text}")
-        return found
-
-    return eventually_blocking(
-        search,
-        what=lambda: f"{log.name} shows {pattern!r}:\n{log.read_text(errors='replace')}",
-        timeout=60,
-    )
-
-
 @pytest.fixture(scope="module")
 def desk(
     postgres_url: str, dev_server: WorkflowEnvironment, tmp_path_factory: pytest.TempPathFactory
@@ -172,7 +111,7 @@ def desk(
     root = tmp_path_factory.mktemp("ticketdesk")
     logs = root / "logs"
     logs.mkdir()
-    site = install_example(root)
+    site = install_example(EXAMPLE, root)
     replay_tools_from(site, "ticketdesk")  # its tasks replay at the end of the run
     python_path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
     processes: list[subprocess.Popen[bytes]] = []
@@ -237,13 +176,7 @@ def desk(
             logs=logs,
         )
     finally:
-        for process in reversed(processes):
-            process.terminate()
-        for process in processes:
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop_all(processes)
 
 
 def test_service_dedupes_keyed_requests_and_not_legacy_ones(desk: Desk) -> None:
