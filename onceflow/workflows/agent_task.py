@@ -90,7 +90,6 @@ with workflow.unsafe.imports_passed_through():
         BudgetStatus,
         CallAnswer,
         CallInput,
-        CarriedCalls,
         DecisionRecord,
         DecisionResult,
         ReconcileDecision,
@@ -98,6 +97,7 @@ with workflow.unsafe.imports_passed_through():
         StepInput,
         StepState,
         StepStatus,
+        TaskMemory,
         TaskOutcomeInput,
         TaskState,
         TaskStatus,
@@ -152,24 +152,31 @@ class AgentTaskWorkflow:
     def __init__(self, task: AgentTaskInput) -> None:
         self._task = task
         self._budget = task.budget or RetryBudget()
-        self._started_at = workflow.now()
+        if task.carried is not None:
+            # A continued open task: everything its earlier runs knew, whole.
+            self._memory = task.carried.model_copy(deep=True)
+            self._memory.runs += 1
+        else:
+            now = workflow.now()
+            self._memory = TaskMemory(
+                started_at=now,
+                last_call_at=now,
+                calls={
+                    step.step_id: StepStatus(
+                        step_id=step.step_id,
+                        tool=step.tool,
+                        arguments=step.arguments,
+                        arguments_digest=digest_arguments(step.tool, step.arguments),
+                    )
+                    for step in task.steps
+                },
+            )
+        # The rest is this run's own; a continued run starts it afresh (none of it is
+        # about an unfinished call: a task continues as new only when none is).
         self._state = TaskState.RUNNING
         self._failure_reason: str | None = None
-        self._steps = {
-            step.step_id: StepStatus(
-                step_id=step.step_id,
-                tool=step.tool,
-                arguments=step.arguments,
-                arguments_digest=digest_arguments(step.tool, step.arguments),
-            )
-            for step in task.steps
-        }
-        self._decisions: list[DecisionRecord] = []
         self._approvals: dict[str, ApproveInput] = {}
         self._reconciliations: dict[str, ReconcileInput] = {}
-        self._budgeted_attempts = 0
-        self._operator_authorised_attempts = 0
-        self._policies: dict[str, ToolPolicy] = {}
         self._checking: set[str] = set()
         """Steps whose reconcile decision is being checked: others wait for the answer."""
         self._verified: dict[str, ToolAttemptResult] = {}
@@ -178,22 +185,14 @@ class AgentTaskWorkflow:
         """Steps parked because no attempt may send under their key any more, and why."""
         self._key_windows: dict[str, _KeyWindow] = {}
         """Per running step of a tool whose provider forgets keys: its key's send window."""
-        self._waited_for_people = timedelta(0)
-        """Time spent awaiting approval or parked: not machine budget."""
         self._waiting_for_people = 0
-        self._waiting_since = self._started_at
+        self._waiting_since = self._memory.started_at
         # Open tasks only.
         self._open = task.open
         self._closing: str | None = None
-        self._last_call_at = self._started_at
-        self._repeat_of: dict[str, str] = {}
-        """A repeated call's id -> the earlier identical call that answers it."""
         self._pinning: set[str] = set()
         self._published_tools: list[str] = []
-        self._order: list[str] = []
-        """Call ids in arrival order, repeats included."""
         self._calls_this_run = 0
-        self._runs = 1
         self._changed = False
         """Something the open task's main loop reacts to happened (a call, an end)."""
         self._call_crash: BaseException | None = None
@@ -202,19 +201,6 @@ class AgentTaskWorkflow:
         self._decision_admitted_at = 0
         """History length of the workflow task that admitted the last decision Update
         (approve, reconcile, close): see ``_record_outcome``."""
-        carried = task.carried
-        if carried is not None:
-            self._started_at = carried.started_at
-            self._last_call_at = carried.last_call_at
-            self._budgeted_attempts = carried.budgeted_attempts
-            self._operator_authorised_attempts = carried.operator_authorised_attempts
-            self._waited_for_people = carried.waited_for_people
-            self._steps = {call.step_id: call for call in carried.calls}
-            self._repeat_of = dict(carried.repeat_of)
-            self._order = list(carried.order)
-            self._decisions = list(carried.decisions)
-            self._policies = dict(carried.policies)
-            self._runs = carried.runs + 1
 
     @workflow.run
     async def run(self, task: AgentTaskInput) -> TaskStatus:
@@ -229,10 +215,10 @@ class AgentTaskWorkflow:
         )
         pinned_at = None
         if task.policies is not None:
-            self._policies = dict(task.policies)
+            self._memory.policies = dict(task.policies)
         else:
             pinned_at = workflow.now()
-            self._policies = await self._pin_policies(sorted({s.tool for s in task.steps}))
+            self._memory.policies = await self._pin_policies(sorted({s.tool for s in task.steps}))
         try:
             for step in task.steps:
                 await self._run_step(step, pinned_at=pinned_at)
@@ -323,7 +309,7 @@ class AgentTaskWorkflow:
         identical to an earlier one that has not failed is answered by that one
         (``repeat_of``) unless it is a ``deliberate_repeat``.
         """
-        self._last_call_at = workflow.now()
+        self._memory.last_call_at = workflow.now()
         self._changed = True
         if not self._known_call(request.call_id):
             # The validator checked the same on a live worker; replay has no validator
@@ -333,9 +319,9 @@ class AgentTaskWorkflow:
                 raise ApplicationError(problem, type="CallRefused", non_retryable=True)
             if request.policy is not None:
                 # Admitted with its policy: the first call of a tool pins it for the task.
-                self._policies.setdefault(request.tool, request.policy)
+                self._memory.policies.setdefault(request.tool, request.policy)
             self._accept_call(request)
-        original = self._steps[self._repeat_of.get(request.call_id, request.call_id)]
+        original = self._memory.calls[self._memory.repeat_of.get(request.call_id, request.call_id)]
         done = ENDED_STEP_STATES if request.wait_until_ended else SETTLED_STEP_STATES
         await workflow.wait_condition(lambda: original.state in done)
         return self._call_answer(request.call_id)
@@ -366,7 +352,7 @@ class AgentTaskWorkflow:
         options = task.open
         assert options is not None
         self._state = self._open_state()
-        self._published_tools = sorted({call.tool for call in self._steps.values()})
+        self._published_tools = sorted({call.tool for call in self._memory.calls.values()})
         workflow.upsert_search_attributes(
             [
                 TASK_TENANT.value_set(task.tenant),
@@ -375,7 +361,7 @@ class AgentTaskWorkflow:
                 *([TASK_TOOLS.value_set(self._published_tools)] if self._published_tools else []),
             ]
         )
-        lifetime_ends = self._started_at + options.max_lifetime
+        lifetime_ends = self._memory.started_at + options.max_lifetime
         while True:
             if self._call_crash is not None:
                 # Visible in the UI and retried by Temporal (on a worker with the tool, or
@@ -400,7 +386,7 @@ class AgentTaskWorkflow:
             if unfinished or self._closing is not None:
                 await workflow.wait_condition(lambda: self._changed)
                 continue
-            idle_ends = self._last_call_at + options.idle_timeout
+            idle_ends = self._memory.last_call_at + options.idle_timeout
             try:
                 await workflow.wait_condition(
                     lambda: self._changed,
@@ -459,7 +445,7 @@ class AgentTaskWorkflow:
             return None  # the same call again: answered with its status
         if self._closing is not None:
             return f"the task takes no more calls: {self._closing}"
-        if live and workflow.now() >= self._started_at + self._open.max_lifetime:
+        if live and workflow.now() >= self._memory.started_at + self._open.max_lifetime:
             return f"the task's maximum lifetime ({self._open.max_lifetime}) has ended"
         allowed = self._open.allowed_tools
         if allowed is not None and request.tool not in allowed:
@@ -470,12 +456,12 @@ class AgentTaskWorkflow:
                 "earlier call answers this one"
             )
         budget = self._budget
-        if self._budgeted_attempts >= budget.max_attempts_per_task:
+        if self._memory.budgeted_attempts >= budget.max_attempts_per_task:
             return (
-                f"the task's retry budget is spent ({self._budgeted_attempts} of "
+                f"the task's retry budget is spent ({self._memory.budgeted_attempts} of "
                 f"{budget.max_attempts_per_task} attempts used)"
             )
-        used = workflow.now() - self._started_at - self._people_time()
+        used = workflow.now() - self._memory.started_at - self._people_time()
         if live and used >= budget.deadline:
             return f"the task's deadline ({budget.deadline} of machine time) has passed"
         return None
@@ -484,7 +470,7 @@ class AgentTaskWorkflow:
         """From the pinned policy, or the call's. A call admitted without one, of a tool
         not pinned yet, is checked against this worker's contract only ``live`` (by the
         validator) and again by its coroutine once the tool is pinned."""
-        policy = self._policies.get(request.tool) or request.policy
+        policy = self._memory.policies.get(request.tool) or request.policy
         if policy is not None:
             return policy.deliberate_repeats
         if not live:
@@ -504,12 +490,12 @@ class AgentTaskWorkflow:
             arguments_digest=digest,
             deliberate_repeat=request.deliberate_repeat,
         )
-        self._order.append(request.call_id)
+        self._memory.order.append(request.call_id)
         if earlier is not None:
             _count("onceflow_repeats_answered", tool=request.tool)
-            self._repeat_of[request.call_id] = earlier.step_id
+            self._memory.repeat_of[request.call_id] = earlier.step_id
             return
-        self._steps[request.call_id] = status
+        self._memory.calls[request.call_id] = status
         self._calls_this_run += 1
         step = StepInput(step_id=request.call_id, tool=request.tool, arguments=request.arguments)
         asyncio.create_task(self._run_call(step))
@@ -517,7 +503,7 @@ class AgentTaskWorkflow:
     def _identical_call(self, digest: str) -> StepStatus | None:
         """The earliest call with the same tool and arguments that has not ended with
         no effect: the one a repeat is answered by."""
-        for call in self._steps.values():
+        for call in self._memory.calls.values():
             if call.arguments_digest == digest and call.state not in NO_EFFECT_STEP_STATES:
                 return call
         return None
@@ -529,10 +515,10 @@ class AgentTaskWorkflow:
         in_workflow = True
         try:
             pinned_at = None
-            if step.tool not in self._policies:
+            if step.tool not in self._memory.policies:
                 pinned_at = workflow.now()
                 await self._pin_tool(step.tool)
-            status = self._steps[step.step_id]
+            status = self._memory.calls[step.step_id]
             if status.deliberate_repeat and not self._policy(step.tool).deliberate_repeats:
                 self._stop_step(
                     status,
@@ -554,28 +540,28 @@ class AgentTaskWorkflow:
             if in_workflow:
                 # Idle counts from the last call's end too: a call a person decided after
                 # a long wait does not leave the agent's next call to a closed task.
-                self._last_call_at = workflow.now()
+                self._memory.last_call_at = workflow.now()
                 self._changed = True
 
     async def _pin_tool(self, tool: str) -> None:
         """Pin a tool's policy the first time a call uses it (recorded in history)."""
-        if tool in self._policies:
+        if tool in self._memory.policies:
             return
         if tool in self._pinning:
-            await workflow.wait_condition(lambda: tool in self._policies)
+            await workflow.wait_condition(lambda: tool in self._memory.policies)
             return
         self._pinning.add(tool)
         try:
             for name, policy in (await self._pin_policies([tool])).items():
-                self._policies.setdefault(name, policy)  # an admitted call's came first
+                self._memory.policies.setdefault(name, policy)  # an admitted call's came first
         finally:
             self._pinning.discard(tool)
 
     def _known_call(self, call_id: str) -> bool:
-        return call_id in self._steps or call_id in self._repeat_of
+        return call_id in self._memory.calls or call_id in self._memory.repeat_of
 
     def _unfinished_calls(self) -> list[StepStatus]:
-        return [call for call in self._steps.values() if call.state not in ENDED_STEP_STATES]
+        return [call for call in self._memory.calls.values() if call.state not in ENDED_STEP_STATES]
 
     def _open_state(self) -> TaskState:
         states = {call.state for call in self._unfinished_calls()}
@@ -593,27 +579,10 @@ class AgentTaskWorkflow:
         return workflow.info().is_continue_as_new_suggested()
 
     def _carried(self, task: AgentTaskInput) -> AgentTaskInput:
-        calls = [
-            call.model_copy(update={"attempts": [], "evidence": {}, "arguments": {}})
-            for call in self._steps.values()
-        ]
-        carried = CarriedCalls(
-            started_at=self._started_at,
-            last_call_at=self._last_call_at,
-            budgeted_attempts=self._budgeted_attempts,
-            operator_authorised_attempts=self._operator_authorised_attempts,
-            waited_for_people=self._waited_for_people,
-            calls=calls,
-            order=self._order,
-            repeat_of=self._repeat_of,
-            decisions=self._decisions,
-            policies=self._policies,
-            runs=self._runs,
-        )
-        return task.model_copy(update={"carried": carried})
+        return task.model_copy(update={"carried": self._memory.for_next_run()})
 
     def _call_answer(self, call_id: str) -> CallAnswer:
-        repeat_of = self._repeat_of.get(call_id)
+        repeat_of = self._memory.repeat_of.get(call_id)
         return CallAnswer(
             task_id=workflow.info().workflow_id,
             task_state=self._open_state() if self._state is not TaskState.CLOSED else self._state,
@@ -622,23 +591,23 @@ class AgentTaskWorkflow:
         )
 
     def _call_status(self, call_id: str) -> StepStatus:
-        repeat_of = self._repeat_of.get(call_id)
+        repeat_of = self._memory.repeat_of.get(call_id)
         if repeat_of is None:
-            return self._steps[call_id]
-        return self._steps[repeat_of].model_copy(
+            return self._memory.calls[call_id]
+        return self._memory.calls[repeat_of].model_copy(
             update={"step_id": call_id, "attempts": [], "repeat_of": repeat_of}
         )
 
     def _calls_summary(self) -> str:
         lines = [
             f"- {call.step_id}: {call.tool} {call.state.value}"
-            + (f" (repeat of {self._repeat_of[call.step_id]})" if call.repeat_of else "")
+            + (f" (repeat of {self._memory.repeat_of[call.step_id]})" if call.repeat_of else "")
             for call in (self._call_status(call_id) for call_id in self._call_order())
         ]
         return f"Open task: {len(lines)} calls" + ("\n" + "\n".join(lines[-20:]) if lines else "")
 
     def _call_order(self) -> list[str]:
-        return self._order
+        return self._memory.order
 
     # ── application logic ───────────────────────────────────────────────────────────
 
@@ -667,7 +636,7 @@ class AgentTaskWorkflow:
         deliver the activity's result a workflow task later live than on replay), so
         the first attempt's start, or the wait for approval, counts from it instead.
         """
-        status = self._steps[step.step_id]
+        status = self._memory.calls[step.step_id]
         self._require_tool(step)
         policy = self._policy(step.tool)
         if policy.needs_approval(step.arguments):
@@ -716,7 +685,7 @@ class AgentTaskWorkflow:
                 # The retry takes its place in the task-wide budget now, not when it is
                 # made: calls running side by side decide one at a time, each seeing the
                 # retries the others have decided, so N calls spend at most N + B.
-                self._budgeted_attempts += 1
+                self._memory.budgeted_attempts += 1
                 reserved = True
                 status.state = StepState.BACKING_OFF
                 # The backoff ends early when the key's window closes meanwhile: the
@@ -729,7 +698,7 @@ class AgentTaskWorkflow:
                     )
                 closed = self._key_window_closed(policy, status)
                 if closed is not None:
-                    self._budgeted_attempts -= 1  # the reserved retry is not made
+                    self._memory.budgeted_attempts -= 1  # the reserved retry is not made
                     reserved = False
                     # The key's window closed during the backoff (its timer fired first).
                     if await self._look_up_or_park(
@@ -852,7 +821,7 @@ class AgentTaskWorkflow:
         return dict(pinned.tools)
 
     def _policy(self, tool: str) -> ToolPolicy:
-        return self._policies[tool]  # pinned before any of its steps runs
+        return self._memory.policies[tool]  # pinned before any of its steps runs
 
     def _send_by(self, policy: ToolPolicy, status: StepStatus) -> datetime | None:
         """The step key's send-by deadline in workflow time, if the provider forgets keys:
@@ -972,7 +941,7 @@ class AgentTaskWorkflow:
             arguments=step.arguments,
             attempt=attempt,
             evidence=status.evidence,
-            policy=self._policies.get(step.tool),
+            policy=self._memory.policies.get(step.tool),
             key_generation=status.key_generation,
         )
         try:
@@ -1011,14 +980,14 @@ class AgentTaskWorkflow:
         _count("onceflow_attempts", tool=step.tool, outcome=result.outcome.value)
         waited_for_database = result.database_unavailable
         if operator_authorised:
-            self._operator_authorised_attempts += 1
+            self._memory.operator_authorised_attempts += 1
         elif reserved:
             if waited_for_database:
-                self._budgeted_attempts -= 1  # an outage's attempt is free: give it back
+                self._memory.budgeted_attempts -= 1  # an outage's attempt is free: give it back
         elif not waited_for_database and (self._open is None or attempt > 1):
             # An open task's calls are as many as the model makes: only their retries
             # spend the task's attempts.
-            self._budgeted_attempts += 1
+            self._memory.budgeted_attempts += 1
         status.attempts.append(
             AttemptRecord(
                 attempt=attempt,
@@ -1081,7 +1050,7 @@ class AgentTaskWorkflow:
             arguments=step.arguments,
             attempt=len(status.attempts),
             evidence=status.evidence,
-            policy=self._policies.get(step.tool),
+            policy=self._memory.policies.get(step.tool),
             key_generation=status.key_generation,
             claimed_resource_id=claimed_resource_id,
             accept_unverified=accept_unverified,
@@ -1198,7 +1167,7 @@ class AgentTaskWorkflow:
     def _end_waiting_for_people(self) -> None:
         self._waiting_for_people -= 1
         if self._waiting_for_people == 0:
-            self._waited_for_people += workflow.now() - self._waiting_since
+            self._memory.waited_for_people += workflow.now() - self._waiting_since
 
     def _show_details(self, details: str) -> None:
         """The Temporal UI's current details: a plan's waiting step; an open task's
@@ -1209,13 +1178,13 @@ class AgentTaskWorkflow:
     def _open_details(self) -> str:
         waiting = [
             _park_details(call) if call.state is StepState.PARKED else _approval_details(call)
-            for call in self._steps.values()
+            for call in self._memory.calls.values()
             if call.state in (StepState.PARKED, StepState.AWAITING_APPROVAL)
         ]
         return "\n\n".join([self._calls_summary(), *waiting])
 
     def _approval_problem(self, decision: ApproveInput) -> str | None:
-        status = self._steps.get(decision.step_id)
+        status = self._memory.calls.get(decision.step_id)
         if status is None:
             return f"this task has no step {decision.step_id!r}"
         if status.state is not StepState.AWAITING_APPROVAL or decision.step_id in self._approvals:
@@ -1230,7 +1199,7 @@ class AgentTaskWorkflow:
         return None
 
     def _reconciliation_problem(self, decision: ReconcileInput) -> str | None:
-        status = self._steps.get(decision.step_id)
+        status = self._memory.calls.get(decision.step_id)
         if status is None:
             return f"this task has no step {decision.step_id!r}"
         if status.state is not StepState.PARKED or decision.step_id in self._reconciliations:
@@ -1250,7 +1219,7 @@ class AgentTaskWorkflow:
         records the resource in the step's operation record (a later refund reads it),
         unless the operator accepts it ``unverified``.
         """
-        status = self._steps[decision.step_id]
+        status = self._memory.calls[decision.step_id]
         step = StepInput(step_id=status.step_id, tool=status.tool, arguments=status.arguments)
         policy = self._policy(step.tool)
         if policy.lookup_activity is None or decision.decision is ReconcileDecision.ABANDON:
@@ -1337,7 +1306,7 @@ class AgentTaskWorkflow:
         self, decision: ApproveInput, *, via: Literal["update", "signal"]
     ) -> DecisionResult:
         self._approvals[decision.step_id] = decision
-        self._decisions.append(
+        self._memory.decisions.append(
             DecisionRecord(
                 kind="approve",
                 step_id=decision.step_id,
@@ -1346,14 +1315,14 @@ class AgentTaskWorkflow:
                 reason=decision.reason,
                 at=workflow.now(),
                 via=via,
-                arguments_digest=self._steps[decision.step_id].arguments_digest,
+                arguments_digest=self._memory.calls[decision.step_id].arguments_digest,
                 accepted=True,
             )
         )
         outcome = "approved: it will run" if decision.approved else "denied: it will not run"
         return DecisionResult(
             step_id=decision.step_id,
-            step_state=self._steps[decision.step_id].state,
+            step_state=self._memory.calls[decision.step_id].state,
             message=f"step {decision.step_id} {outcome}",
         )
 
@@ -1365,7 +1334,7 @@ class AgentTaskWorkflow:
         check: "_DecisionCheck | None" = None,
     ) -> DecisionResult:
         self._reconciliations[decision.step_id] = decision
-        self._decisions.append(
+        self._memory.decisions.append(
             DecisionRecord(
                 kind="reconcile",
                 step_id=decision.step_id,
@@ -1374,13 +1343,13 @@ class AgentTaskWorkflow:
                 reason=decision.reason,
                 at=workflow.now(),
                 via=via,
-                arguments_digest=self._steps[decision.step_id].arguments_digest,
+                arguments_digest=self._memory.calls[decision.step_id].arguments_digest,
                 accepted=True,
                 verified=check.verified if check else None,
                 finding=check.finding if check else None,
             )
         )
-        status = self._steps[decision.step_id]
+        status = self._memory.calls[decision.step_id]
         retry = "gets one operator-authorised attempt"
         if self._old_key_unusable(status):
             retry += (
@@ -1399,7 +1368,7 @@ class AgentTaskWorkflow:
         }
         return DecisionResult(
             step_id=decision.step_id,
-            step_state=self._steps[decision.step_id].state,
+            step_state=self._memory.calls[decision.step_id].state,
             message=f"step {decision.step_id} {consequences[decision.decision]}",
         )
 
@@ -1412,8 +1381,8 @@ class AgentTaskWorkflow:
         finding: str | None = None,
     ) -> None:
         operator = decision.approver if isinstance(decision, ApproveInput) else decision.operator
-        status = self._steps.get(decision.step_id)
-        self._decisions.append(
+        status = self._memory.calls.get(decision.step_id)
+        self._memory.decisions.append(
             DecisionRecord(
                 kind=kind,
                 step_id=decision.step_id,
@@ -1452,20 +1421,20 @@ class AgentTaskWorkflow:
                 break
             waits += 1
         return StepUsage(
-            task_attempts=self._budgeted_attempts,
+            task_attempts=self._memory.budgeted_attempts,
             step_attempts=sum(
                 1
                 for attempt in status.attempts
                 if not attempt.operator_authorised and not attempt.database_unavailable
             ),
-            elapsed=workflow.now() - self._started_at - self._people_time(),
+            elapsed=workflow.now() - self._memory.started_at - self._people_time(),
             step_saw_unknown=saw_unknown,
             database_waits=waits,
         )
 
     def _people_time(self) -> timedelta:
         """Time the deadline does not count: awaiting approval or parked."""
-        return self._waited_for_people
+        return self._memory.waited_for_people
 
     def _first_attempt_of_key(self, status: StepStatus) -> AttemptRecord | None:
         """The first attempt sent under the step's current key generation, if any."""
@@ -1491,7 +1460,7 @@ class AgentTaskWorkflow:
                 updates.append(TASK_PARKED_AT.value_unset())
             self._state = state
         if self._open is not None:
-            tools = sorted({call.tool for call in self._steps.values()})
+            tools = sorted({call.tool for call in self._memory.calls.values()})
             if tools != self._published_tools:
                 updates.append(TASK_TOOLS.value_set(tools))
                 self._published_tools = tools
@@ -1505,24 +1474,26 @@ class AgentTaskWorkflow:
             principal=self._task.principal,
             state=self._state,
             steps=(
-                [self._call_status(call_id) for call_id in self._order]
+                [self._call_status(call_id) for call_id in self._memory.order]
                 if self._open is not None
-                else list(self._steps.values())
+                else list(self._memory.calls.values())
             ),
             budget=BudgetStatus(
                 budget=self._budget,
-                attempts_used=self._budgeted_attempts,
-                attempts_left=max(self._budget.max_attempts_per_task - self._budgeted_attempts, 0),
-                operator_authorised_attempts=self._operator_authorised_attempts,
-                deadline_at=self._started_at + self._budget.deadline + self._people_time(),
+                attempts_used=self._memory.budgeted_attempts,
+                attempts_left=max(
+                    self._budget.max_attempts_per_task - self._memory.budgeted_attempts, 0
+                ),
+                operator_authorised_attempts=self._memory.operator_authorised_attempts,
+                deadline_at=self._memory.started_at + self._budget.deadline + self._people_time(),
                 waited_for_people=self._people_time(),
             ),
-            decisions=self._decisions,
-            policies=self._policies,
+            decisions=self._memory.decisions,
+            policies=self._memory.policies,
             failure_reason=self._failure_reason,
             open=self._open is not None,
             closing=self._closing,
-            runs=self._runs,
+            runs=self._memory.runs,
         )
 
 

@@ -23,7 +23,14 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 from onceflow.retry_policy import OutcomeClass, RetryBudget
 from onceflow.tools import ToolPolicy
@@ -86,26 +93,64 @@ class OpenTaskOptions(BaseModel):
     Temporal suggests it; None: only when Temporal suggests it."""
 
 
-class CarriedCalls(BaseModel):
-    """What an open task carries into its next run when it continues as new."""
+class TaskMemory(BaseModel):
+    """What a task knows that outlives one workflow run, held as one object.
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    The workflow keeps these fields here and nowhere else; an open task that continues as
+    new carries the object whole (``for_next_run``), so a field added here survives
+    continue-as-new with no other edit. What a run keeps beside it is that run's own
+    (timers, calls being checked, the live state), rebuilt by the next run.
+    """
+
+    model_config = ConfigDict(extra="forbid")
 
     started_at: datetime
     last_call_at: datetime
-    budgeted_attempts: int
-    operator_authorised_attempts: int
-    waited_for_people: timedelta
-    calls: list["StepStatus"]
-    """Every ended call so far, without its attempts' details (the earlier runs' history
-    keeps those): ids, states, results, and the digests the repeat guard matches."""
+    """When the task took its last call (its creation, before any): the idle timer's base."""
+    budgeted_attempts: int = 0
+    """Attempts that spent the task's budget (retries; in a plan, every attempt)."""
+    operator_authorised_attempts: int = 0
+    waited_for_people: timedelta = timedelta(0)
+    """Time spent awaiting approval or parked: not machine budget."""
+    calls: dict[str, "StepStatus"] = Field(default_factory=dict)
+    """Every step or call by id, in arrival order; carried without its attempts' details
+    (the earlier runs' history keeps those). A list on the wire, as it always was."""
     order: list[str] = Field(default_factory=list)
     """Call ids in arrival order, repeats included."""
     repeat_of: dict[str, str] = Field(default_factory=dict)
+    """A repeated call's id -> the earlier identical call that answers it."""
     decisions: list["DecisionRecord"] = Field(default_factory=list)
     policies: dict[str, ToolPolicy] = Field(default_factory=dict)
     runs: int = 1
     """Workflow runs so far, this one included."""
+
+    @field_validator("calls", mode="before")
+    @classmethod
+    def _calls_by_id(cls, calls: Any) -> Any:
+        if isinstance(calls, list):
+            return {
+                (call.step_id if isinstance(call, StepStatus) else call["step_id"]): call
+                for call in calls
+            }
+        return calls
+
+    @field_serializer("calls")
+    def _calls_as_list(self, calls: dict[str, "StepStatus"]) -> list["StepStatus"]:
+        return list(calls.values())
+
+    def for_next_run(self) -> "TaskMemory":
+        """The memory a continued run starts from: everything, each call without its
+        attempts, evidence and arguments."""
+        return self.model_copy(
+            update={
+                "calls": {
+                    call_id: call.model_copy(
+                        update={"attempts": [], "evidence": {}, "arguments": {}}
+                    )
+                    for call_id, call in self.calls.items()
+                }
+            }
+        )
 
 
 class AgentTaskInput(BaseModel):
@@ -125,7 +170,7 @@ class AgentTaskInput(BaseModel):
 
     open: OpenTaskOptions | None = None
     """Set for an open task: no steps up front, one Update ``call`` per tool call."""
-    carried: CarriedCalls | None = None
+    carried: TaskMemory | None = None
     """Only in a continued open task: what its earlier runs did."""
     policies: dict[str, ToolPolicy] | None = None
     """A plan's tools' policies, resolved by the process that admitted it (``TaskClient``
@@ -358,7 +403,7 @@ class TaskStatus(BaseModel):
 
 
 TaskOutcomeInput.model_rebuild()
-CarriedCalls.model_rebuild()
+TaskMemory.model_rebuild()
 CallAnswer.model_rebuild()
 
 RECORD_TASK_OUTCOME = "record_task_outcome"
