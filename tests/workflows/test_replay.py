@@ -8,8 +8,10 @@ can fail at all.
 
 import ast
 import base64
+import importlib
 import inspect
 import json
+import pkgutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -19,7 +21,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
 
-import onceflow.workflows.agent_task as agent_task_module
+import onceflow.workflows as workflows_package
 from onceflow.workflows import AgentTaskWorkflow
 from onceflow.workflows.patches import PATCHES
 from tests.harness._replay_all import SANDBOX_REFUSED, replay_histories
@@ -54,20 +56,22 @@ def patches_in(path: Path) -> set[str]:
 
 
 def patch_ids_in_code() -> set[str]:
-    """The ids the workflow passes to ``workflow.patched`` or ``deprecate_patch``."""
-    tree = ast.parse(inspect.getsource(agent_task_module))
+    """The ids the workflow passes to ``workflow.patched`` or ``deprecate_patch``, in any
+    module of ``onceflow.workflows``."""
     ids = set()
-    for node in ast.walk(tree):
-        if (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and node.func.attr in ("patched", "deprecate_patch")
-        ):
-            [argument] = node.args
-            value = ast.literal_eval(argument) if isinstance(argument, ast.Constant) else None
-            if value is None and isinstance(argument, ast.Name):
-                value = getattr(agent_task_module, argument.id)
-            ids.add(value)
+    for info in pkgutil.iter_modules(workflows_package.__path__):
+        module = importlib.import_module(f"{workflows_package.__name__}.{info.name}")
+        for node in ast.walk(ast.parse(inspect.getsource(module))):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("patched", "deprecate_patch")
+            ):
+                [argument] = node.args
+                value = ast.literal_eval(argument) if isinstance(argument, ast.Constant) else None
+                if value is None and isinstance(argument, ast.Name):
+                    value = getattr(module, argument.id)
+                ids.add(value)
     return ids
 
 

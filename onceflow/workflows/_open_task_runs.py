@@ -1,0 +1,309 @@
+"""An open task's life: calls taken one by one, the repeat guard, idle and lifetime
+ends, continue-as-new."""
+
+import asyncio
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from pydantic import ValidationError
+
+    # Summaries are identifiers only: readable in the UI when payloads are encrypted.
+    from onceflow.encryption import ClearText
+    from onceflow.errors import describe_validation
+    from onceflow.tools import (
+        CATALOGUE,
+        UnknownTool,
+    )
+    from onceflow.tools import arguments_digest as digest_arguments
+    from onceflow.workflows.task_models import (
+        AgentTaskInput,
+        CallAnswer,
+        CallInput,
+        StepInput,
+        StepState,
+        StepStatus,
+        TaskState,
+        TaskStatus,
+    )
+    from onceflow.workflows.visibility import (
+        TASK_KIND,
+        TASK_STATE,
+        TASK_TENANT,
+        TASK_TOOLS,
+    )
+from onceflow.workflows._step_runs import StepRuns
+from onceflow.workflows._task_core import (
+    ENDED_STEP_STATES,
+    MIN_TIMER,
+    NO_EFFECT_STEP_STATES,
+    StepStopped,
+    approval_details,
+    count_event,
+    park_details,
+)
+
+
+class OpenTaskRuns(StepRuns):
+    """Takes an open task's calls, runs each as a step, ends it, continues it as new."""
+
+    async def _run_open(self, task: AgentTaskInput) -> TaskStatus:
+        options = task.open
+        assert options is not None
+        self._state = self._open_state()
+        self._published_tools = sorted({call.tool for call in self._memory.calls.values()})
+        workflow.upsert_search_attributes(
+            [
+                TASK_TENANT.value_set(task.tenant),
+                TASK_KIND.value_set("open"),
+                TASK_STATE.value_set(self._state.value),
+                *([TASK_TOOLS.value_set(self._published_tools)] if self._published_tools else []),
+            ]
+        )
+        lifetime_ends = self._memory.started_at + options.max_lifetime
+        while True:
+            if self._call_crash is not None:
+                # Visible in the UI and retried by Temporal (on a worker with the tool, or
+                # after a fix); never a call left running with its Update unanswered.
+                raise self._call_crash
+            self._changed = False
+            self._publish_state(self._open_state())
+            workflow.set_current_details(self._open_details())
+            unfinished = self._unfinished_calls()
+            if self._closing is not None and not unfinished:
+                break
+            if self._closing is None and not unfinished and self._should_continue_as_new():
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                if not self._unfinished_calls() and not self._changed:
+                    workflow.continue_as_new(self._carried(task))
+                continue
+            # Idle and lifetime ends are decided by a timer firing (in history), never by
+            # comparing clocks here: a replay whose workflow tasks merged reads other
+            # times. A timer only while nothing runs: a call in flight keeps the task
+            # from idling, and the validator refuses calls past the lifetime, so a busy
+            # task adds no timer per call.
+            if unfinished or self._closing is not None:
+                await workflow.wait_condition(lambda: self._changed)
+                continue
+            idle_ends = self._memory.last_call_at + options.idle_timeout
+            try:
+                await workflow.wait_condition(
+                    lambda: self._changed,
+                    timeout=max(min(lifetime_ends, idle_ends) - workflow.now(), MIN_TIMER),
+                    timeout_summary=ClearText("idle timeout or maximum lifetime"),
+                )
+            except TimeoutError:
+                if not self._changed and not self._unfinished_calls():
+                    self._closing = (
+                        f"its maximum lifetime ({options.max_lifetime}) ended"
+                        if lifetime_ends <= idle_ends
+                        else f"idle for {options.idle_timeout}"
+                    )
+        self._publish_state(TaskState.CLOSED)
+        workflow.set_current_details(self._open_details())
+        if task.record_outcome:
+            await self._record_outcome()
+        await workflow.wait_condition(workflow.all_handlers_finished)
+        return self._status()
+
+    def _call_problem(self, request: CallInput) -> str | None:
+        """Why a call cannot run, checked by the validator before anything is written;
+        None if it can. Validators never run on replay: this is the one place a call's
+        arguments meet this worker's input model."""
+        problem = self._call_state_problem(request, live=True)
+        if problem is not None or self._known_call(request.call_id):
+            return problem
+        if request.policy is not None and request.policy.tool != request.tool:
+            return f"the call carries tool {request.policy.tool!r}'s policy, not {request.tool!r}'s"
+        try:
+            CATALOGUE.get(request.tool).input_model.model_validate(request.arguments)
+        except UnknownTool as unknown:
+            return str(unknown)
+        except ValidationError as invalid:
+            return f"invalid arguments: {describe_validation(invalid, whole='arguments')}"
+        return None
+
+    def _call_state_problem(self, request: CallInput, *, live: bool = False) -> str | None:
+        """Why the task's state refuses a call, from history alone (the pinned policy,
+        the calls so far): what the handler checks again, on every replay too. Only
+        ``live`` (the validator) asks this worker's contract and compares clocks (the
+        lifetime, the deadline): the handler runs in the validator's activation, so it
+        would decide the same live, and a replay, which has no validator, might read
+        another time."""
+        if self._open is None:
+            return "this task is a plan: its steps were given when it started"
+        if self._known_call(request.call_id):
+            original = self._call_status(request.call_id)
+            if original.tool != request.tool or original.arguments_digest != digest_arguments(
+                request.tool, request.arguments
+            ):
+                return (
+                    f"call id {request.call_id!r} was used for another call "
+                    f"({original.tool} with arguments {original.arguments_digest}) in this task"
+                )
+            return None  # the same call again: answered with its status
+        if self._closing is not None:
+            return f"the task takes no more calls: {self._closing}"
+        if live and workflow.now() >= self._memory.started_at + self._open.max_lifetime:
+            return f"the task's maximum lifetime ({self._open.max_lifetime}) has ended"
+        allowed = self._open.allowed_tools
+        if allowed is not None and request.tool not in allowed:
+            return f"tool {request.tool!r} is not allowed in this task"
+        if request.deliberate_repeat and not self._allows_deliberate_repeats(request, live=live):
+            return (
+                f"tool {request.tool!r} does not allow deliberate repeats: an identical "
+                "earlier call answers this one"
+            )
+        budget = self._budget
+        if self._memory.budgeted_attempts >= budget.max_attempts_per_task:
+            return (
+                f"the task's retry budget is spent ({self._memory.budgeted_attempts} of "
+                f"{budget.max_attempts_per_task} attempts used)"
+            )
+        used = workflow.now() - self._memory.started_at - self._people_time()
+        if live and used >= budget.deadline:
+            return f"the task's deadline ({budget.deadline} of machine time) has passed"
+        return None
+
+    def _allows_deliberate_repeats(self, request: CallInput, *, live: bool = False) -> bool:
+        """From the pinned policy, or the call's. A call admitted without one, of a tool
+        not pinned yet, is checked against this worker's contract only ``live`` (by the
+        validator) and again by its coroutine once the tool is pinned."""
+        policy = self._memory.policies.get(request.tool) or request.policy
+        if policy is not None:
+            return policy.deliberate_repeats
+        if not live:
+            return True
+        try:
+            return CATALOGUE.get(request.tool).deliberate_repeats
+        except UnknownTool:
+            return False
+
+    def _accept_call(self, request: CallInput) -> None:
+        digest = digest_arguments(request.tool, request.arguments)
+        earlier = None if request.deliberate_repeat else self._identical_call(digest)
+        status = StepStatus(
+            step_id=request.call_id,
+            tool=request.tool,
+            arguments=request.arguments,
+            arguments_digest=digest,
+            deliberate_repeat=request.deliberate_repeat,
+        )
+        self._memory.order.append(request.call_id)
+        if earlier is not None:
+            count_event("onceflow_repeats_answered", tool=request.tool)
+            self._memory.repeat_of[request.call_id] = earlier.step_id
+            return
+        self._memory.calls[request.call_id] = status
+        self._calls_this_run += 1
+        step = StepInput(step_id=request.call_id, tool=request.tool, arguments=request.arguments)
+        asyncio.create_task(self._run_call(step))
+
+    def _identical_call(self, digest: str) -> StepStatus | None:
+        """The earliest call with the same tool and arguments that has not ended with
+        no effect: the one a repeat is answered by."""
+        for call in self._memory.calls.values():
+            if call.arguments_digest == digest and call.state not in NO_EFFECT_STEP_STATES:
+                return call
+        return None
+
+    async def _run_call(self, step: StepInput) -> None:
+        """Run one call to its end. Commands start here, in the call's coroutine, never
+        in the Update handler: a handler's commands interleave with other Updates'
+        acceptances in an order replay does not reproduce."""
+        in_workflow = True
+        try:
+            pinned_at = None
+            if step.tool not in self._memory.policies:
+                pinned_at = workflow.now()
+                await self._pin_tool(step.tool)
+            status = self._memory.calls[step.step_id]
+            if status.deliberate_repeat and not self._policy(step.tool).deliberate_repeats:
+                self._stop_step(
+                    status,
+                    StepState.FAILED,
+                    f"tool {step.tool!r} does not allow deliberate repeats: an identical "
+                    "earlier call answers this one",
+                )
+            await self._run_step(step, pinned_at=pinned_at)
+        except StepStopped:
+            pass  # the call's own state says how it ended; the task goes on
+        except Exception as crash:
+            self._call_crash = crash
+        except GeneratorExit:
+            # Closed by the garbage collector after the task left the worker's cache: no
+            # longer in the workflow's event loop, where workflow.now() would raise.
+            in_workflow = False
+            raise
+        finally:
+            if in_workflow:
+                # Idle counts from the last call's end too: a call a person decided after
+                # a long wait does not leave the agent's next call to a closed task.
+                self._memory.last_call_at = workflow.now()
+                self._changed = True
+
+    async def _pin_tool(self, tool: str) -> None:
+        """Pin a tool's policy the first time a call uses it (recorded in history)."""
+        if tool in self._memory.policies:
+            return
+        if tool in self._pinning:
+            await workflow.wait_condition(lambda: tool in self._memory.policies)
+            return
+        self._pinning.add(tool)
+        try:
+            for name, policy in (await self._pin_policies([tool])).items():
+                self._memory.policies.setdefault(name, policy)  # an admitted call's came first
+        finally:
+            self._pinning.discard(tool)
+
+    def _known_call(self, call_id: str) -> bool:
+        return call_id in self._memory.calls or call_id in self._memory.repeat_of
+
+    def _unfinished_calls(self) -> list[StepStatus]:
+        return [call for call in self._memory.calls.values() if call.state not in ENDED_STEP_STATES]
+
+    def _open_state(self) -> TaskState:
+        states = {call.state for call in self._unfinished_calls()}
+        if StepState.PARKED in states:
+            return TaskState.PARKED
+        if StepState.AWAITING_APPROVAL in states:
+            return TaskState.AWAITING_APPROVAL
+        return TaskState.RUNNING
+
+    def _should_continue_as_new(self) -> bool:
+        assert self._open is not None
+        per_run = self._open.calls_per_run
+        if per_run is not None and self._calls_this_run >= per_run:
+            return True
+        return workflow.info().is_continue_as_new_suggested()
+
+    def _carried(self, task: AgentTaskInput) -> AgentTaskInput:
+        return task.model_copy(update={"carried": self._memory.for_next_run()})
+
+    def _call_answer(self, call_id: str) -> CallAnswer:
+        repeat_of = self._memory.repeat_of.get(call_id)
+        return CallAnswer(
+            task_id=workflow.info().workflow_id,
+            task_state=self._open_state() if self._state is not TaskState.CLOSED else self._state,
+            call=self._call_status(call_id),
+            repeat_of=repeat_of,
+        )
+
+    def _calls_summary(self) -> str:
+        lines = [
+            f"- {call.step_id}: {call.tool} {call.state.value}"
+            + (f" (repeat of {self._memory.repeat_of[call.step_id]})" if call.repeat_of else "")
+            for call in (self._call_status(call_id) for call_id in self._call_order())
+        ]
+        return f"Open task: {len(lines)} calls" + ("\n" + "\n".join(lines[-20:]) if lines else "")
+
+    def _call_order(self) -> list[str]:
+        return self._memory.order
+
+    def _open_details(self) -> str:
+        waiting = [
+            park_details(call) if call.state is StepState.PARKED else approval_details(call)
+            for call in self._memory.calls.values()
+            if call.state in (StepState.PARKED, StepState.AWAITING_APPROVAL)
+        ]
+        return "\n\n".join([self._calls_summary(), *waiting])

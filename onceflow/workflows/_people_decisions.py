@@ -1,0 +1,248 @@
+"""What people decide: approvals and reconciliations, checked, recorded or refused."""
+
+from typing import Literal
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from onceflow.retry_policy import (
+        OutcomeClass,
+    )
+    from onceflow.tools import (
+        KeyUnusable,
+        ToolAttemptResult,
+    )
+    from onceflow.workflows.task_models import (
+        ApproveInput,
+        DecisionRecord,
+        DecisionResult,
+        ReconcileDecision,
+        ReconcileInput,
+        StepInput,
+        StepState,
+        StepStatus,
+    )
+from onceflow.workflows._step_runs import StepRuns
+from onceflow.workflows._task_core import (
+    DecisionCheck,
+    describe_finding,
+)
+
+
+class PeopleDecisions(StepRuns):
+    """Checks and records approvals and reconciliations (Update or signal)."""
+
+    def _approval_problem(self, decision: ApproveInput) -> str | None:
+        status = self._memory.calls.get(decision.step_id)
+        if status is None:
+            return f"this task has no step {decision.step_id!r}"
+        if status.state is not StepState.AWAITING_APPROVAL or decision.step_id in self._approvals:
+            return (
+                f"step {decision.step_id!r} is not awaiting approval (it is {status.state.value})"
+            )
+        if decision.arguments_digest != status.arguments_digest:
+            return (
+                f"the approval is for other arguments: step {decision.step_id!r} has "
+                f"{status.arguments_digest}, the approval names {decision.arguments_digest}"
+            )
+        return None
+
+    def _reconciliation_problem(self, decision: ReconcileInput) -> str | None:
+        status = self._memory.calls.get(decision.step_id)
+        if status is None:
+            return f"this task has no step {decision.step_id!r}"
+        if status.state is not StepState.PARKED or decision.step_id in self._reconciliations:
+            return f"step {decision.step_id!r} is not parked (it is {status.state.value})"
+        if decision.step_id in self._checking:
+            return (
+                f"another decision on step {decision.step_id!r} is being checked with the "
+                "tool's look-up; send yours again once it is answered"
+            )
+        return None
+
+    async def _check_reconciliation(self, decision: ReconcileInput) -> "DecisionCheck":
+        """Check a decision against the provider before it acts (invariant 16).
+
+        ``did_not_happen`` runs the look-up and is refused when it finds the effect;
+        ``happened`` is verified by a look-up that verifies resource ids, which also
+        records the resource in the step's operation record (a later refund reads it),
+        unless the operator accepts it ``unverified``.
+        """
+        status = self._memory.calls[decision.step_id]
+        step = StepInput(step_id=status.step_id, tool=status.tool, arguments=status.arguments)
+        policy = self._policy(step.tool)
+        if policy.lookup_activity is None or decision.decision is ReconcileDecision.ABANDON:
+            unchecked = decision.decision is ReconcileDecision.HAPPENED
+            return DecisionCheck(verified=False if unchecked else None)
+        if (
+            decision.decision is ReconcileDecision.HAPPENED
+            and not policy.lookup_verifies_resource_ids
+        ):
+            return DecisionCheck(verified=False)
+        claimed = decision.resource_id
+        happened = decision.decision is ReconcileDecision.HAPPENED
+        self._checking.add(decision.step_id)
+        try:
+            answer = await self._ask_look_up(
+                step,
+                policy,
+                status,
+                claimed_resource_id=claimed,
+                accept_unverified=decision.unverified and happened,
+                why=f"to check {decision.operator}'s decision {decision.decision.value}",
+            )
+        finally:
+            self._checking.discard(decision.step_id)
+        found = answer if answer is not None and answer.outcome is OutcomeClass.SUCCEEDED else None
+        finding = describe_finding(found) if found else status.evidence.get("lookup")
+        if decision.decision is ReconcileDecision.DID_NOT_HAPPEN:
+            return self._check_did_not_happen(decision, status, answer, finding)
+        if decision.unverified:
+            # Accepted whatever the look-up found; it recorded the resource if it could.
+            return DecisionCheck(verified=False, finding=finding)
+        if found is not None and found.resource_id == claimed:
+            self._verified[decision.step_id] = found
+            return DecisionCheck(verified=True, finding=finding)
+        return DecisionCheck(
+            finding=finding,
+            refusal=(
+                f"refused: the look-up could not confirm {claimed} as step "
+                f"{decision.step_id}'s effect ({finding or 'nothing found'}); check the id, "
+                "or accept it with --unverified (recorded as unverified)"
+            ),
+        )
+
+    def _check_did_not_happen(
+        self,
+        decision: ReconcileInput,
+        status: StepStatus,
+        answer: ToolAttemptResult | None,
+        finding: str | None,
+    ) -> "DecisionCheck":
+        """Refused when the look-up found the effect; accepted when its miss proves the
+        effect does not exist (a consistent read, or an eventual one past its lag since
+        the key's last attempt) or the operator accepts it ``unverified``."""
+        if answer is not None and answer.outcome is OutcomeClass.SUCCEEDED:
+            return DecisionCheck(
+                finding=finding,
+                refusal=(
+                    f"refused: step {decision.step_id}'s effect was found: {finding}; nothing "
+                    f"was sent. If it is the step's, decide happened --resource-id "
+                    f"{answer.resource_id}"
+                ),
+            )
+        if decision.unverified:
+            return DecisionCheck(verified=False, finding=finding)
+        if answer is not None and answer.miss_proves_absence:
+            # Past an eventual look-up's lag too: the activity judged it, and its answer
+            # is in history (a clock read here might not replay).
+            return DecisionCheck(verified=True, finding=finding)
+        lag = answer.miss_proves_absence_after if answer is not None else None
+        last = status.attempts[-1].finished_at if status.attempts else None
+        wait = ""
+        if lag is not None and last is not None:
+            wait = f", or decide again after {(last + lag).isoformat(timespec='seconds')}"
+        return DecisionCheck(
+            finding=finding,
+            refusal=(
+                f"refused: the look-up could not show that step {decision.step_id}'s effect "
+                f"does not exist ({finding or 'it could not run'}); nothing was sent. Check "
+                f"at the provider and decide did_not_happen again with --unverified{wait}"
+            ),
+        )
+
+    def _accept_approval(
+        self, decision: ApproveInput, *, via: Literal["update", "signal"]
+    ) -> DecisionResult:
+        self._approvals[decision.step_id] = decision
+        self._memory.decisions.append(
+            DecisionRecord(
+                kind="approve",
+                step_id=decision.step_id,
+                decision="approve" if decision.approved else "deny",
+                operator=decision.approver,
+                reason=decision.reason,
+                at=workflow.now(),
+                via=via,
+                arguments_digest=self._memory.calls[decision.step_id].arguments_digest,
+                accepted=True,
+            )
+        )
+        outcome = "approved: it will run" if decision.approved else "denied: it will not run"
+        return DecisionResult(
+            step_id=decision.step_id,
+            step_state=self._memory.calls[decision.step_id].state,
+            message=f"step {decision.step_id} {outcome}",
+        )
+
+    def _accept_reconciliation(
+        self,
+        decision: ReconcileInput,
+        *,
+        via: Literal["update", "signal"],
+        check: "DecisionCheck | None" = None,
+    ) -> DecisionResult:
+        self._reconciliations[decision.step_id] = decision
+        self._memory.decisions.append(
+            DecisionRecord(
+                kind="reconcile",
+                step_id=decision.step_id,
+                decision=decision.decision.value,
+                operator=decision.operator,
+                reason=decision.reason,
+                at=workflow.now(),
+                via=via,
+                arguments_digest=self._memory.calls[decision.step_id].arguments_digest,
+                accepted=True,
+                verified=check.verified if check else None,
+                finding=check.finding if check else None,
+            )
+        )
+        status = self._memory.calls[decision.step_id]
+        retry = "gets one operator-authorised attempt"
+        if self._old_key_unusable(status):
+            retry += (
+                f" under a new key (generation {status.key_generation + 1}: the old key can "
+                "no longer be sent)"
+            )
+            if self._unusable_keys.get(status.step_id) is not KeyUnusable.STORED_FAILURE:
+                retry += (
+                    ", once no request under the old key can still take effect and a "
+                    "look-up then finds nothing"
+                )
+        consequences = {
+            ReconcileDecision.HAPPENED: f"succeeds with resource {decision.resource_id}",
+            ReconcileDecision.DID_NOT_HAPPEN: retry,
+            ReconcileDecision.ABANDON: "is abandoned and the task fails",
+        }
+        return DecisionResult(
+            step_id=decision.step_id,
+            step_state=self._memory.calls[decision.step_id].state,
+            message=f"step {decision.step_id} {consequences[decision.decision]}",
+        )
+
+    def _record_rejected(
+        self,
+        kind: Literal["approve", "reconcile"],
+        decision: ApproveInput | ReconcileInput,
+        verdict: str,
+        problem: str,
+        finding: str | None = None,
+    ) -> None:
+        operator = decision.approver if isinstance(decision, ApproveInput) else decision.operator
+        status = self._memory.calls.get(decision.step_id)
+        self._memory.decisions.append(
+            DecisionRecord(
+                kind=kind,
+                step_id=decision.step_id,
+                decision=verdict,
+                operator=operator,
+                reason=decision.reason,
+                at=workflow.now(),
+                via="signal",
+                arguments_digest=status.arguments_digest if status else "",
+                accepted=False,
+                rejection=problem,
+                finding=finding,
+            )
+        )

@@ -1,0 +1,561 @@
+"""How a step runs: its attempts under the budget and its key's window, look-ups,
+approval and parking."""
+
+import asyncio
+import contextlib
+from datetime import datetime, timedelta
+
+from temporalio import workflow
+from temporalio.exceptions import ActivityError, ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    # Summaries are identifiers only: readable in the UI when payloads are encrypted.
+    from onceflow.encryption import ClearText
+    from onceflow.retry_policy import (
+        FailStep,
+        OutcomeClass,
+        ParkStep,
+        RetryStep,
+        decide_after_attempt,
+    )
+    from onceflow.tools import (
+        CATALOGUE,
+        PIN_TASK_POLICY,
+        KeyUnusable,
+        PinPolicyInput,
+        TaskPolicy,
+        ToolAttemptResult,
+        ToolCallInput,
+        ToolPolicy,
+    )
+    from onceflow.workflows.task_models import (
+        AttemptRecord,
+        ReconcileDecision,
+        ReconcileInput,
+        StepInput,
+        StepState,
+        StepStatus,
+        TaskState,
+    )
+from onceflow.workflows._task_core import (
+    MIN_TIMER,
+    ONE_ATTEMPT,
+    PIN_TIMEOUT,
+    RETRYABLE,
+    KeyWindow,
+    TaskCore,
+    ToolNotOnThisWorker,
+    approval_details,
+    count_event,
+    describe_activity_failure,
+    not_registered,
+    not_started_in_time,
+    park_details,
+)
+
+
+class StepRuns(TaskCore):
+    """Runs steps: attempts, retries within the budget and the key's window, look-ups,
+    waits for approval, parks."""
+
+    async def _run_step(self, step: StepInput, *, pinned_at: datetime | None = None) -> None:
+        """Run one step to its end (or until it parks for good), then stop its key
+        window's timer: it matters only while the step may still send."""
+        try:
+            await self._run_step_attempts(step, pinned_at=pinned_at)
+        except GeneratorExit:
+            raise  # closed outside the workflow's event loop (evicted): nothing to stop
+        except BaseException:
+            self._stop_key_window(step.step_id)
+            raise
+        self._stop_key_window(step.step_id)
+
+    async def _run_step_attempts(self, step: StepInput, *, pinned_at: datetime | None) -> None:
+        """Attempt the step until it succeeds, stops, or an operator ends it.
+
+        Decides from history alone: the pinned policy and the arguments as recorded (the
+        approval threshold reads them; the attempt validates them with the tool's input
+        model and records a rejection as its outcome), never from this worker's input
+        model, so a worker whose model changed still replays and finishes old tasks.
+
+        ``pinned_at``: the time before a local activity pinned the step's policy, when
+        the step runs right after it. A clock read there would not replay (Core may
+        deliver the activity's result a workflow task later live than on replay), so
+        the first attempt's start, or the wait for approval, counts from it instead.
+        """
+        status = self._memory.calls[step.step_id]
+        self._require_tool(step)
+        policy = self._policy(step.tool)
+        if policy.needs_approval(step.arguments):
+            await self._await_approval(status, now=pinned_at)
+            pinned_at = None
+        operator_authorised = False
+        saw_unknown = False
+        reserved = False
+        while True:
+            result = await self._attempt(
+                step, policy, status, operator_authorised, started_at=pinned_at, reserved=reserved
+            )
+            pinned_at, reserved = None, False
+            if result.outcome is OutcomeClass.SUCCEEDED:
+                self._finish_step(status, result.resource_id, result.result)
+                return
+            saw_unknown = saw_unknown or result.outcome is OutcomeClass.UNKNOWN
+            operator_authorised = False
+            closed = self._key_window_closed(policy, status)
+            if closed is not None and result.key_unusable is None and result.outcome in RETRYABLE:
+                # The window's timer fired before the attempt's end reached the workflow.
+                last = f" (last attempt: {result.reason})" if result.reason else ""
+                result = result.model_copy(
+                    update={"key_unusable": KeyUnusable.SEND_BY_PASSED, "reason": closed + last}
+                )
+            if result.key_unusable is not None:
+                # No attempt may send under this key any more, whatever the budget says.
+                count_event("onceflow_key_unusable", tool=step.tool, why=result.key_unusable.value)
+                reason = result.reason or f"the step's key is unusable ({result.key_unusable})"
+                if await self._look_up_or_park(
+                    step, policy, status, reason, key_unusable=result.key_unusable
+                ):
+                    return
+                operator_authorised, saw_unknown = True, False
+                continue
+            decision = decide_after_attempt(
+                self._budget,
+                result.outcome,
+                self._usage(status, saw_unknown),
+                safe_repeat_window=self._safe_repeat_window(policy, status),
+                random_fraction=workflow.random().random,
+            )
+            if not isinstance(decision, RetryStep) and decision.budget_exhausted:
+                count_event("onceflow_budget_exhausted", tool=step.tool, then=decision.kind)
+            if isinstance(decision, RetryStep):
+                # The retry takes its place in the task-wide budget now, not when it is
+                # made: calls running side by side decide one at a time, each seeing the
+                # retries the others have decided, so N calls spend at most N + B.
+                self._memory.budgeted_attempts += 1
+                reserved = True
+                status.state = StepState.BACKING_OFF
+                # The backoff ends early when the key's window closes meanwhile: the
+                # step then looks up and parks at once rather than after the backoff.
+                with contextlib.suppress(TimeoutError):
+                    await workflow.wait_condition(
+                        lambda: not self._key_window_open(status),
+                        timeout=decision.delay,
+                        timeout_summary=ClearText(f"backoff before retrying step {step.step_id}"),
+                    )
+                closed = self._key_window_closed(policy, status)
+                if closed is not None:
+                    self._memory.budgeted_attempts -= 1  # the reserved retry is not made
+                    reserved = False
+                    # The key's window closed during the backoff (its timer fired first).
+                    if await self._look_up_or_park(
+                        step, policy, status, closed, key_unusable=KeyUnusable.SEND_BY_PASSED
+                    ):
+                        return
+                    operator_authorised, saw_unknown = True, False
+            elif isinstance(decision, FailStep):
+                last = f" (last attempt: {result.reason})" if result.reason else ""
+                self._stop_step(
+                    status, StepState.FAILED, f"step {step.step_id}: {decision.reason}{last}"
+                )
+            elif isinstance(decision, ParkStep):
+                if await self._look_up_or_park(step, policy, status, decision.reason):
+                    return
+                operator_authorised, saw_unknown = True, False
+
+    async def _look_up_or_park(
+        self,
+        step: StepInput,
+        policy: ToolPolicy,
+        status: StepStatus,
+        reason: str,
+        *,
+        key_unusable: KeyUnusable | None = None,
+    ) -> bool:
+        """Look the effect up, else park: True when the step finished (found, or an
+        operator found it happened); False when an operator authorised another attempt
+        (under the next key generation if the old key can no longer be sent)."""
+        found = await self._look_up(step, policy, status)
+        if found is not None:
+            status.evidence["looked_up_because"] = reason
+            self._finish_step(status, found.resource_id, found.result)
+            return True
+        if key_unusable is not None:
+            self._unusable_keys[status.step_id] = key_unusable
+            self._stop_key_window(status.step_id)  # the key is done with: no timer waits
+        finding = await self._park(status, reason)
+        new_key = self._old_key_unusable(status)
+        why_unusable = self._unusable_keys.pop(status.step_id, None)
+        if finding.decision is ReconcileDecision.DID_NOT_HAPPEN and new_key:
+            # Sending the old key again could not make progress (the provider replays
+            # its stored failure) or could make a second effect (it may have forgotten
+            # the key): the operator's attempt goes out under a new key.
+            if why_unusable is not KeyUnusable.STORED_FAILURE:
+                # A stored failure proves the provider finished with the old key; past
+                # its send-by, its last request may still be held there and commit.
+                late = await self._old_key_settled(step, policy, status)
+                if late is not None:
+                    status.evidence["found_after_decision"] = "true"
+                    self._finish_step(status, late.resource_id, late.result)
+                    return True
+            self._stop_key_window(status.step_id)
+            status.key_generation += 1
+            status.evidence["key_generation"] = str(status.key_generation)
+        if finding.decision is ReconcileDecision.HAPPENED:
+            verified = self._verified.pop(status.step_id, None)
+            result = {**verified.result, "reconciled": True} if verified else {"reconciled": True}
+            self._finish_step(status, finding.resource_id, result)
+            return True
+        if finding.decision is ReconcileDecision.ABANDON:
+            self._stop_step(
+                status,
+                StepState.ABANDONED,
+                f"step {step.step_id} abandoned by {finding.operator}: {finding.reason}",
+            )
+        return False
+
+    async def _old_key_settled(
+        self, step: StepInput, policy: ToolPolicy, status: StepStatus
+    ) -> ToolAttemptResult | None:
+        """Wait until no request under the step's current key can still take effect at
+        the provider (its last attempt's end + the policy's settle time), then look the
+        effect up again: what it finds is the step's (the operator's look came too early)."""
+        generation = status.key_generation
+        ended = [a.finished_at for a in status.attempts if a.key_generation == generation]
+        if not ended:
+            return None
+        settled_at = max(ended) + policy.settle_time
+        status.state = StepState.BACKING_OFF
+        status.evidence["old_key_settles_at"] = settled_at.isoformat()
+        # Always a timer, however little is left: whether any is left reads the clock,
+        # which a replay may read otherwise; the timer's length is no decision.
+        await workflow.sleep(
+            max(settled_at - workflow.now(), MIN_TIMER),
+            summary=ClearText(
+                f"let step {step.step_id}'s last request under its old key settle at "
+                "the provider before a new key is sent"
+            ),
+        )
+        return await self._look_up(
+            step, policy, status, why="once the old key's requests have settled"
+        )
+
+    async def _pin_policies(self, tools: list[str]) -> dict[str, ToolPolicy]:
+        """Resolve the tools' policies once (a plan's in its first workflow task, an open
+        task's as calls bring them): Temporal records the local activity's answer, and
+        every replay reads it from history."""
+        try:
+            pinned: TaskPolicy = await workflow.execute_local_activity(
+                PIN_TASK_POLICY,
+                PinPolicyInput(tools=tools),
+                result_type=TaskPolicy,
+                start_to_close_timeout=PIN_TIMEOUT,
+                retry_policy=ONE_ATTEMPT,
+                summary=ClearText("pin the task's policy"),
+            )
+        except (ActivityError, ApplicationError) as failure:
+            # A local activity's failure may arrive unwrapped.
+            cause = failure.cause if isinstance(failure, ActivityError) else failure
+            if isinstance(cause, ApplicationError) and cause.type == "ToolNotOnThisWorker":
+                # Fail the workflow task (Temporal retries it) until a worker with the
+                # tool pins the policy; nothing is recorded, nothing fails for good.
+                raise ToolNotOnThisWorker(cause.message) from None
+            raise ToolNotOnThisWorker(
+                f"this worker could not pin the task's policy ({type(cause).__name__}: "
+                f"{cause}); build workers with onceflow.worker.build_worker, which "
+                "registers pin_task_policy"
+            ) from None
+        return dict(pinned.tools)
+
+    def _policy(self, tool: str) -> ToolPolicy:
+        return self._memory.policies[tool]  # pinned before any of its steps runs
+
+    def _send_by(self, policy: ToolPolicy, status: StepStatus) -> datetime | None:
+        """The step key's send-by deadline in workflow time, if the provider forgets keys:
+        for messages and the attempt's schedule-to-start limit only, never a decision
+        (the key window's timer decides).
+
+        Counted from the start of the key generation's first attempt, which is no later
+        than the key's first send: earlier than the attempt's own check (the recorded
+        first send), never later.
+        """
+        first = self._first_attempt_of_key(status)
+        if first is None:
+            return None
+        return policy.send_by(first.started_at)
+
+    def _open_key_window(self, policy: ToolPolicy, status: StepStatus) -> None:
+        """Start the key's window timer with its first attempt: the window closes when it
+        fires (an event in history), so every decision about the window replays. It is
+        started before the attempt can send, so it closes no later than the attempt's
+        own check (against the database's first-send time) refuses to send."""
+        window = policy.send_window
+        current = self._key_windows.get(status.step_id)
+        if window is None or (current is not None and current.generation == status.key_generation):
+            return
+        self._stop_key_window(status.step_id)
+        self._key_windows[status.step_id] = KeyWindow(
+            generation=status.key_generation,
+            timer=asyncio.create_task(
+                workflow.sleep(
+                    window,
+                    summary=ClearText(f"send window of step {status.step_id}'s key"),
+                )
+            ),
+        )
+
+    def _stop_key_window(self, step_id: str) -> None:
+        window = self._key_windows.pop(step_id, None)
+        if window is not None and not window.timer.done():
+            window.timer.cancel()
+
+    def _key_window_open(self, status: StepStatus) -> bool:
+        """False once the window timer of the step's current key fired."""
+        window = self._key_windows.get(status.step_id)
+        return not (
+            window is not None
+            and window.generation == status.key_generation
+            and window.timer.done()
+            and not window.timer.cancelled()
+        )
+
+    def _safe_repeat_window(self, policy: ToolPolicy, status: StepStatus) -> timedelta | None:
+        """The policy's safe repeat window, from the key window's timer: nothing left once
+        it fired, else at most the whole window (a retry whose backoff outlasts what is
+        left finds the timer fired after it, and looks up instead of sending)."""
+        key_age = timedelta(0)
+        if not self._key_window_open(status) and policy.send_window is not None:
+            key_age = policy.send_window
+        return policy.safe_repeat_window(key_age)
+
+    def _old_key_unusable(self, status: StepStatus) -> bool:
+        """Whether the step's current key can no longer be sent: an attempt said so, or
+        its window closed (while the step waited for a person, say)."""
+        if status.step_id in self._unusable_keys:
+            return True
+        return self._key_window_closed(self._policy(status.tool), status) is not None
+
+    def _key_window_closed(self, policy: ToolPolicy, status: StepStatus) -> str | None:
+        """Why nothing may be sent under the step's key any more, once its window closed."""
+        if self._key_window_open(status):
+            return None
+        send_by = self._send_by(policy, status)
+        when = f", about {send_by.isoformat(timespec='seconds')}" if send_by is not None else ""
+        return (
+            f"the send window of the step's key closed (first attempt + retention "
+            f"{policy.key_retention} - margin {policy.retention_margin}{when}): the provider "
+            "may have forgotten the key, so nothing more is sent under it"
+        )
+
+    def _require_tool(self, step: StepInput) -> None:
+        """Fail the workflow task while this worker lacks the step's tool: Temporal
+        retries it (the UI shows why) until a worker with the tool takes it. Always, on
+        every replay too: a failed workflow task records nothing, so nothing can differ."""
+        if step.tool not in CATALOGUE:
+            raise ToolNotOnThisWorker(
+                f"tool {step.tool!r} is not registered on this worker; load it on every "
+                "worker of the task queue (ONCEFLOW_TOOLS)"
+            )
+
+    async def _attempt(
+        self,
+        step: StepInput,
+        policy: ToolPolicy,
+        status: StepStatus,
+        operator_authorised: bool,
+        *,
+        started_at: datetime | None = None,
+        reserved: bool = False,
+    ) -> ToolAttemptResult:
+        """Make one attempt and record it. ``reserved``: a retry whose place in the
+        task-wide budget was taken when it was decided."""
+        attempt = len(status.attempts) + 1
+        status.state = StepState.RUNNING
+        started_at = started_at or workflow.now()
+        # A repeat under a key the provider forgets must start before the key's send-by
+        # deadline: a stopped or backlogged worker must not pick it up later.
+        self._open_key_window(policy, status)
+        send_by = None if operator_authorised else self._send_by(policy, status)
+        wait_for_worker = (
+            max(send_by - started_at, timedelta(seconds=1)) if send_by is not None else None
+        )
+        call = ToolCallInput(
+            tenant=self._task.tenant,
+            principal=self._task.principal,
+            workflow_id=workflow.info().workflow_id,
+            step_id=step.step_id,
+            tool=step.tool,
+            arguments=step.arguments,
+            attempt=attempt,
+            evidence=status.evidence,
+            policy=self._memory.policies.get(step.tool),
+            key_generation=status.key_generation,
+        )
+        try:
+            result: ToolAttemptResult = await workflow.execute_activity(
+                step.tool,
+                call,
+                result_type=ToolAttemptResult,
+                start_to_close_timeout=policy.attempt_timeout,
+                schedule_to_start_timeout=wait_for_worker,
+                heartbeat_timeout=policy.heartbeat_timeout,
+                retry_policy=ONE_ATTEMPT,
+                summary=ClearText(f"{step.tool} · step {step.step_id} · attempt {attempt}"),
+            )
+        except ActivityError as failure:
+            result = ToolAttemptResult(
+                outcome=OutcomeClass.UNKNOWN, reason=describe_activity_failure(failure)
+            )
+            if send_by is not None and not_started_in_time(failure):
+                result = ToolAttemptResult(
+                    outcome=OutcomeClass.TRANSIENT,
+                    reason=(
+                        "no worker started the attempt before the send-by deadline of the "
+                        f"step's key ({send_by.isoformat(timespec='seconds')}), so nothing "
+                        "was sent: the provider may have forgotten the key"
+                    ),
+                    key_unusable=KeyUnusable.SEND_BY_PASSED,
+                )
+            elif not_registered(failure):
+                result = ToolAttemptResult(
+                    outcome=OutcomeClass.TRANSIENT,
+                    reason=(
+                        f"the worker that took the attempt has no tool {step.tool!r}, so "
+                        "nothing ran; load it on every worker of the task queue (ONCEFLOW_TOOLS)"
+                    ),
+                )
+        count_event("onceflow_attempts", tool=step.tool, outcome=result.outcome.value)
+        waited_for_database = result.database_unavailable
+        if operator_authorised:
+            self._memory.operator_authorised_attempts += 1
+        elif reserved:
+            if waited_for_database:
+                self._memory.budgeted_attempts -= 1  # an outage's attempt is free: give it back
+        elif not waited_for_database and (self._open is None or attempt > 1):
+            # An open task's calls are as many as the model makes: only their retries
+            # spend the task's attempts.
+            self._memory.budgeted_attempts += 1
+        status.attempts.append(
+            AttemptRecord(
+                attempt=attempt,
+                outcome=result.outcome,
+                started_at=started_at,
+                finished_at=workflow.now(),
+                operator_authorised=operator_authorised,
+                reason=result.reason,
+                evidence=result.evidence,
+                key_generation=status.key_generation,
+                database_unavailable=waited_for_database,
+            )
+        )
+        status.evidence.update(result.evidence)
+        return result
+
+    async def _look_up(
+        self,
+        step: StepInput,
+        policy: ToolPolicy,
+        status: StepStatus,
+        *,
+        claimed_resource_id: str | None = None,
+        accept_unverified: bool = False,
+        why: str = "before parking",
+    ) -> ToolAttemptResult | None:
+        """Ask the provider (strongly consistent reads first) if it happened: before
+        parking, or to check an operator's decision (``claimed_resource_id``: the
+        resource an operator says the step made). The effect found, or None."""
+        answer = await self._ask_look_up(
+            step,
+            policy,
+            status,
+            claimed_resource_id=claimed_resource_id,
+            accept_unverified=accept_unverified,
+            why=why,
+        )
+        return answer if answer is not None and answer.outcome is OutcomeClass.SUCCEEDED else None
+
+    async def _ask_look_up(
+        self,
+        step: StepInput,
+        policy: ToolPolicy,
+        status: StepStatus,
+        *,
+        claimed_resource_id: str | None = None,
+        accept_unverified: bool = False,
+        why: str,
+    ) -> ToolAttemptResult | None:
+        """The look-up's answer (a miss too, saying what it proves), or None when the
+        tool has no look-up or it could not run."""
+        if policy.lookup_activity is None:
+            return None
+        call = ToolCallInput(
+            tenant=self._task.tenant,
+            principal=self._task.principal,
+            workflow_id=workflow.info().workflow_id,
+            step_id=step.step_id,
+            tool=step.tool,
+            arguments=step.arguments,
+            attempt=len(status.attempts),
+            evidence=status.evidence,
+            policy=self._memory.policies.get(step.tool),
+            key_generation=status.key_generation,
+            claimed_resource_id=claimed_resource_id,
+            accept_unverified=accept_unverified,
+            last_attempt_ended_at=status.attempts[-1].finished_at if status.attempts else None,
+        )
+        try:
+            found: ToolAttemptResult = await workflow.execute_activity(
+                policy.lookup_activity,
+                call,
+                result_type=ToolAttemptResult,
+                start_to_close_timeout=policy.attempt_timeout,
+                retry_policy=ONE_ATTEMPT,
+                summary=ClearText(f"look up step {step.step_id}'s effect {why}"),
+            )
+        except ActivityError as failure:
+            status.evidence["lookup"] = describe_activity_failure(failure)
+            return None
+        status.evidence.update(found.evidence)
+        if found.outcome is not OutcomeClass.SUCCEEDED:
+            status.evidence["lookup"] = found.reason or "inconclusive"
+        return found
+
+    async def _await_approval(self, status: StepStatus, *, now: datetime | None = None) -> None:
+        status.state = StepState.AWAITING_APPROVAL
+        self._set_state(TaskState.AWAITING_APPROVAL)
+        self._show_details(approval_details(status))
+        self._begin_waiting_for_people(now)
+        await workflow.wait_condition(lambda: status.step_id in self._approvals)
+        self._end_waiting_for_people()
+        approval = self._approvals[status.step_id]
+        self._show_details("")
+        if not approval.approved:
+            self._stop_step(
+                status,
+                StepState.DENIED,
+                f"step {status.step_id} denied by {approval.approver}: {approval.reason}",
+            )
+        self._set_state(TaskState.RUNNING)
+
+    async def _park(self, status: StepStatus, reason: str) -> ReconcileInput:
+        workflow_id = workflow.info().workflow_id
+        status.state = StepState.PARKED
+        status.park_reason = reason
+        status.reconcile_command = (
+            f"onceflow reconcile {workflow_id} --step {status.step_id} "
+            "--decision happened|did_not_happen|abandon [--resource-id ID] --reason TEXT"
+        )
+        self._set_state(TaskState.PARKED)
+        count_event("onceflow_tasks_parked", tool=status.tool)
+        self._show_details(park_details(status))
+        self._begin_waiting_for_people()
+        await workflow.wait_condition(lambda: status.step_id in self._reconciliations)
+        self._end_waiting_for_people()
+        finding = self._reconciliations.pop(status.step_id)
+        # Decided: no longer parked, even while a look-up or a settle wait follows.
+        status.state = StepState.RUNNING
+        status.park_reason = None
+        status.reconcile_command = None
+        self._show_details("")
+        self._set_state(TaskState.RUNNING)
+        return finding

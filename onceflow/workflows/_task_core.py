@@ -1,0 +1,382 @@
+"""The state every part of ``AgentTaskWorkflow`` shares, its bookkeeping and its
+outcome record."""
+
+import asyncio
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy, SearchAttributeUpdate
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutType
+from temporalio.exceptions import TimeoutError as TemporalTimeout
+
+with workflow.unsafe.imports_passed_through():
+    from pydantic import BaseModel
+
+    # Summaries are identifiers only: readable in the UI when payloads are encrypted.
+    from onceflow.encryption import ClearText
+    from onceflow.errors import OnceflowError
+    from onceflow.retry_policy import (
+        OutcomeClass,
+        RetryBudget,
+        StepUsage,
+    )
+    from onceflow.tools import (
+        KeyUnusable,
+        ToolAttemptResult,
+    )
+    from onceflow.tools import arguments_digest as digest_arguments
+    from onceflow.workflows.patches import OUTCOME_AFTER_DURABLE_DECISION
+    from onceflow.workflows.task_models import (
+        RECORD_TASK_OUTCOME,
+        AgentTaskInput,
+        ApproveInput,
+        AttemptRecord,
+        BudgetStatus,
+        ReconcileInput,
+        StepState,
+        StepStatus,
+        TaskMemory,
+        TaskOutcomeInput,
+        TaskState,
+        TaskStatus,
+    )
+    from onceflow.workflows.visibility import (
+        TASK_PARKED_AT,
+        TASK_STATE,
+        TASK_TOOLS,
+    )
+
+ONE_ATTEMPT = RetryPolicy(maximum_attempts=1)
+TRACE_ID_MEMO = "trace_id"
+"""Memo field with the id of the trace that started the task (set by ``TaskClient``)."""
+
+
+PIN_TIMEOUT = timedelta(seconds=10)
+"""Longest the local activity pinning the task's policy may run (it reads memory only)."""
+MIN_TIMER = timedelta(milliseconds=1)
+"""A timer for a deadline already passed: it fires at once, and its firing is recorded."""
+OUTCOME_TIMEOUT = timedelta(seconds=30)
+"""Longest one write of the task's outcome may take."""
+ENDED_STEP_STATES = frozenset(
+    {StepState.SUCCEEDED, StepState.FAILED, StepState.DENIED, StepState.ABANDONED}
+)
+"""States a step never leaves."""
+SETTLED_STEP_STATES = ENDED_STEP_STATES | {StepState.PARKED, StepState.AWAITING_APPROVAL}
+"""States a call's first answer waits for: ended, or waiting for a person."""
+RETRYABLE = frozenset({OutcomeClass.UNKNOWN, OutcomeClass.TRANSIENT})
+"""Outcomes a step may repeat after (within its budget and its key's window)."""
+NO_EFFECT_STEP_STATES = frozenset({StepState.FAILED, StepState.DENIED})
+"""Ended with no effect: an identical later call is a new call, not a repeat."""
+
+
+class ToolNotOnThisWorker(OnceflowError, RuntimeError):
+    """The worker running the workflow task does not know a step's tool: retry elsewhere."""
+
+    code = "tool-not-on-this-worker"
+    title = "Tool not on this worker"
+
+
+class StepStopped(Exception):
+    """The step ended without success; the task stops with the step's reason."""
+
+
+@dataclass(frozen=True)
+class KeyWindow:
+    """The send window of one key generation of a step: closed once ``timer`` fired."""
+
+    generation: int
+    timer: "asyncio.Task[None]"
+
+
+class DecisionCheck(BaseModel):
+    """What checking a reconcile decision with the tool's look-up concluded."""
+
+    refusal: str | None = None
+    """Why the decision is refused; None when it may act."""
+    verified: bool | None = None
+    """Whether the look-up confirmed the decision (see ``DecisionRecord.verified``)."""
+    finding: str | None = None
+    """What the look-up found, in words (ids, amounts)."""
+
+
+class TaskCore:
+    """The task's state and its bookkeeping: what every part of the workflow reads and
+    writes (steps, budget, people time, the published state and status)."""
+
+    def __init__(self, task: AgentTaskInput) -> None:
+        self._task = task
+        self._budget = task.budget or RetryBudget()
+        if task.carried is not None:
+            # A continued open task: everything its earlier runs knew, whole.
+            self._memory = task.carried.model_copy(deep=True)
+            self._memory.runs += 1
+        else:
+            now = workflow.now()
+            self._memory = TaskMemory(
+                started_at=now,
+                last_call_at=now,
+                calls={
+                    step.step_id: StepStatus(
+                        step_id=step.step_id,
+                        tool=step.tool,
+                        arguments=step.arguments,
+                        arguments_digest=digest_arguments(step.tool, step.arguments),
+                    )
+                    for step in task.steps
+                },
+            )
+        # The rest is this run's own; a continued run starts it afresh (none of it is
+        # about an unfinished call: a task continues as new only when none is).
+        self._state = TaskState.RUNNING
+        self._failure_reason: str | None = None
+        self._approvals: dict[str, ApproveInput] = {}
+        self._reconciliations: dict[str, ReconcileInput] = {}
+        self._checking: set[str] = set()
+        """Steps whose reconcile decision is being checked: others wait for the answer."""
+        self._verified: dict[str, ToolAttemptResult] = {}
+        """Per step: what the look-up found when it verified an accepted ``happened``."""
+        self._unusable_keys: dict[str, KeyUnusable] = {}
+        """Steps parked because no attempt may send under their key any more, and why."""
+        self._key_windows: dict[str, KeyWindow] = {}
+        """Per running step of a tool whose provider forgets keys: its key's send window."""
+        self._waiting_for_people = 0
+        self._waiting_since = self._memory.started_at
+        # Open tasks only.
+        self._open = task.open
+        self._closing: str | None = None
+        self._pinning: set[str] = set()
+        self._published_tools: list[str] = []
+        self._calls_this_run = 0
+        self._changed = False
+        """Something the open task's main loop reacts to happened (a call, an end)."""
+        self._call_crash: BaseException | None = None
+        """What a call's coroutine raised that was not the call's own end (a worker
+        without the tool, a bug): the main loop raises it, failing the workflow task."""
+        self._decision_admitted_at = 0
+        """History length of the workflow task that admitted the last decision Update
+        (approve, reconcile, close): see ``_record_outcome``."""
+
+    def _finish_step(
+        self, status: StepStatus, resource_id: str | None, result: dict[str, Any]
+    ) -> None:
+        self._changed = True
+        status.state = StepState.SUCCEEDED
+        status.resource_id = resource_id
+        status.result = result
+
+    def _stop_step(self, status: StepStatus, state: StepState, reason: str) -> None:
+        self._changed = True
+        status.state = state
+        status.failure_reason = reason
+        raise StepStopped(reason)
+
+    def _usage(self, status: StepStatus, saw_unknown: bool) -> StepUsage:
+        waits = 0
+        for attempt in reversed(status.attempts):
+            if not attempt.database_unavailable:
+                break
+            waits += 1
+        return StepUsage(
+            task_attempts=self._memory.budgeted_attempts,
+            step_attempts=sum(
+                1
+                for attempt in status.attempts
+                if not attempt.operator_authorised and not attempt.database_unavailable
+            ),
+            elapsed=workflow.now() - self._memory.started_at - self._people_time(),
+            step_saw_unknown=saw_unknown,
+            database_waits=waits,
+        )
+
+    def _people_time(self) -> timedelta:
+        """Time the deadline does not count: awaiting approval or parked."""
+        return self._memory.waited_for_people
+
+    def _first_attempt_of_key(self, status: StepStatus) -> AttemptRecord | None:
+        """The first attempt sent under the step's current key generation, if any."""
+        return next((a for a in status.attempts if a.key_generation == status.key_generation), None)
+
+    def _set_state(self, state: TaskState) -> None:
+        if self._open is not None and state is not TaskState.CLOSED:
+            # Calls run side by side: the task is as its calls are (parked wins), which
+            # the open task's loop publishes.
+            self._changed = True
+            return
+        self._publish_state(state)
+
+    def _publish_state(self, state: TaskState) -> None:
+        """One upsert per change, from the main coroutine only: the parked-at time and an
+        open task's new tools ride along, adding no command."""
+        updates: list[SearchAttributeUpdate[Any]] = []
+        if state is not self._state:
+            updates.append(TASK_STATE.value_set(state.value))
+            if state is TaskState.PARKED:
+                updates.append(TASK_PARKED_AT.value_set(workflow.now()))
+            elif self._state is TaskState.PARKED:
+                updates.append(TASK_PARKED_AT.value_unset())
+            self._state = state
+        if self._open is not None:
+            tools = sorted({call.tool for call in self._memory.calls.values()})
+            if tools != self._published_tools:
+                updates.append(TASK_TOOLS.value_set(tools))
+                self._published_tools = tools
+        if updates:
+            workflow.upsert_search_attributes(updates)
+
+    def _begin_waiting_for_people(self, now: datetime | None = None) -> None:
+        # Calls of an open task may wait side by side: people time is the time at least
+        # one of them waits, counted once.
+        if self._waiting_for_people == 0:
+            self._waiting_since = now or workflow.now()
+        self._waiting_for_people += 1
+
+    def _end_waiting_for_people(self) -> None:
+        self._waiting_for_people -= 1
+        if self._waiting_for_people == 0:
+            self._memory.waited_for_people += workflow.now() - self._waiting_since
+
+    def _show_details(self, details: str) -> None:
+        """The Temporal UI's current details: a plan's waiting step; an open task's
+        calls and every waiting one (its loop composes them)."""
+        if self._open is None:
+            workflow.set_current_details(details)
+
+    def _call_status(self, call_id: str) -> StepStatus:
+        repeat_of = self._memory.repeat_of.get(call_id)
+        if repeat_of is None:
+            return self._memory.calls[call_id]
+        return self._memory.calls[repeat_of].model_copy(
+            update={"step_id": call_id, "attempts": [], "repeat_of": repeat_of}
+        )
+
+    def _status(self) -> TaskStatus:
+        return TaskStatus(
+            workflow_id=workflow.info().workflow_id,
+            tenant=self._task.tenant,
+            principal=self._task.principal,
+            state=self._state,
+            steps=(
+                [self._call_status(call_id) for call_id in self._memory.order]
+                if self._open is not None
+                else list(self._memory.calls.values())
+            ),
+            budget=BudgetStatus(
+                budget=self._budget,
+                attempts_used=self._memory.budgeted_attempts,
+                attempts_left=max(
+                    self._budget.max_attempts_per_task - self._memory.budgeted_attempts, 0
+                ),
+                operator_authorised_attempts=self._memory.operator_authorised_attempts,
+                deadline_at=self._memory.started_at + self._budget.deadline + self._people_time(),
+                waited_for_people=self._people_time(),
+            ),
+            decisions=self._memory.decisions,
+            policies=self._memory.policies,
+            failure_reason=self._failure_reason,
+            open=self._open is not None,
+            closing=self._closing,
+            runs=self._memory.runs,
+        )
+
+    def _decision_admitted(self) -> None:
+        self._decision_admitted_at = workflow.info().get_current_history_length()
+
+    async def _record_outcome(self) -> None:
+        # The record is the boundary's answer to repeats. Writing it is an idempotent
+        # local update, so the workflow (still the only retry owner) tries a few times;
+        # if all fail, the boundary falls back to asking the workflow itself.
+        if (
+            self._decision_admitted_at == workflow.info().get_current_history_length()
+            and workflow.patched(OUTCOME_AFTER_DURABLE_DECISION)
+        ):
+            # The Update that ended the task came in this workflow task, which is not in
+            # history until it completes: a worker lost before that, and a Temporal
+            # restart that forgets the Update, would leave a record of an end the task
+            # never reached (it still awaits the decision). A timer makes the decision
+            # durable first; the local activity then runs in the next workflow task.
+            await workflow.sleep(MIN_TIMER, summary=ClearText("make the decision durable"))
+        outcome = TaskOutcomeInput(workflow_id=workflow.info().workflow_id, status=self._status())
+        summary = ClearText("record the task's result for repeated requests")
+        for attempt in range(1, 6):
+            try:
+                # One short write on the worker that ends the task: no activity task and
+                # no further workflow task on the way to the task's end.
+                await workflow.execute_local_activity(
+                    RECORD_TASK_OUTCOME,
+                    outcome,
+                    start_to_close_timeout=OUTCOME_TIMEOUT,
+                    retry_policy=ONE_ATTEMPT,
+                    summary=summary,
+                )
+                return
+            except (ActivityError, ApplicationError) as failure:
+                # A local activity's failure may arrive unwrapped.
+                workflow.logger.warning(
+                    "recording the task outcome failed (attempt %d): %s",
+                    attempt,
+                    describe_activity_failure(failure)
+                    if isinstance(failure, ActivityError)
+                    else f"the activity raised {failure.type or 'an error'}: {failure.message}",
+                )
+                await workflow.sleep(timedelta(seconds=2**attempt))
+
+
+def approval_details(status: StepStatus) -> str:
+    return (
+        f"Step {status.step_id} ({status.tool}) awaits approval of arguments "
+        f"{status.arguments_digest}.\n\n"
+        f"`onceflow approve {workflow.info().workflow_id} --step {status.step_id} "
+        f"--approve|--deny --reason TEXT`"
+    )
+
+
+def park_details(status: StepStatus) -> str:
+    evidence = "\n".join(f"- {name}: {value}" for name, value in sorted(status.evidence.items()))
+    trace_id = workflow.memo_value(TRACE_ID_MEMO, default=None, type_hint=str)
+    trace = f"\n\nTrace: `{trace_id}`" if trace_id else ""
+    return (
+        f"Parked at step {status.step_id} ({status.tool}): {status.park_reason}\n\n"
+        f"Evidence:\n{evidence or '- none'}\n\nDecide with:\n`{status.reconcile_command}`"
+        f"{trace}"
+    )
+
+
+def describe_finding(found: ToolAttemptResult) -> str:
+    details = ", ".join(
+        f"{name} {found.result[name]}"
+        for name in ("status", "amount", "currency")
+        if found.result.get(name) is not None
+    )
+    return f"{found.resource_id}" + (f" ({details})" if details else "")
+
+
+def count_event(name: str, **attributes: str) -> None:
+    """Add one to a counter; Temporal's workflow meter records nothing during replay."""
+    workflow.metric_meter().create_counter(name).add(1, attributes)
+
+
+def not_registered(failure: ActivityError) -> bool:
+    # The SDK's own refusal, raised before any activity code runs.
+    cause = failure.cause
+    return (
+        isinstance(cause, ApplicationError)
+        and cause.type == "NotFoundError"
+        and "is not registered on this worker" in cause.message
+    )
+
+
+def not_started_in_time(failure: ActivityError) -> bool:
+    # Temporal's own timeout: no worker picked the attempt up, so nothing ran.
+    cause = failure.cause
+    return isinstance(cause, TemporalTimeout) and cause.type is TimeoutType.SCHEDULE_TO_START
+
+
+def describe_activity_failure(failure: ActivityError) -> str:
+    cause = failure.cause
+    if isinstance(cause, ApplicationError):
+        return f"the activity raised {cause.type or 'an error'}: {cause.message}; outcome unknown"
+    if cause is not None:
+        return f"the activity did not report ({type(cause).__name__}: {cause}); outcome unknown"
+    return "the activity failed without a cause; outcome unknown"
