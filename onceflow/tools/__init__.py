@@ -70,17 +70,17 @@ from onceflow.retry_policy import OutcomeClass
 from onceflow.storage import classify_database_error
 from onceflow.tools._activities import tool_activities
 from onceflow.tools._attempts import KeyUnusable, ToolAttemptResult, ToolCallInput
-from onceflow.tools._call import (
+from onceflow.tools._call import ToolCall
+from onceflow.tools._catalogue import CATALOGUE, Catalogue, UnknownTool
+from onceflow.tools._checks import ToolRegistrationError
+from onceflow.tools._child_operation import (
     DEFAULT_HEARTBEAT_EVERY,
     DEFAULT_LEASE_TTL,
     FIRST_SENT_AT,
     KEY_GENERATION,
     ChildOperation,
     LocalWrite,
-    ToolCall,
 )
-from onceflow.tools._catalogue import CATALOGUE, Catalogue, UnknownTool
-from onceflow.tools._checks import ToolRegistrationError
 from onceflow.tools._classify import (
     DatabaseUnavailable,
     KeyWindowClosed,
