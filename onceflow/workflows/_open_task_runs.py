@@ -99,6 +99,8 @@ class OpenTaskRuns(StepRuns):
                         if lifetime_ends <= idle_ends
                         else f"idle for {options.idle_timeout}"
                     )
+        if task.record_outcome:
+            await self._end_durably()
         self._publish_state(TaskState.CLOSED)
         workflow.set_current_details(self._open_details())
         if task.record_outcome:

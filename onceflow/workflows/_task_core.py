@@ -156,7 +156,7 @@ class TaskCore:
         without the tool, a bug): the main loop raises it, failing the workflow task."""
         self._decision_admitted_at = 0
         """History length of the workflow task that admitted the last decision Update
-        (approve, reconcile, close): see ``_record_outcome``."""
+        (approve, reconcile, close): see ``_end_durably``."""
 
     def _finish_step(
         self, status: StepStatus, resource_id: str | None, result: dict[str, Any]
@@ -283,20 +283,25 @@ class TaskCore:
     def _decision_admitted(self) -> None:
         self._decision_admitted_at = workflow.info().get_current_history_length()
 
+    async def _end_durably(self) -> None:
+        """Before a task that records its outcome shows its end: make sure the decision
+        that ended it is in history.
+
+        When a decision Update (approve, reconcile, close) ends the task in the workflow
+        task that admitted it, that workflow task is not in history until it completes: a
+        worker lost before then, and a Temporal restart that forgets the Update, would
+        leave a record (and a status) of an end the task never reached, while it still
+        awaits the decision. A timer completes that workflow task first; the end is shown
+        and recorded in the next one.
+        """
+        if self._decision_admitted_at == workflow.info().get_current_history_length():
+            if workflow.patched(OUTCOME_AFTER_DURABLE_DECISION):
+                await workflow.sleep(MIN_TIMER, summary=ClearText("make the decision durable"))
+
     async def _record_outcome(self) -> None:
         # The record is the boundary's answer to repeats. Writing it is an idempotent
         # local update, so the workflow (still the only retry owner) tries a few times;
         # if all fail, the boundary falls back to asking the workflow itself.
-        if (
-            self._decision_admitted_at == workflow.info().get_current_history_length()
-            and workflow.patched(OUTCOME_AFTER_DURABLE_DECISION)
-        ):
-            # The Update that ended the task came in this workflow task, which is not in
-            # history until it completes: a worker lost before that, and a Temporal
-            # restart that forgets the Update, would leave a record of an end the task
-            # never reached (it still awaits the decision). A timer makes the decision
-            # durable first; the local activity then runs in the next workflow task.
-            await workflow.sleep(MIN_TIMER, summary=ClearText("make the decision durable"))
         outcome = TaskOutcomeInput(workflow_id=workflow.info().workflow_id, status=self._status())
         summary = ClearText("record the task's result for repeated requests")
         for attempt in range(1, 6):

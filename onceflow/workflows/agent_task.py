@@ -115,14 +115,17 @@ class AgentTaskWorkflow(OpenTaskRuns, PeopleDecisions):
         else:
             pinned_at = workflow.now()
             self._memory.policies = await self._pin_policies(sorted({s.tool for s in task.steps}))
+        failure = None
         try:
             for step in task.steps:
                 await self._run_step(step, pinned_at=pinned_at)
                 pinned_at = None
-            self._set_state(TaskState.SUCCEEDED)
         except StepStopped as stopped:
-            self._failure_reason = str(stopped)
-            self._set_state(TaskState.FAILED)
+            failure = str(stopped)
+        if task.record_outcome:
+            await self._end_durably()
+        self._failure_reason = failure
+        self._set_state(TaskState.SUCCEEDED if failure is None else TaskState.FAILED)
         if task.record_outcome:
             await self._record_outcome()
         # A decision arriving as the task ends must finish before the workflow completes.

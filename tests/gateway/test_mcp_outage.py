@@ -50,5 +50,10 @@ async def test_an_mcp_call_during_a_database_outage_is_retryable_and_runs_once_a
     assert (answered.structured_content or {}).get("state") == "succeeded"
     assert again.structured_content == answered.structured_content
     assert count(database, "orders") == 1
-    # The session's task and its one call: each recorded once, both settled.
-    assert rows(database, "SELECT state FROM idempotency_records") == [("succeeded",)] * 2
+    # The session's task and its one call: each recorded once, both settled (the task as
+    # it ends, just after the session closed it).
+    await eventually(
+        lambda: rows(database, "SELECT state FROM idempotency_records"),
+        until=lambda states: states == [("succeeded",)] * 2,
+        what=lambda: f"{rows(database, 'SELECT state FROM idempotency_records')}",
+    )

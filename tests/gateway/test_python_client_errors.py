@@ -45,6 +45,7 @@ from onceflow_client._errors import parse_retry_after
 
 from onceflow.gateway.http_api import build_app
 from onceflow.gateway.http_server import HttpServer
+from tests.harness import eventually
 
 from .conftest import Caller, Stack, count, make_caller, new_tenant, open_service, rows
 
@@ -167,13 +168,19 @@ async def test_each_documented_refusal_is_its_own_exception_sent_once_and_writes
     # Two coupons: the first call's and the quota principal's first; no refusal wrote one,
     # nor reserved a key, but the call the open task refused: its key keeps the refusal.
     assert count(database, "coupon_issuances") == 2
-    records = rows(database, "SELECT scope, state FROM idempotency_records")
-    assert sorted((scope.split(":", 1)[1], state) for scope, state in records) == [
+    expected = [
         ("agent-1:issue_coupon:call", "succeeded"),
         ("agent-1:issue_coupon:call", "succeeded"),
         ("agent-1:task:call", "failed"),
         ("agent-1:task:create", "succeeded"),
     ]
+
+    def records() -> list[tuple[str, str]]:
+        found = rows(database, "SELECT scope, state FROM idempotency_records")
+        return sorted((scope.split(":", 1)[1], state) for scope, state in found)
+
+    # The closed open task records its outcome as it ends, just after its close answered.
+    await eventually(records, until=lambda now: now == expected, what=lambda: f"{records()}")
 
 
 class HoldOnce:
