@@ -103,7 +103,7 @@ TASK_ANSWER_HEADERS: dict[int, dict[str, Any]] = {
         REPLAYED_HEADER: REPLAYED,
     },
 }
-"""The headers of a task's or a call's answer (``http_api._answer_response``)."""
+"""The headers of a task's or a call's answer (``_http_answers.answer_response``)."""
 DECISION_ANSWER_HEADERS: dict[str, Any] = {REPLAYED_HEADER: REPLAYED}
 """The headers of an accepted decision's answer."""
 

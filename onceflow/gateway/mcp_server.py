@@ -38,19 +38,14 @@ realm="onceflow"``, a problem document) before the MCP SDK reads it, so nobody w
 reaches the port learns the tools (several principals sharing one session each get a
 task of their own). ``tools/list`` shows the tools the principal may call, and the
 read-only task status tool.
+
+The sessions and their tasks are kept by ``_mcp_sessions``; this module holds the tools,
+the handlers, the HTTP gate and the results a model reads.
 """
 
-import asyncio
-import hashlib
 import json
-import logging
-import secrets
-import uuid
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -63,40 +58,42 @@ from starlette.datastructures import Headers
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from onceflow.errors import (
-    BackendUnavailable,
-    CallRefused,
-    InvalidRequest,
-    OnceflowError,
-    UnknownToolRequested,
-)
+from onceflow.errors import BackendUnavailable, OnceflowError, UnknownToolRequested
+from onceflow.gateway._mcp_sessions import DELIBERATE_REPEAT_ARGUMENT, SESSION_HEADER, McpSessions
 from onceflow.gateway._principals import Principal
 from onceflow.gateway._requests import BoundaryAnswer
-from onceflow.gateway._responses import CallView, call_status_code, call_view, is_terminal
+from onceflow.gateway._responses import CallView
 from onceflow.gateway._service import BoundaryService
 from onceflow.tools import IDEMPOTENCY_KEY_MAX_LENGTH, ToolContract
-from onceflow.workflows.agent_task import NO_EFFECT_STEP_STATES
-from onceflow.workflows.task_models import CallAnswer, StepState, TaskState
+from onceflow.workflows.task_models import StepState, TaskState
 
-log = logging.getLogger("onceflow.gateway")
+__all__ = [
+    "DELIBERATE_REPEAT_ARGUMENT",
+    "IDEMPOTENCY_KEY_ARGUMENT",
+    "PROBLEM_JSON",
+    "REPLAYED_META",
+    "SESSION_CLOSE_TIMEOUT",
+    "SESSION_HEADER",
+    "TASK_STATUS_TOOL",
+    "WWW_AUTHENTICATE",
+    "BearerGate",
+    "BoundaryMcpServer",
+    "McpSessions",
+    "PrincipalResolver",
+    "bearer_principal",
+    "build_mcp_server",
+    "fixed_principal",
+    "tool_definition",
+]
 
 IDEMPOTENCY_KEY_ARGUMENT = "idempotency_key"
-DELIBERATE_REPEAT_ARGUMENT = "deliberate_repeat"
-"""Offered by the tools whose contract allows a deliberate second identical effect."""
 TASK_STATUS_TOOL = "onceflow_task_status"
 """A read-only tool to poll a task whose call returned before it ended."""
 REPLAYED_META = "onceflow/replayed"
-SESSION_HEADER = "mcp-session-id"
-"""The streamable HTTP session id header (the session the SDK minted, never the client's
-invention: an unknown id is answered 404 before any handler runs)."""
 SESSION_CLOSE_TIMEOUT = 3.0
 """Seconds a session's end waits for its tasks to close. Below the MCP SDK's own bound on
 a connection's clean-up (5 s), and the stdio client's grace before it kills the server
 (2 s) is what a closing usually takes far less than."""
-_RESENDS = 3
-"""Tasks a call is sent to at most (each before refused it, taking no more calls), and
-tasks a session tries to open at once."""
-_ENDED_SESSIONS_KEPT = 10_000
 _PRINCIPAL_STATE = "onceflow.principal"
 """Where the HTTP gate leaves the principal it authenticated, in the request's state."""
 PROBLEM_JSON = "application/problem+json"
@@ -192,7 +189,7 @@ def build_mcp_server(
     task_body = dict(session_task) if session_task is not None else {"open": {}}
 
     @asynccontextmanager
-    async def lifespan(server: Server["McpSessions"]) -> AsyncIterator[McpSessions]:
+    async def lifespan(server: Server[McpSessions]) -> AsyncIterator[McpSessions]:
         sessions = McpSessions(service, task_body=task_body, close_timeout=close_timeout)
         try:
             yield sessions
@@ -302,7 +299,7 @@ def _bearer_key(authorization: str) -> str | None:
 # ── streamable HTTP: no request reaches the SDK unauthenticated ─────────────────────
 
 
-class BoundaryMcpServer(Server["McpSessions"]):
+class BoundaryMcpServer(Server[McpSessions]):
     """The SDK's server, whose streamable HTTP app lets no request without a valid API
     key through to the SDK (``initialize`` and ``tools/list`` included).
 
@@ -358,278 +355,6 @@ def _problem_response(refused: OnceflowError) -> Response:
         headers["Retry-After"] = str(refused.retry_after_seconds)
     body = json.dumps(refused.problem(), sort_keys=True, separators=(",", ":"))
     return Response(body, status_code=refused.status, media_type=PROBLEM_JSON, headers=headers)
-
-
-# ── sessions and their tasks ────────────────────────────────────────────────────────
-
-
-class McpSessions:
-    """The MCP sessions of one server run (the server's lifespan context) and their tasks.
-
-    A session is created by its first tool call and ended by ``end`` (its connection's
-    clean-up, for streamable HTTP) or, with every other, by ``end_all`` when the run ends.
-    """
-
-    def __init__(
-        self, service: BoundaryService, *, task_body: dict[str, Any], close_timeout: float
-    ) -> None:
-        self._service = service
-        self._task_body = task_body
-        self._close_timeout = close_timeout
-        self._run_session = secrets.token_hex(16)
-        """The session of a run without HTTP (stdio, a client in process): the run."""
-        self._sessions: dict[str, _Session] = {}
-        self._ended: OrderedDict[str, None] = OrderedDict()
-        self._unhooked_warned = False
-
-    def session_of(self, ctx: ServerRequestContext[Any, Any]) -> "_Session | None":
-        """The session a request belongs to; None for an HTTP request outside one."""
-        request = ctx.request
-        session_id: str | None = self._run_session
-        if request is not None:
-            headers = getattr(request, "headers", None)
-            session_id = headers.get(SESSION_HEADER) if headers is not None else None
-        if not session_id:
-            return None
-        session = self._sessions.get(session_id)
-        if session is None:
-            session = _Session(self._service, session_id=session_id, task_body=self._task_body)
-            if session_id in self._ended:
-                # A request that was already in the handler when its session ended.
-                session.ended = True
-                return session
-            self._sessions[session_id] = session
-            if request is not None:
-                self._end_with_connection(ctx, session_id)
-        return session
-
-    async def end(self, session_id: str) -> None:
-        """End a session: close its tasks, waiting at most ``close_timeout``; never raises."""
-        self._ended[session_id] = None
-        while len(self._ended) > _ENDED_SESSIONS_KEPT:
-            self._ended.popitem(last=False)
-        session = self._sessions.pop(session_id, None)
-        if session is None:
-            return
-        try:
-            await asyncio.wait_for(session.end(), self._close_timeout)
-        except TimeoutError:
-            log.warning(
-                "MCP session %s ended, but its tasks did not close within %g s; they close "
-                "themselves after their idle timeout",
-                session.name,
-                self._close_timeout,
-            )
-        except Exception:
-            log.exception("MCP session %s ended, but closing its tasks failed", session.name)
-
-    async def end_all(self) -> None:
-        """End every session still open (the run is ending)."""
-        await asyncio.gather(*(self.end(session_id) for session_id in list(self._sessions)))
-
-    def _end_with_connection(self, ctx: ServerRequestContext[Any, Any], session_id: str) -> None:
-        # The SDK unwinds a connection's exit stack (shielded, bounded) however its session
-        # ends: DELETE, idle timeout, crash or shutdown. mcp 2.3 documents the stack as the
-        # place for per-connection clean-up but hands lowlevel handlers no public way to
-        # it yet (its Context rework adds ``ctx.connection``), hence the private read.
-        connection: Any = getattr(ctx.session, "_connection", None)
-        stack = getattr(connection, "exit_stack", None)
-        if isinstance(stack, AsyncExitStack) and connection.session_id == session_id:
-            stack.push_async_callback(self.end, session_id)
-            return
-        if not self._unhooked_warned:
-            self._unhooked_warned = True
-            log.warning(
-                "cannot hook the end of MCP sessions: their tasks close when the server "
-                "stops, or after their idle timeout"
-            )
-
-
-@dataclass
-class _PrincipalTasks:
-    """The tasks one principal opened in a session: the current one, and all of them."""
-
-    principal: Principal
-    current: str | None = None
-    generation: int = 0
-    opened: list[str] = field(default_factory=list)
-
-
-class _Session:
-    """One MCP session: an open task per principal acting in it."""
-
-    def __init__(
-        self, service: BoundaryService, *, session_id: str, task_body: dict[str, Any]
-    ) -> None:
-        self._service = service
-        self._task_body = task_body
-        # Stable for the session, and all that is kept or logged of it: a session id
-        # lets whoever holds it act in the session.
-        self.name = "mcp-" + hashlib.sha256(session_id.encode()).hexdigest()[:32]
-        self.ended = False
-        self._lock = asyncio.Lock()
-        self._tasks: dict[uuid.UUID, _PrincipalTasks] = {}
-
-    async def call(
-        self,
-        principal: Principal,
-        contract: ToolContract,
-        arguments: dict[str, Any],
-        idempotency_key: str | None,
-        deliberate_repeat: Any,
-    ) -> BoundaryAnswer:
-        """Send one tool call to the task its key belongs to, or to the session's task
-        (opened by the session's first call)."""
-        # What the boundary checks before it reserves anything, checked before the
-        # session's task is opened for this call: a refused call opens nothing.
-        key, digest = self._service.check_call(contract, arguments, idempotency_key)
-        if not isinstance(deliberate_repeat, bool):
-            raise InvalidRequest(
-                f"{DELIBERATE_REPEAT_ARGUMENT} must be true or false",
-                errors=[{"loc": [DELIBERATE_REPEAT_ARGUMENT], "msg": "Input should be a bool"}],
-            )
-        body: dict[str, Any] = {"tool": contract.name, "arguments": arguments}
-        if deliberate_repeat:
-            body["deliberate_repeat"] = True
-        refusal: CallRefused | None = None
-        for _ in range(_RESENDS):
-            earlier = await self._task_of_key(principal, key)
-            if earlier is None and not deliberate_repeat:
-                repeat = await self._earlier_tasks_call(principal, contract.name, digest)
-                if repeat is not None:
-                    return repeat
-            task_id = earlier if earlier is not None else await self._current_task(principal)
-            try:
-                return await self._service.call_in_task(principal, task_id, body, key)
-            except CallRefused as refused:
-                if not await self._takes_no_more_calls(principal, task_id):
-                    raise
-                refusal = refused
-            # The task refused the call before recording anything, and takes no more:
-            # the session goes on in its next task, where the call goes under a key of
-            # its own (the refusing task keeps this key's refusal). Derived from the key
-            # and the refusing task, it is found again by a retry of the same key.
-            await self._move_on_from(principal, task_id)
-            key = _key_after_refusal(task_id, key)
-        assert refusal is not None
-        raise refusal
-
-    async def _earlier_tasks_call(
-        self, principal: Principal, tool: str, digest: str
-    ) -> BoundaryAnswer | None:
-        """The repeat guard across the session's tasks: a new call identical to one an
-        earlier task of this session took (and that did not end without an effect) is
-        answered by that call, as it is now, marked ``repeat_of``; each task's own guard
-        covers its own calls. Read from the earlier tasks' status, so a call they still
-        run, park or await approval for answers with its current state."""
-        async with self._lock:
-            tasks = self._tasks.get(principal.principal_id)
-            earlier = [t for t in tasks.opened if t != tasks.current] if tasks else []
-        for task_id in earlier:
-            status = await self._service.task_status(principal, task_id)
-            for step in status.steps:
-                if (
-                    step.tool == tool
-                    and step.arguments_digest == digest
-                    and not step.repeat_of
-                    and step.state not in NO_EFFECT_STEP_STATES
-                ):
-                    view = call_view(
-                        CallAnswer(
-                            task_id=task_id,
-                            task_state=status.state,
-                            call=step.model_copy(update={"attempts": []}),
-                            repeat_of=step.step_id,
-                        )
-                    )
-                    return BoundaryAnswer(
-                        status_code=call_status_code(view),
-                        body=view.model_dump(mode="json"),
-                        task_id=task_id,
-                        replayed=False,
-                    )
-        return None
-
-    async def end(self) -> None:
-        """Close every task the session opened (closing is idempotent)."""
-        self.ended = True
-        async with self._lock:
-            opened = [(tasks.principal, t) for tasks in self._tasks.values() for t in tasks.opened]
-        await asyncio.gather(*(self._close(principal, task) for principal, task in opened))
-
-    async def _current_task(self, principal: Principal) -> str:
-        async with self._lock:
-            if self.ended:
-                raise CallRefused(
-                    "the MCP session has ended: its task takes no more calls",
-                    reason="the MCP session has ended",
-                )
-            tasks = self._tasks.setdefault(principal.principal_id, _PrincipalTasks(principal))
-            if tasks.current is not None:
-                return tasks.current
-            for _ in range(_RESENDS):
-                tasks.generation += 1
-                answer = await self._service.open_task(
-                    principal, self._task_body, f"{self.name}.{tasks.generation}"
-                )
-                # Not created: the generation's key names a task that has ended already.
-                if answer.created:
-                    tasks.current = answer.task_id
-                    tasks.opened.append(answer.task_id)
-                    log.info(
-                        "MCP session %s of %s/%s: task %s",
-                        self.name,
-                        principal.tenant,
-                        principal.name,
-                        answer.task_id,
-                    )
-                    return answer.task_id
-            raise CallRefused(
-                "the MCP session could not open a task that takes calls",
-                reason="every task opened for this session had ended",
-            )
-
-    async def _move_on_from(self, principal: Principal, task_id: str) -> None:
-        async with self._lock:
-            tasks = self._tasks.get(principal.principal_id)
-            if tasks is not None and tasks.current == task_id:
-                tasks.current = None
-
-    async def _takes_no_more_calls(self, principal: Principal, task_id: str) -> bool:
-        """Whether the task refuses every new call because of its age or its end, not
-        because of this call (or its spent budget, which a next task must not reset)."""
-        try:
-            status = await self._service.task_status(principal, task_id)
-        except OnceflowError:
-            return False
-        if status.closing is not None or is_terminal(status):
-            return True
-        return datetime.now(UTC) >= status.budget.deadline_at
-
-    async def _task_of_key(self, principal: Principal, key: str) -> str | None:
-        """The task this principal sent a call with this key to, if any (from any session:
-        a retry after a reconnect is the same call, not a new one in the new session)."""
-        return await self._service.task_of_call_key(principal, key)
-
-    async def _close(self, principal: Principal, task_id: str) -> None:
-        try:
-            status = await self._service.close_task(principal, task_id)
-        except Exception as error:
-            log.warning(
-                "MCP session %s ended, but its task %s was not closed (%s); it closes "
-                "itself after its idle timeout",
-                self.name,
-                task_id,
-                type(error).__name__,
-            )
-            return
-        log.info("MCP session %s ended: task %s is %s", self.name, task_id, status.state.value)
-
-
-def _key_after_refusal(task_id: str, idempotency_key: str) -> str:
-    """The key a call refused by ``task_id`` is sent under to the session's next task."""
-    digest = hashlib.sha256(f"v1\x00{task_id}\x00{idempotency_key}".encode()).hexdigest()
-    return f"mcp-{digest[:40]}"
 
 
 # ── results ─────────────────────────────────────────────────────────────────────────

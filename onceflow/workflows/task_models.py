@@ -333,6 +333,8 @@ class DecisionResult(BaseModel):
 class StepStatus(BaseModel):
     """Everything known about one step."""
 
+    model_config = ConfigDict(use_attribute_docstrings=True)
+
     step_id: str
     tool: str
     state: StepState = StepState.PENDING
@@ -374,6 +376,8 @@ class BudgetStatus(BaseModel):
 
 class TaskStatus(BaseModel):
     """The task as a whole: answered by the ``status`` query and returned at the end."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
 
     workflow_id: str
     tenant: str

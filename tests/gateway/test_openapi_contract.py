@@ -410,6 +410,37 @@ def test_the_document_names_only_answers_the_gateway_gives() -> None:
     assert re.match(key["schema"]["pattern"], '"abc"') and re.match(key["schema"]["pattern"], "abc")
 
 
+def test_the_status_schemas_carry_their_fields_docstrings() -> None:
+    """A task's status is the workflow's own model: its fields' docstrings reach the
+    document through pydantic (``use_attribute_docstrings``), cleaned up as every other
+    model's are, and only those of the fields that have one."""
+    schemas = SPEC["components"]["schemas"]
+    described = {
+        name: sorted(
+            field
+            for field, schema in schemas[name]["properties"].items()
+            if "description" in schema
+        )
+        for name in ("TaskStatus", "StepStatus")
+    }
+    assert described == {
+        "TaskStatus": ["closing", "open", "policies", "runs"],
+        "StepStatus": [
+            "arguments",
+            "deliberate_repeat",
+            "evidence",
+            "key_generation",
+            "reconcile_command",
+            "repeat_of",
+        ],
+    }
+    assert schemas["StepStatus"]["properties"]["key_generation"]["description"] == (
+        "The generation of the step's derived child keys: raised when an operator decides\n"
+        "``did_not_happen`` while the old key can no longer be sent (the provider may have\n"
+        "forgotten it, or it holds a stored failure). Look-ups search every generation."
+    )
+
+
 class _Assets(HTMLParser):
     def __init__(self) -> None:
         super().__init__()

@@ -1,0 +1,65 @@
+"""What the HTTP API's routes take besides their bodies: the caller's API key, the
+``Idempotency-Key`` header as the OpenAPI document declares it, the task id, and the
+``BoundaryService`` they all call.
+
+The key headers are declared for the document only: a handler reads every line of the
+header itself (``_http_json.sent_key``), since FastAPI would hand it the first of several.
+"""
+
+from typing import Annotated
+
+from fastapi import Depends, Header, Path, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from onceflow.gateway._service import BoundaryService
+from onceflow.tools import IDEMPOTENCY_KEY_MAX_LENGTH
+
+_BARE_KEY = r"[A-Za-z0-9][A-Za-z0-9._:-]*"
+_KEY_PATTERN = rf'^({_BARE_KEY}|"{_BARE_KEY}")$'
+"""A key, bare or as a structured-field string (RFC 8941 sf-string), which the draft
+``Idempotency-Key`` header (draft-ietf-httpapi-idempotency-key-header) defines it as."""
+
+KEY_FORMS_DOC = (
+    f"At most {IDEMPOTENCY_KEY_MAX_LENGTH} characters of A-Z a-z 0-9 . _ : - "
+    "starting with a letter or digit, sent bare (`abc`) or as a structured-field string "
+    '(`"abc"`, RFC 8941), which is the same key. One header line with one key: a repeated '
+    "header or a list is refused (400 `idempotency-key-malformed`)."
+)
+"""The forms a key takes, as every key header's description says."""
+_KEY_HEADER_DOC = (
+    "Identifies one logical attempt; send the same key with every retry of it. "
+    f"{KEY_FORMS_DOC} "
+    "Scoped to the principal and the tool (or task creation, or calls of open tasks)."
+)
+KEY_SCHEMA = {
+    "pattern": _KEY_PATTERN,
+    "maxLength": IDEMPOTENCY_KEY_MAX_LENGTH + 2,
+    "minLength": 1,
+}
+"""The schema of every key header."""
+
+IdempotencyKeyHeader = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        description=_KEY_HEADER_DOC,
+        json_schema_extra=KEY_SCHEMA,
+    ),
+]
+"""The key of a tool call or a task's creation."""
+
+_bearer = HTTPBearer(auto_error=False, description="An API key from `onceflow principal add`.")
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+
+TaskId = Annotated[str, Path(description="The task id (its workflow id).", max_length=1000)]
+
+
+def service_of(request: Request) -> BoundaryService:
+    """The service of the app the request came to (opened by its lifespan)."""
+    service: BoundaryService = request.app.state.service
+    return service
+
+
+def api_key(credentials: HTTPAuthorizationCredentials | None) -> str | None:
+    """The API key the request sent as its bearer token; None without one."""
+    return credentials.credentials if credentials is not None else None

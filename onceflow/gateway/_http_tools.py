@@ -1,0 +1,129 @@
+"""The HTTP API's tool routes: the catalogue, and a tool called as a one-step task.
+
+Each tool has a documented route of its own (``POST /v1/tools/{name}/calls``), so the
+document shows its exact argument schema; the generic route takes any name and answers
+an unknown one 404.
+"""
+
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Request
+from fastapi.responses import Response
+from fastapi.security import HTTPAuthorizationCredentials
+from pydantic import BaseModel
+
+from onceflow.gateway._http_answers import (
+    AUTHENTICATED,
+    NAMED_TOOL_CALL_PROBLEMS,
+    TOOL_CALL_PROBLEMS,
+    answer_response,
+    tool_call_answers,
+)
+from onceflow.gateway._http_json import SortedJSONResponse, read_json, sent_key
+from onceflow.gateway._http_parameters import (
+    Credentials,
+    IdempotencyKeyHeader,
+    api_key,
+    service_of,
+)
+from onceflow.gateway._openapi import problem_answers
+from onceflow.gateway._openapi_document import model_body, tool_arguments_body
+from onceflow.tools import Catalogue
+
+
+class ToolDescription(BaseModel):
+    """A tool an agent may call, with its effect contract as MCP annotations."""
+
+    name: str
+    description: str
+    annotations: dict[str, Any]
+    input_schema: dict[str, Any]
+    requires_approval: bool
+    dedupe: str
+
+
+def tools_router(catalogue: Catalogue) -> APIRouter:
+    """The tool routes, one documented route per tool of ``catalogue``."""
+    router = APIRouter(tags=["tools"])
+
+    @router.get(
+        "/v1/tools",
+        response_model=list[ToolDescription],
+        responses=problem_answers(AUTHENTICATED),
+    )
+    async def list_tools(
+        request: Request, credentials: Credentials = None
+    ) -> list[ToolDescription]:
+        """The catalogue: each tool's input schema and effect contract."""
+        service = service_of(request)
+        await service.authenticate(api_key(credentials))
+        return [
+            ToolDescription(
+                name=contract.name,
+                description=contract.description,
+                annotations=contract.mcp_annotations(),
+                input_schema=contract.input_model.model_json_schema(),
+                requires_approval=contract.requires_approval,
+                dedupe=contract.dedupe.value,
+            )
+            for contract in service.catalogue
+        ]
+
+    # One documented route per tool, so each shows its exact argument schema...
+    for contract in catalogue:
+        router.add_api_route(
+            f"/v1/tools/{contract.name}/calls",
+            _named_tool_endpoint(contract.name),
+            methods=["POST"],
+            summary=f"Call {contract.name}",
+            description=(
+                f"{contract.description} Effects: {contract.dedupe.value} dedupe"
+                f"{', needs approval' if contract.requires_approval else ''}. Runs as a "
+                "one-step task; the body is the tool's arguments."
+            ),
+            responses=tool_call_answers(NAMED_TOOL_CALL_PROBLEMS),
+            response_class=SortedJSONResponse,
+            openapi_extra={"requestBody": model_body(contract.input_model)},
+            operation_id=f"call_{contract.name}",
+        )
+
+    # ...and the generic route for any name (unknown ones answer 404).
+    @router.post(
+        "/v1/tools/{tool}/calls",
+        responses=tool_call_answers(TOOL_CALL_PROBLEMS),
+        response_class=SortedJSONResponse,
+        openapi_extra={"requestBody": tool_arguments_body(catalogue)},
+    )
+    async def call_tool(
+        request: Request,
+        tool: Annotated[str, Path(description="Tool name (see GET /v1/tools).")],
+        idempotency_key: IdempotencyKeyHeader = None,
+        credentials: Credentials = None,
+    ) -> Response:
+        """Call one tool as a one-step task; the body is the tool's arguments."""
+        return await _call(request, tool, credentials)
+
+    return router
+
+
+def _named_tool_endpoint(tool: str) -> Callable[..., Awaitable[Response]]:
+    async def call_named_tool(
+        request: Request,
+        idempotency_key: IdempotencyKeyHeader = None,
+        credentials: Credentials = None,
+    ) -> Response:
+        return await _call(request, tool, credentials)
+
+    return call_named_tool
+
+
+async def _call(
+    request: Request, tool: str, credentials: HTTPAuthorizationCredentials | None
+) -> Response:
+    service = service_of(request)
+    principal = await service.authenticate(api_key(credentials))
+    service.check_tool(principal, tool)
+    key = sent_key(request)
+    arguments = await read_json(request)
+    return answer_response(await service.call_tool(principal, tool, arguments, key))
