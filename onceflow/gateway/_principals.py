@@ -11,7 +11,7 @@ import secrets
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from psycopg import AsyncConnection, errors
 from psycopg.rows import dict_row
@@ -19,6 +19,9 @@ from psycopg_pool import AsyncConnectionPool
 
 from onceflow.errors import OnceflowError, Unauthenticated
 from onceflow.storage import autocommit
+
+if TYPE_CHECKING:
+    from onceflow.gateway._principal_cache import PrincipalCache
 
 ALL_TOOLS = "*"
 """In ``allowed_tools``: every tool of the catalogue, including ones registered later."""
@@ -73,8 +76,11 @@ FROM principals WHERE tenant = %(tenant)s AND name = %(name)s
 class PrincipalStore:
     """The ``principals`` and ``api_keys`` tables."""
 
-    def __init__(self, pool: AsyncConnectionPool) -> None:
+    def __init__(self, pool: AsyncConnectionPool, *, cache: "PrincipalCache | None" = None) -> None:
+        """``cache``: remembers principals while it hears every change (a gateway's);
+        without it each authentication reads the tables."""
         self._pool = pool
+        self._cache = cache
 
     async def create(
         self,
@@ -160,14 +166,22 @@ class PrincipalStore:
             raise Unauthenticated("send an API key as 'Authorization: Bearer <key>'")
         if not api_key.startswith(API_KEY_PREFIX) or len(api_key) > 200:
             raise Unauthenticated("the API key is not valid")
-        # One statement, its own transaction: every request pays for this read.
+        key_hash = api_key_digest(api_key)
+        cache = self._cache
+        if cache is not None and (remembered := cache.principal(key_hash)) is not None:
+            return remembered
+        read_in = cache.generation if cache is not None else 0
+        # One statement, its own transaction.
         async with self._pool.connection() as conn, autocommit(conn):
             cursor = conn.cursor(row_factory=dict_row)
-            await cursor.execute(_FIND_BY_KEY, {"key_hash": api_key_digest(api_key)})
+            await cursor.execute(_FIND_BY_KEY, {"key_hash": key_hash})
             row = await cursor.fetchone()
         if row is None:
             raise Unauthenticated("the API key is not valid")
-        return _principal(row)
+        principal = _principal(row)
+        if cache is not None:
+            cache.remember(key_hash, principal, read_in=read_in)
+        return principal
 
     async def authenticate_digest(self, key_hash: str) -> Principal:
         """The principal of the API key whose digest (``api_key_digest``) a signed codec

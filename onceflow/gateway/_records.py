@@ -246,6 +246,8 @@ UPDATE idempotency_records
 SET state = %(state)s, status_code = %(status_code)s, response_body = %(response_body)s,
     resource_id = %(resource_id)s, owner_token = NULL, lease_expires_at = NULL,
     workflow_run_id = coalesce(workflow_run_id, %(run_id)s),
+    -- The task ran, so it started: its outcome may land before the starter marks it.
+    workflow_started_at = coalesce(workflow_started_at, statement_timestamp()),
     result_expires_at = statement_timestamp() + result_retention,
     updated_at = statement_timestamp()
 WHERE workflow_id = %(workflow_id)s AND state = 'processing'

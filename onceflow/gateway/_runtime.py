@@ -5,6 +5,7 @@ from contextlib import asynccontextmanager
 from datetime import timedelta
 
 from onceflow.encryption import PayloadEncryptionSettings
+from onceflow.gateway._principal_cache import principal_cache
 from onceflow.gateway._principals import PrincipalStore
 from onceflow.gateway._pruning import ensure_prune_schedule
 from onceflow.gateway._records import IdempotencyStore
@@ -42,9 +43,12 @@ async def open_boundary(
         task_queue=settings.task_queue,
         every=timedelta(seconds=gateway_settings.prune_interval_seconds),
     )
-    async with build_pool(database_url, max_size=gateway_settings.db_pool_max_size) as pool:
+    async with (
+        build_pool(database_url, max_size=gateway_settings.db_pool_max_size) as pool,
+        principal_cache(database_url) as cache,
+    ):
         yield BoundaryService(
-            principals=PrincipalStore(pool),
+            principals=PrincipalStore(pool, cache=cache),
             records=IdempotencyStore(pool),
             tasks=TaskClient(client, task_queue=settings.task_queue),
             settings=gateway_settings,

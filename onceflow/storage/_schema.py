@@ -411,4 +411,22 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         $claim$;
         """,
     ),
+    (
+        11,
+        "boundary: a change to a principal or an API key notifies the gateways' caches",
+        """
+        CREATE FUNCTION onceflow_principals_changed() RETURNS trigger
+        LANGUAGE plpgsql AS $notify$
+        BEGIN
+            PERFORM pg_notify('onceflow_principals', '');
+            RETURN NULL;
+        END
+        $notify$;
+
+        CREATE TRIGGER api_keys_changed AFTER UPDATE OR DELETE OR TRUNCATE ON api_keys
+            FOR EACH STATEMENT EXECUTE FUNCTION onceflow_principals_changed();
+        CREATE TRIGGER principals_changed AFTER UPDATE OR DELETE OR TRUNCATE ON principals
+            FOR EACH STATEMENT EXECUTE FUNCTION onceflow_principals_changed();
+        """,
+    ),
 )

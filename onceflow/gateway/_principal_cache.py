@@ -1,0 +1,179 @@
+"""Authenticated principals kept in memory, exact through PostgreSQL notifications.
+
+Every request is authenticated; reading ``principals`` and ``api_keys`` for each one
+costs a database round trip on the hot path. A gateway instead remembers the principal
+of each API key it has seen, and forgets them all as soon as any principal or key
+changes: triggers on both tables ``NOTIFY onceflow_principals`` (migration 11), and one
+connection per gateway ``LISTEN``\\s for it. Revoking a key in one place therefore takes
+effect in every gateway at once:
+
+* a notification is read the moment its bytes reach the gateway (a socket reader), and
+  again before every answer from memory, so a request that arrives after the revoking
+  transaction committed is not answered from a principal read before it;
+* while the listening connection is down (PostgreSQL restarted, the connection killed),
+  nothing is answered from memory: every request reads the tables, as without the cache,
+  until the connection is back and has forgotten everything;
+* a principal is read again at least every ``REMEMBERED_FOR`` seconds, so even a
+  notification channel that stopped without a sign stays bounded;
+* a read that raced a change is not remembered (a generation counter).
+
+Unknown keys are never remembered: a wrong key always reads the tables.
+"""
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import psycopg
+from psycopg.rows import TupleRow
+
+from onceflow.gateway._principals import Principal
+
+log = logging.getLogger("onceflow.gateway")
+
+CHANNEL = "onceflow_principals"
+"""The notification channel the principals' and API keys' triggers notify."""
+REMEMBERED_FOR = 30.0
+"""Seconds a remembered principal is trusted without a notification (the bound when the
+channel fails silently)."""
+RECONNECT_PAUSE = 1.0
+"""Seconds between attempts to listen again after the connection was lost."""
+APPLICATION_NAME = "onceflow-principal-changes"
+"""How the listening connection names itself in ``pg_stat_activity``."""
+
+
+@dataclass(frozen=True)
+class _Remembered:
+    principal: Principal
+    until: float
+
+
+class PrincipalCache:
+    """The principals of the API keys this gateway has seen, while it listens."""
+
+    def __init__(self, database_url: str) -> None:
+        self._database_url = database_url
+        self._remembered: dict[str, _Remembered] = {}
+        self._generation = 0
+        self._connection: psycopg.AsyncConnection[TupleRow] | None = None
+        self._socket = -1
+        self._hearing = False
+        self._lost = asyncio.Event()
+
+    @property
+    def listening(self) -> bool:
+        """Whether changes are heard now (only then is anything answered from memory)."""
+        return self._hearing
+
+    @property
+    def generation(self) -> int:
+        """Counts the times everything was forgotten; read it before a database read."""
+        return self._generation
+
+    def principal(self, key_hash: str) -> Principal | None:
+        """The remembered principal of a key digest, or None (then read the tables)."""
+        self._read_notifications()
+        if not self.listening:
+            return None
+        remembered = self._remembered.get(key_hash)
+        if remembered is None or remembered.until < time.monotonic():
+            return None
+        return remembered.principal
+
+    def remember(self, key_hash: str, principal: Principal, *, read_in: int) -> None:
+        """Remember what a read begun in generation ``read_in`` found, unless something
+        changed meanwhile (or nothing is heard now)."""
+        if self.listening and read_in == self._generation:
+            self._remembered[key_hash] = _Remembered(principal, time.monotonic() + REMEMBERED_FOR)
+
+    async def keep_listening(self) -> None:
+        """Listen, and listen again whenever the connection is lost (runs until
+        cancelled)."""
+        while True:
+            try:
+                await self._listen()
+                await self._lost.wait()
+            except Exception as error:
+                # Never the end of listening: without it nothing is remembered, which is
+                # slower, never wrong.
+                log.warning("principal changes: cannot listen (%s)", type(error).__name__)
+            finally:
+                await self._stop_listening()
+            await asyncio.sleep(RECONNECT_PAUSE)
+
+    async def _listen(self) -> None:
+        connection = await psycopg.AsyncConnection.connect(
+            self._database_url,
+            autocommit=True,
+            connect_timeout=5,
+            application_name=APPLICATION_NAME,
+        )
+        try:
+            await connection.execute(f"LISTEN {CHANNEL}")
+        except BaseException:
+            await connection.close()
+            raise
+        self._lost.clear()
+        self._forget_all()
+        self._connection, self._hearing = connection, True
+        self._socket = connection.pgconn.socket
+        asyncio.get_running_loop().add_reader(self._socket, self._read_notifications)
+
+    async def _stop_listening(self) -> None:
+        connection, self._connection, self._hearing = self._connection, None, False
+        self._forget_all()
+        if connection is None:
+            return
+        self._stop_reading()
+        with contextlib.suppress(psycopg.Error, OSError):
+            await connection.close()
+
+    def _stop_reading(self) -> None:
+        if self._socket >= 0:
+            with contextlib.suppress(ValueError, OSError):
+                asyncio.get_running_loop().remove_reader(self._socket)
+            self._socket = -1
+
+    def _read_notifications(self) -> None:
+        """Take whatever the server has sent the listening connection, without waiting:
+        any notification forgets everything; a broken connection stops answering from
+        memory until it is back."""
+        connection = self._connection
+        if connection is None or not self._hearing:
+            return
+        pgconn = connection.pgconn
+        try:
+            pgconn.consume_input()
+            heard = False
+            while pgconn.notifies() is not None:
+                heard = True
+        except (psycopg.Error, OSError):
+            self._hearing = False
+            self._forget_all()
+            self._lost.set()
+            log.warning("principal changes: the listening connection was lost")
+            self._stop_reading()
+            return
+        if heard:
+            self._forget_all()
+
+    def _forget_all(self) -> None:
+        self._remembered.clear()
+        self._generation += 1
+
+
+@asynccontextmanager
+async def principal_cache(database_url: str) -> AsyncIterator[PrincipalCache]:
+    """A cache that listens for principal changes for the duration of the block."""
+    cache = PrincipalCache(database_url)
+    listening = asyncio.create_task(cache.keep_listening(), name="principal changes")
+    try:
+        yield cache
+    finally:
+        listening.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await listening
