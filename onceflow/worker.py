@@ -18,8 +18,8 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 
 from onceflow.activities import (
     IdempotencyRecordActivities,
-    configured_tools,
-    missing_services,
+    configured_families,
+    startup_problems,
 )
 from onceflow.configuration import OnceflowConfiguration
 from onceflow.settings import InvalidSettings, OnceflowSettings
@@ -87,7 +87,8 @@ async def build_worker(
         client: The Temporal client.
         pool: The database pool every tool and record activity uses.
         settings: Task queue and shutdown grace.
-        tools: The tools to serve (``configured_tools(configuration)`` in production).
+        tools: The tools to serve (in production, those of
+            ``configured_families(configuration)``).
         clients: Clients by tool name, used instead of opening that tool's own (tests
             inject a fault-injecting provider this way); checked for retries the same.
             Default: none.
@@ -144,22 +145,24 @@ async def serve_worker(
 ) -> None:
     """Poll for work until ``stop`` is set, then drain within the shutdown grace.
 
-    Refuses to start (``InvalidSettings``, one line per problem) while a served built-in
-    tool lacks its service (``missing_services``): it never joins a dev stack it finds.
+    Refuses to start (``InvalidSettings``, one line per problem) while a served tool lacks
+    a service its family declares it needs (``startup_problems``): it never joins a dev
+    stack it finds.
 
-    Serves ``configured_tools(configuration)``: the built-in tools, built from their
-    sections (``[stripe]``, ``[email]``, ``[deploy_target]``, ``[tools.*]``), and the
-    custom tools of ``[onceflow] tools``, registered before anything connects (an unsafe
+    Serves the tools of ``configured_families(configuration)``: onceflow's own families,
+    each built from its sections, and the custom ones of ``[onceflow] tools``, loaded the
+    same way and registered before anything connects (an unsafe
     tool stops the start-up with ``ToolRegistrationError``) and their clients opened for
     the worker's lifetime. Payloads are encrypted when ``[payload_encryption]`` holds
     keys. Relays run apart (``onceflow relay``). When the process
     exports metrics, the worker also publishes the parked-task gauges.
     """
     settings = configuration.onceflow
-    missing = missing_services(configuration)
+    families = configured_families(configuration)
+    missing = startup_problems(configuration, families)
     if missing:
         raise InvalidSettings(*missing)
-    tools = configured_tools(configuration)
+    tools = tuple(tool for family in families for tool in family.tools)
     register_tools(tools)
     client = await connect_temporal(
         address=temporal_address, encryption=configuration.payload_encryption

@@ -14,13 +14,15 @@ from onceflow.tools import Tool
 
 
 def configuration(**sections: Any) -> OnceflowConfiguration:
-    """Every section at its default, ``sections`` (by field name: ``stripe=…``) replacing some."""
+    """Every section at its default, ``sections`` replacing some: a shared one by field
+    name (``payload_encryption=…``), a tool family's by any name (``stripe=…``)."""
     values: dict[str, Any] = {}
     for name, field in OnceflowConfiguration.model_fields.items():
         section = field.annotation
         if isinstance(section, type) and issubclass(section, FileBackedSettings):
             values[name] = sections[name] if name in sections else section()
-    return OnceflowConfiguration(**values)
+    others = [section for name, section in sections.items() if name not in values]
+    return OnceflowConfiguration(**values).with_sections(*others)
 
 
 def builtin(**sections: Any) -> tuple[Tool, ...]:

@@ -23,6 +23,8 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import SecretStr
 
 from onceflow.configuration import OnceflowConfiguration
+from onceflow.deployments import DeployTargetSettings
+from onceflow.email import EmailSettings
 from onceflow.encryption import PayloadEncryptionSettings
 from onceflow.payments import StripeSettings
 from onceflow.storage import apply_migrations
@@ -184,13 +186,17 @@ async def embedded_stack(
             endpoints = await temporal.start()
             (state_dir / "temporal_endpoints").write_text(f"{endpoints.address} {endpoints.ui_url}")
             stripe, provider_is_local = await _stripe_for_worker(
-                configuration.stripe, state_dir, local_provider, ports.provider, progress
+                configuration.read(StripeSettings),
+                state_dir,
+                local_provider,
+                ports.provider,
+                progress,
             )
             email_and_deploy = await far_sides.enter_async_context(
                 email_and_deploy_services(
                     state_dir,
-                    email=configuration.email,
-                    deploy_target=configuration.deploy_target,
+                    email=configuration.read(EmailSettings),
+                    deploy_target=configuration.read(DeployTargetSettings),
                     database_url=database_url,
                     ports=ports,
                     progress=progress,
@@ -200,9 +206,7 @@ async def embedded_stack(
             ready = asyncio.Event()
             worker_task = asyncio.create_task(
                 serve_worker(
-                    configuration.model_copy(
-                        update={"stripe": stripe, "deploy_target": email_and_deploy.deploy_target}
-                    ),
+                    configuration.with_sections(stripe, email_and_deploy.deploy_target),
                     database_url=database_url,
                     stop=stop_worker,
                     temporal_address=endpoints.address,

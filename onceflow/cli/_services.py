@@ -53,7 +53,7 @@ def register_configured_tools(configuration: "OnceflowConfiguration") -> list[st
 
     try:
         builtin = builtin_tools(configuration)
-        custom = load_tools(configuration.onceflow.tools)
+        custom = load_tools(configuration.onceflow.tools, configuration)
         register_tools((*builtin, *custom))
     except (ToolRegistrationError, ValueError) as refused:
         raise CommandFailed(str(refused), exit_code=ExitCode.BAD_INPUT) from None

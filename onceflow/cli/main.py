@@ -138,10 +138,10 @@ def relay() -> None:
     Run as many as you like: each armed email is claimed by one relay at a time.
     """
     from onceflow.cli._configuration import loaded_configuration
-    from onceflow.email import serve_relay
+    from onceflow.email import EmailSettings, serve_relay
 
     settings, database_url = settings_and_database()
-    email = loaded_configuration().email
+    email = loaded_configuration().read(EmailSettings)
     if email.smtp_url is None:
         raise CommandFailed(
             "SMTP_URL is not set; fix: set it to your SMTP relay (smtp://host:587 or "

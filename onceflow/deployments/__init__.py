@@ -26,7 +26,8 @@ from onceflow.deployments._target import (
     StepWrite,
     open_deploy_target,
 )
-from onceflow.tools import Tool
+from onceflow.settings import SettingsSource
+from onceflow.tools import StartupProblem, Tool, ToolFamily
 
 __all__ = [
     "DEPLOYMENT_STEPS",
@@ -39,6 +40,7 @@ __all__ = [
     "HttpDeployTarget",
     "StartDeploymentInput",
     "StepWrite",
+    "deployment_family",
     "deployment_tools",
     "open_deploy_target",
     "start_deployment_contract",
@@ -66,4 +68,19 @@ def deployment_tools(
             perform=deploying.start_deployment,
             open_client=partial(open_deploy_target, target),
         ),
+    )
+
+
+def deployment_family(settings: SettingsSource) -> ToolFamily:
+    """The deployment family as every process loads it: ``start_deployment`` under
+    ``[tools.deployments]`` and ``[deploy_target]``, needing ``DEPLOY_TARGET_URL`` to start."""
+    target = settings.read(DeployTargetSettings)
+    tools = deployment_tools(settings.read(DeploymentToolSettings), target)
+    missing = StartupProblem(
+        tools=tuple(tool.name for tool in tools),
+        problem="DEPLOY_TARGET_URL is not set",
+        fix="set it to your deployment target's URL",
+    )
+    return ToolFamily(
+        name="deployments", tools=tools, problems=() if target.url is not None else (missing,)
     )

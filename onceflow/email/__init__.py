@@ -23,7 +23,8 @@ from onceflow.email._relay import OutboxRelay, serve_relay
 from onceflow.email._settings import EmailSettings, EmailToolSettings, SmtpServer
 from onceflow.email._smtp import DeliveryOutcome, DeliveryReport, OutgoingMessage, deliver
 from onceflow.email._store import FINISHED_STATES, Claim, EmailOutbox, EmailRequest, OutboxRow
-from onceflow.tools import Tool
+from onceflow.settings import SettingsSource
+from onceflow.tools import Tool, ToolFamily
 
 __all__ = [
     "EMAIL_CHILD_OP",
@@ -42,6 +43,7 @@ __all__ = [
     "SendEmailInput",
     "SmtpServer",
     "deliver",
+    "email_family",
     "email_tools",
     "send_email_contract",
     "serve_relay",
@@ -66,4 +68,14 @@ def email_tools(tool_settings: EmailToolSettings, email: EmailSettings) -> tuple
             perform=sending.send_email,
             look_up=sending.look_up_send_email,
         ),
+    )
+
+
+def email_family(settings: SettingsSource) -> ToolFamily:
+    """The email family as every process loads it: ``send_email`` under ``[tools.email]``
+    and ``[email]``. A worker needs no service for it: relays deliver, and they need
+    ``SMTP_URL`` (``onceflow relay`` refuses to start without it)."""
+    return ToolFamily(
+        name="email",
+        tools=email_tools(settings.read(EmailToolSettings), settings.read(EmailSettings)),
     )

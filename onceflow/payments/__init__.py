@@ -1,8 +1,10 @@
 """The payment tools, ``charge_payment`` and ``refund_payment``: Stripe through the official
 SDK with its own retries off, built on the public tool API like any user's tool.
 
-``payment_tools(tool_settings, stripe)`` returns both tools; their client is one
-``StripePaymentProvider`` per worker (a ``PaymentProvider``, the small protocol other
+``payment_tools(tool_settings, stripe)`` returns both tools; ``payment_family`` is what
+every process loads: the tools under its settings, with ``STRIPE_API_KEY`` as the service
+a worker needs, the Stripe secrets to redact and the Stripe client's retry check. Their
+client is one ``StripePaymentProvider`` per worker (a ``PaymentProvider``, the small protocol other
 providers can implement), and every failure reaches a perform as a
 ``PaymentProviderError`` already classified by ``classify_stripe_error``::
 
@@ -22,8 +24,6 @@ Nothing here imports the dev stack; point ``STRIPE_API_BASE`` at the local provi
 use it.
 """
 
-from functools import partial
-
 from onceflow.payments._contract import (
     ChargePaymentInput,
     RefundPaymentInput,
@@ -31,14 +31,13 @@ from onceflow.payments._contract import (
     refund_payment_contract,
 )
 from onceflow.payments._errors import PaymentProviderError, classify_stripe_error
-from onceflow.payments._perform import (
-    CHARGE_CHILD_OP,
-    REFUND_CHILD_OP,
-    charge_payment,
-    look_up_charge,
-    look_up_refund,
-    refund_payment,
+from onceflow.payments._family import (
+    STRIPE_CLIENT_CHECK,
+    STRIPE_REDACTIONS,
+    payment_family,
+    stripe_client_retries,
 )
+from onceflow.payments._perform import CHARGE_CHILD_OP, REFUND_CHILD_OP
 from onceflow.payments._provider import (
     OPERATION_METADATA_KEY,
     ChargeRequest,
@@ -54,13 +53,14 @@ from onceflow.payments._stripe import (
     build_stripe_client,
     open_stripe_provider,
 )
-from onceflow.settings import InvalidSettings
-from onceflow.tools import Tool
+from onceflow.payments._tools import payment_tools
 
 __all__ = [
     "CHARGE_CHILD_OP",
     "OPERATION_METADATA_KEY",
     "REFUND_CHILD_OP",
+    "STRIPE_CLIENT_CHECK",
+    "STRIPE_REDACTIONS",
     "ChargePaymentInput",
     "ChargeRequest",
     "PaymentIntentView",
@@ -77,46 +77,8 @@ __all__ = [
     "charge_payment_contract",
     "classify_stripe_error",
     "open_stripe_provider",
+    "payment_family",
     "payment_tools",
     "refund_payment_contract",
+    "stripe_client_retries",
 ]
-
-
-def payment_tools(tool_settings: PaymentToolSettings, stripe: StripeSettings) -> tuple[Tool, Tool]:
-    """``charge_payment`` and ``refund_payment`` under these settings.
-
-    Both share one client per worker: the ``StripePaymentProvider`` of ``stripe``
-    (``max_network_retries=0``, explicit timeouts), or None without an API key, in which
-    case every call is rejected with a reason saying so.
-
-    Args:
-        tool_settings: What the workflow decides from (``[tools.payments]``); the same on
-            every worker.
-        stripe: How this worker reaches Stripe (``[stripe]``).
-
-    Raises:
-        InvalidSettings: With an API key set, the attempt timeout does not exceed two
-            Stripe calls (an attempt could be cut off while its request is in flight).
-    """
-    if stripe.configured and tool_settings.attempt_timeout <= 2 * stripe.longest_call:
-        raise InvalidSettings(
-            f"the payment tools' attempt timeout ({tool_settings.attempt_timeout}) must "
-            f"exceed two Stripe calls (2 × {stripe.longest_call}); raise "
-            "ONCEFLOW_PAYMENTS_ATTEMPT_TIMEOUT or lower ONCEFLOW_STRIPE_REQUEST_TIMEOUT / "
-            "ONCEFLOW_STRIPE_CONNECT_TIMEOUT"
-        )
-    open_provider = partial(open_stripe_provider, stripe)
-    return (
-        Tool(
-            contract=charge_payment_contract(tool_settings),
-            perform=charge_payment,
-            look_up=look_up_charge,
-            open_client=open_provider,
-        ),
-        Tool(
-            contract=refund_payment_contract(tool_settings),
-            perform=refund_payment,
-            look_up=look_up_refund,
-            open_client=open_provider,
-        ),
-    )

@@ -27,7 +27,9 @@ from onceflow.settings._file import (
 from onceflow.settings._invalid import InvalidSettings
 from onceflow.settings._onceflow import BUILTIN_TOOL_NAMES, OnceflowSettings, load_settings
 from onceflow.settings._reading import (
+    ProcessSettings,
     SettingsReader,
+    SettingsSource,
     environment_variables,
     read_settings,
 )
@@ -40,7 +42,9 @@ __all__ = [
     "FileBackedSettings",
     "InvalidSettings",
     "OnceflowSettings",
+    "ProcessSettings",
     "SettingsReader",
+    "SettingsSource",
     "config_file_path",
     "declared_settings_classes",
     "environment_variables",

@@ -57,9 +57,8 @@ class OnceflowSettings(FileBackedSettings):
     builtin_tools: Annotated[tuple[str, ...], NoDecode] = BUILTIN_TOOL_NAMES
     """The built-in tools this deployment serves (``ONCEFLOW_BUILTIN_TOOLS``, comma-separated;
     ``builtin_tools = [...]`` in the file). Default all six. A worker refuses to start while
-    a tool it serves lacks its service (``STRIPE_API_KEY`` for the payment tools,
-    ``DEPLOY_TARGET_URL`` for ``start_deployment``): set the service, or leave the tool out
-    here, on every worker and gateway alike."""
+    a tool it serves lacks a service its family needs (the line names the setting): set
+    the service, or leave the tool out here, on every worker and gateway alike."""
 
     @field_validator("tools", "builtin_tools", mode="before")
     @classmethod

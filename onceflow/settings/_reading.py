@@ -4,7 +4,7 @@ environment variable, the file key and the fix, never the value."""
 import json
 import os
 import re
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
@@ -153,3 +153,23 @@ def _default_text(field_name: str, field: FieldInfo) -> str:
     if value is None or value == []:
         return " (none)"
     return f" {json.dumps(value)}"  # strings quoted, booleans lower-case, as in the file
+
+
+class SettingsSource(Protocol):
+    """Where a tool family reads its settings sections. The process's loaded configuration
+    (``onceflow.OnceflowConfiguration``) is one: it answers with the sections it has
+    checked, so a family built in a worker, a gateway or a test sees what the rest of that
+    process sees; ``ProcessSettings`` reads each section afresh."""
+
+    def read(self, settings_class: type[AnySettings]) -> AnySettings:
+        """The section of ``settings_class``; raises ``InvalidSettings`` when it is wrong."""
+        ...
+
+
+class ProcessSettings:
+    """A ``SettingsSource`` reading each section as ``read_settings`` does: the environment
+    over the ``ONCEFLOW_CONFIG`` file over defaults."""
+
+    def read(self, settings_class: type[AnySettings]) -> AnySettings:
+        """``read_settings(settings_class)``."""
+        return read_settings(settings_class)

@@ -29,15 +29,16 @@ and a card followed by its expiry and CVC is still found. Not cards, by design:
   ``1`` (epoch milliseconds, microseconds, nanoseconds from 2001 to 2033; the one card
   scheme under MII 1, UATP, issues 15 digits).
 
-**Credentials.** Stripe secret, restricted and webhook keys and PaymentIntent/SetupIntent
-client secrets (publishable ``pk_`` keys are public by design and pass), onceflow API
-keys, AWS access key ids and secret access keys, Google API keys and service-account key
-files, PEM private keys, JWTs (three base64url segments whose header decodes to JSON with
-``alg``), GitHub and Slack tokens, OpenAI and Anthropic keys, ``Bearer`` credentials of at
-least 8 characters and HTTP Basic credentials, passwords in URLs, and assignments such as
-``password=…`` or ``"api_key": "…"`` with a real value (not empty, masked or a
-placeholder). In a JSON-like value, a string under a key named like a credential
+**Credentials.** onceflow API keys, AWS access key ids and secret access keys, Google API
+keys and service-account key files, PEM private keys, JWTs (three base64url segments whose
+header decodes to JSON with ``alg``), GitHub and Slack tokens, OpenAI and Anthropic keys,
+``Bearer`` credentials of at least 8 characters and HTTP Basic credentials, passwords in
+URLs, and assignments such as ``password=…`` or ``"api_key": "…"`` with a real value (not
+empty, masked or a placeholder). In a JSON-like value, a string under a key named like a credential
 (``password``, ``client_secret``, ``apiKey``, … but not the ambiguous ``token``) counts too.
+And every ``Redaction`` a loaded tool family declares (``onceflow.tools.ToolFamily``: the
+payment family's Stripe keys and client secrets, a user's family's own), matched where no
+letter or digit precedes it, exactly as the rules above.
 
 **Unstorable text.** NUL (which PostgreSQL text cannot hold) and surrogate code points
 (what JSON's ``\\ud800`` escapes decode to when unpaired; no UTF-8 encoder takes them).
@@ -45,11 +46,14 @@ placeholder). In a JSON-like value, a string under a key named like a credential
 
 import base64
 import binascii
+import functools
 import json
 import re
 from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
+
+from onceflow.tools import Redaction, loaded_families
 
 CARD_NUMBER_REMOVED = "[card number removed]"
 SECRET_REMOVED = "[secret removed]"
@@ -242,13 +246,6 @@ _AT_WORD_START: tuple[tuple[str, str, str], ...] = (
     # (group name, what it is, pattern): each starts where no letter or digit precedes it,
     # one shared look-behind for all, so the scan skips the inside of every word at once.
     # A group ``<name>_value`` is what ``scrub`` removes (the whole match otherwise).
-    ("stripe_key", "Stripe secret key", r"(?:sk|rk)_(?:live|test)_[A-Za-z0-9_]{8,}+"),
-    ("stripe_webhook", "Stripe webhook secret", r"whsec_[A-Za-z0-9+/=]{16,}+"),
-    (
-        "stripe_client_secret",
-        "Stripe client secret",
-        r"(?:pi|seti)_[A-Za-z0-9]{8,}+_secret_[A-Za-z0-9]{8,}+",
-    ),
     ("onceflow_key", "onceflow API key", r"ofk_[A-Za-z0-9_-]{8,}+"),
     ("aws_key_id", "AWS access key", r"(?:AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}(?![A-Za-z0-9])"),
     (
@@ -386,12 +383,35 @@ _VERIFY: dict[str, Callable[[re.Match[str]], bool]] = {
 }
 
 
-def _secret_matches(text: str) -> Iterator[re.Match[str]]:
+class _Found(NamedTuple):
+    """One secret in a text: where it is, what of it is removed, what it is."""
+
+    start: int
+    end: int
+    removed: tuple[int, int]
+    what: str
+
+
+def _secret_matches(text: str) -> Iterator[_Found]:
+    """The secrets in ``text``, left to right, none inside another: onceflow's rules and
+    the loaded families' redactions, the earlier start first (onceflow's on a tie)."""
+    found = sorted([*_rule_matches(text), *_family_matches(text)], key=lambda secret: secret.start)
+    end = 0
+    for secret in found:
+        if secret.start >= end:
+            yield secret
+            end = max(secret.end, secret.start + 1)
+
+
+def _rule_matches(text: str) -> Iterator[_Found]:
     position = 0
     while (match := _SECRET.search(text, position)) is not None:
-        verify = _VERIFY.get(str(match.lastgroup))
+        name = str(match.lastgroup)
+        verify = _VERIFY.get(name)
         if verify is None or verify(match):
-            yield match
+            value = f"{name}_value"
+            removed = match.span(value) if value in _SECRET.groupindex else match.span()
+            yield _Found(match.start(), match.end(), removed, _WHAT[name])
             position = max(match.end(), match.start() + 1)
         else:
             # A shape that is not a secret (prose after "Bearer"): look again just after
@@ -399,9 +419,39 @@ def _secret_matches(text: str) -> Iterator[re.Match[str]]:
             position = match.start() + 1
 
 
-def _removed_span(match: re.Match[str]) -> tuple[int, int]:
-    value = f"{match.lastgroup}_value"
-    return match.span(value) if value in match.re.groupindex else match.span()
+def _family_matches(text: str) -> Iterator[_Found]:
+    redactions = dict.fromkeys(
+        redaction for family in loaded_families() for redaction in family.redactions
+    )
+    pattern, what = _family_pattern(tuple(redactions))
+    if pattern is None:
+        return
+    position = 0
+    while (match := pattern.search(text, position)) is not None:
+        name = str(match.lastgroup)
+        value = f"{name}_value"
+        removed = match.span(value) if value in pattern.groupindex else match.span()
+        yield _Found(match.start(), match.end(), removed, what[name])
+        position = max(match.end(), match.start() + 1)
+
+
+_VALUE_GROUP = re.compile(r"\(\?P<value>")
+
+
+@functools.lru_cache(maxsize=8)
+def _family_pattern(
+    redactions: tuple[Redaction, ...],
+) -> tuple[re.Pattern[str] | None, dict[str, str]]:
+    """One pattern for all of ``redactions`` (compiled once per set), and what each of its
+    groups finds."""
+    if not redactions:
+        return None, {}
+    what = {f"family_{index}": redaction.what for index, redaction in enumerate(redactions)}
+    alternatives = [
+        f"(?P<family_{index}>{_VALUE_GROUP.sub(f'(?P<family_{index}_value>', redaction.pattern)})"
+        for index, redaction in enumerate(redactions)
+    ]
+    return re.compile("(?<![A-Za-z0-9])(?:" + "|".join(alternatives) + ")"), what
 
 
 # ── text that cannot be stored ─────────────────────────────────────────────────────
@@ -439,15 +489,15 @@ def looks_like_secret(text: str) -> bool:
 
 def secret_kind(text: str) -> str | None:
     """Which credential ``text`` contains first (``"Stripe secret key"``, …), if any."""
-    match = next(_secret_matches(text), None)
-    return None if match is None else _WHAT[str(match.lastgroup)]
+    found = next(_secret_matches(text), None)
+    return None if found is None else found.what
 
 
 def scrub(text: str) -> str:
     """``text`` with card numbers and recognisable secrets replaced by a marker."""
-    removed = [(*_removed_span(match), SECRET_REMOVED) for match in _secret_matches(text)]
-    for start, end, marker in reversed(removed):
-        text = text[:start] + marker + text[end:]
+    removed = [found.removed for found in _secret_matches(text)]
+    for start, end in reversed(removed):
+        text = text[:start] + SECRET_REMOVED + text[end:]
     for start, end in reversed(_card_spans(text)):
         text = text[:start] + CARD_NUMBER_REMOVED + text[end:]
     return text

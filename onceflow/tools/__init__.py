@@ -6,7 +6,11 @@ repeat safe) plus an async ``perform`` function, optionally a ``look_up`` and an
 (``ONCEFLOW_TOOLS=package.module:TOOL`` or an ``onceflow.tools`` entry point); the
 worker, the gateway and the MCP server load it at start-up and refuse it, with a fix,
 if it is unsafe: no attempt timeout, an ``idempotent`` claim with no dedupe strategy, a
-client that retries on its own.
+client that retries on its own. A ``ToolFamily`` groups a package's tools with what
+onceflow must know about their service: the settings a worker cannot start without
+(``StartupProblem``), the secrets to keep out of logs, traces and histories
+(``Redaction``), how to see that its client library retries nothing
+(``ClientRetryCheck``). onceflow's own tools are families loaded the same way.
 
 A minimal tool (``examples/ticketdesk`` has the whole of it)::
 
@@ -94,6 +98,13 @@ from onceflow.tools._client_retries import (
     refuse_retrying_client,
 )
 from onceflow.tools._contract import ApprovalThreshold, DedupeStrategy, EffectFlags, ToolContract
+from onceflow.tools._family import (
+    ClientRetryCheck,
+    Redaction,
+    StartupProblem,
+    ToolFamily,
+    loaded_families,
+)
 from onceflow.tools._identity import (
     IDEMPOTENCY_KEY_MAX_LENGTH,
     arguments_digest,
@@ -106,6 +117,7 @@ from onceflow.tools._lease import Lease, LeaseLost
 from onceflow.tools._loading import (
     ENTRY_POINT_GROUP,
     load_configured_tools,
+    load_families,
     load_tools,
     register_tools,
 )
@@ -130,7 +142,9 @@ __all__ = [
     "classify_http_error",
     "classify_http_status",
     "client_retry_problems",
+    "ClientRetryCheck",
     "refuse_retrying_client",
+    "StartupProblem",
     "ClientOpener",
     "DatabaseUnavailable",
     "DedupeStrategy",
@@ -144,7 +158,9 @@ __all__ = [
     "Lease",
     "LeaseLost",
     "load_configured_tools",
+    "load_families",
     "load_tools",
+    "loaded_families",
     "LocalWrite",
     "lookup_activity_name",
     "MalformedIdempotencyKey",
@@ -154,6 +170,7 @@ __all__ = [
     "PIN_TASK_POLICY",
     "PinPolicyInput",
     "PolicyPinning",
+    "Redaction",
     "register_tools",
     "TaskPolicy",
     "Tool",
@@ -162,6 +179,7 @@ __all__ = [
     "ToolCall",
     "ToolCallInput",
     "ToolContract",
+    "ToolFamily",
     "ToolPolicy",
     "ToolRegistrationError",
     "UnknownTool",

@@ -46,6 +46,12 @@ def refuse(name: str, problems: list[Problem]) -> ToolRegistrationError:
     return ToolRegistrationError(f"tool {name!r} is refused:\n{lines}")
 
 
+def refuse_family(name: str, problems: list[Problem]) -> ToolRegistrationError:
+    """One error listing every problem of the tool family ``name``, one line each."""
+    lines = "\n".join(f"  - {what}; fix: {fix}" for what, fix in problems)
+    return ToolRegistrationError(f"tool family {name!r} is refused:\n{lines}")
+
+
 def _identity_problems(contract: ToolContract) -> list[Problem]:
     problems: list[Problem] = []
     if not TOOL_NAME.fullmatch(contract.name):

@@ -2,8 +2,9 @@
 
 A client's hidden retry repeats a request the workflow counts as one attempt, outside
 the budget and, for a request without an idempotency key, possibly doubling the effect.
-onceflow can see the retry settings of httpx, requests/urllib3 and Stripe clients; a
-client it cannot inspect is the tool author's responsibility.
+onceflow can see the retry settings of httpx and requests/urllib3 clients, and of every
+library a loaded tool family declares a ``ClientRetryCheck`` for (the payment tools':
+Stripe); a client it cannot inspect is the tool author's responsibility.
 """
 
 from collections.abc import Iterator
@@ -11,6 +12,7 @@ from contextlib import AsyncExitStack
 from typing import Any
 
 from onceflow.tools._checks import Problem, refuse
+from onceflow.tools._family import ClientRetryCheck, loaded_client_checks
 from onceflow.tools._tool import Tool
 
 
@@ -36,30 +38,25 @@ def refuse_retrying_client(tool_name: str, client: Any) -> None:
 
 
 def client_retry_problems(client: Any) -> list[Problem]:
-    """The retry settings left on in ``client`` or in the clients it holds (one level)."""
+    """The retry settings left on in ``client`` or in the clients it holds (one level),
+    as the libraries onceflow knows and the loaded families' ``client_checks`` see them."""
+    checks = {check.module: check for check in (*_LIBRARY_CHECKS, *loaded_client_checks())}
     problems: list[Problem] = []
-    for label, candidate in _candidates(client):
-        retries = _retries_of(candidate)
-        if retries:
+    for label, candidate in _candidates(client, checks):
+        check = checks.get(type(candidate).__module__.split(".")[0])
+        retries = check.retries(candidate) if check is not None else None
+        if check is not None and retries:
             problems.append(
                 (
                     f"its client {label + ' ' if label else ''}({type(candidate).__name__}) "
                     f"retries on its own ({retries})",
-                    _FIXES.get(type(candidate).__module__.split(".")[0], "turn its retries off"),
+                    check.fix,
                 )
             )
     return problems
 
 
-_FIXES = {
-    "httpx": "build its transport with retries=0 (the default): httpx.AsyncHTTPTransport()",
-    "stripe": "build the StripeClient with max_network_retries=0",
-    "requests": "mount an HTTPAdapter with max_retries=0",
-    "urllib3": "pass retries=False",
-}
-
-
-def _candidates(client: Any) -> Iterator[tuple[str, Any]]:
+def _candidates(client: Any, checks: dict[str, ClientRetryCheck]) -> Iterator[tuple[str, Any]]:
     if client is None:
         return
     yield "", client
@@ -68,24 +65,10 @@ def _candidates(client: Any) -> Iterator[tuple[str, Any]]:
         members = {str(name): value for name, value in client.items()}
     elif isinstance(client, tuple | list):
         members = {f"[{index}]": value for index, value in enumerate(client)}
-    elif hasattr(client, "__dict__") and type(client).__module__.split(".")[0] not in _FIXES:
+    elif hasattr(client, "__dict__") and type(client).__module__.split(".")[0] not in checks:
         members = {name: value for name, value in vars(client).items() if not name.startswith("_")}
     for name, value in members.items():
         yield f"{name!r}", value
-
-
-def _retries_of(candidate: Any) -> str | None:
-    module = type(candidate).__module__.split(".")[0]
-    if module == "httpx":
-        return _httpx_retries(candidate)
-    if module == "stripe" and type(candidate).__name__ == "StripeClient":
-        return _stripe_retries(candidate)
-    if module == "requests" and hasattr(candidate, "adapters"):
-        return _requests_retries(candidate)
-    if module == "urllib3" and hasattr(candidate, "connection_pool_kw"):
-        retries = candidate.connection_pool_kw.get("retries")
-        return None if retries in (False, 0) else f"retries={retries!r}"
-    return None
 
 
 def _httpx_retries(client: Any) -> str | None:
@@ -97,20 +80,31 @@ def _httpx_retries(client: Any) -> str | None:
     return None
 
 
-def _stripe_retries(client: Any) -> str | None:
-    import stripe
-
-    options = getattr(getattr(client, "_requestor", None), "_options", None)
-    count = getattr(options, "max_network_retries", None)
-    if count is None:
-        count = stripe.max_network_retries  # a client left at None uses the global default
-    return f"max_network_retries={count}" if count else None
-
-
 def _requests_retries(session: Any) -> str | None:
-    for prefix, adapter in session.adapters.items():
+    for prefix, adapter in getattr(session, "adapters", {}).items():
         retry = getattr(adapter, "max_retries", None)
         total = getattr(retry, "total", 0)
         if total or getattr(retry, "connect", None) or getattr(retry, "read", None):
             return f"max_retries={total!r} for {prefix}"
     return None
+
+
+def _urllib3_retries(pool_manager: Any) -> str | None:
+    if not hasattr(pool_manager, "connection_pool_kw"):
+        return None
+    retries = pool_manager.connection_pool_kw.get("retries")
+    return None if retries in (False, 0) else f"retries={retries!r}"
+
+
+_LIBRARY_CHECKS = (
+    ClientRetryCheck(
+        module="httpx",
+        retries=_httpx_retries,
+        fix="build its transport with retries=0 (the default): httpx.AsyncHTTPTransport()",
+    ),
+    ClientRetryCheck(
+        module="requests", retries=_requests_retries, fix="mount an HTTPAdapter with max_retries=0"
+    ),
+    ClientRetryCheck(module="urllib3", retries=_urllib3_retries, fix="pass retries=False"),
+)
+"""The HTTP libraries onceflow knows; a family adds others (``ToolFamily.client_checks``)."""

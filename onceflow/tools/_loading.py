@@ -2,38 +2,65 @@
 
 Each entry of ``ONCEFLOW_TOOLS`` (or ``tools = [...]`` in the settings file) is either an
 entry point name in the ``onceflow.tools`` group (what an installed package declares) or
-an import path ``package.module:ATTRIBUTE``. The target is a ``Tool``, a list of them, or
-a function without arguments returning either. The worker, the gateway and the MCP server
-load the same list, so all agree on what exists.
+an import path ``package.module:ATTRIBUTE``. The target is a ``ToolFamily``, a ``Tool``, a
+list of tools, or a function returning one of those. onceflow's own families go through
+the same ``load_families`` (``onceflow.activities``). The worker, the gateway and the MCP
+server load the same list, so all agree on what exists.
 """
 
 import importlib
-from collections.abc import Iterable
+import inspect
+from collections.abc import Callable, Iterable
 from importlib.metadata import entry_points
 from typing import Any
 
+from onceflow.settings import ProcessSettings, SettingsSource
 from onceflow.tools._catalogue import CATALOGUE, Catalogue
-from onceflow.tools._checks import ToolRegistrationError, refuse
+from onceflow.tools._checks import ToolRegistrationError, refuse, refuse_family
+from onceflow.tools._family import ToolFamily, family_problems, remember_family
 from onceflow.tools._tool import Tool, tool_problems
 
 ENTRY_POINT_GROUP = "onceflow.tools"
 """The entry point group a package declares its tools in."""
 
 
-def load_tools(specs: Iterable[str]) -> tuple[Tool, ...]:
-    """The tools named by ``specs``, in order; raises ``ToolRegistrationError`` with a fix."""
-    tools: list[Tool] = []
+def load_families(
+    specs: Iterable[str], settings: SettingsSource | None = None
+) -> tuple[ToolFamily, ...]:
+    """The tool families named by ``specs``, in order, each checked and remembered for
+    the process (its redactions and client checks hold from now on).
+
+    A spec's target is a ``ToolFamily``, a ``Tool``, a list of tools (a family named
+    after the spec), or a function returning one of those. A function taking one
+    argument is given ``settings`` (default ``ProcessSettings()``) to read its sections
+    from: onceflow's own families are loaded this way, from the process's configuration.
+
+    Raises:
+        ToolRegistrationError: A target cannot be loaded, or a tool or the family is
+            unsafe, with the fix.
+    """
+    families: list[ToolFamily] = []
     for spec in specs:
         target = _resolve(spec)
-        if callable(target) and not isinstance(target, Tool):
-            target = target()
-        found = list(target) if isinstance(target, list | tuple) else [target]
-        for tool in found:
+        if callable(target) and not isinstance(target, Tool | ToolFamily):
+            target = _build(target, settings)
+        family = target if isinstance(target, ToolFamily) else _family_of(spec, target)
+        for tool in family.tools:
             problems = tool_problems(tool)
             if problems:
                 raise refuse(getattr(getattr(tool, "contract", None), "name", spec), problems)
-            tools.append(tool)
-    return tuple(tools)
+        problems = family_problems(family)
+        if problems:
+            raise refuse_family(family.name, problems)
+        remember_family(family)
+        families.append(family)
+    return tuple(families)
+
+
+def load_tools(specs: Iterable[str], settings: SettingsSource | None = None) -> tuple[Tool, ...]:
+    """The tools of the families named by ``specs`` (``load_families``), in order; raises
+    ``ToolRegistrationError`` with a fix."""
+    return tuple(tool for family in load_families(specs, settings) for tool in family.tools)
 
 
 def register_tools(tools: Iterable[Tool], catalogue: Catalogue = CATALOGUE) -> None:
@@ -56,6 +83,29 @@ def load_configured_tools(
     tools = load_tools(specs)
     register_tools(tools, catalogue)
     return tools
+
+
+def _build(factory: Callable[..., Any], settings: SettingsSource | None) -> Any:
+    """Call a family's function, with the settings source when it takes an argument."""
+    try:
+        parameters = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable: call it as it is
+        return factory()
+    wanted = [
+        parameter
+        for parameter in parameters
+        if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD)
+        and parameter.default is parameter.empty
+    ]
+    if wanted:
+        return factory(settings if settings is not None else ProcessSettings())
+    return factory()
+
+
+def _family_of(spec: str, target: Any) -> ToolFamily:
+    """A family of the tools a spec names directly (a ``Tool`` or a list of them)."""
+    found = tuple(target) if isinstance(target, list | tuple) else (target,)
+    return ToolFamily(name=spec, tools=found)
 
 
 def _resolve(spec: str) -> Any:
@@ -105,5 +155,5 @@ def _import(spec: str) -> Any:
     except AttributeError:
         raise ToolRegistrationError(
             f"ONCEFLOW_TOOLS entry {spec!r}: module {module_name!r} has no {attribute!r}; "
-            "fix: name the variable that holds the Tool"
+            "fix: name the variable that holds the Tool or ToolFamily"
         ) from None

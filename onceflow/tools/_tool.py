@@ -48,7 +48,8 @@ class Tool:
     unknown outcome that cannot be repeated parks at once)."""
     open_client: ClientOpener | None = None
     """Opens the client ``perform`` and ``look_up`` use, once per worker process. Its
-    retries must be off (onceflow checks httpx, requests and Stripe clients it can see).
+    retries must be off (onceflow checks the httpx and requests clients it can see, and
+    those of every library a loaded family declares a ``ClientRetryCheck`` for).
     Default None (``ToolCall.client`` is None)."""
 
     @property

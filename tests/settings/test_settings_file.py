@@ -71,9 +71,13 @@ def test_values_come_from_the_file_when_the_environment_is_silent(
     assert configuration.onceflow.task_queue == "from-the-file"
     assert configuration.onceflow.db_pool_max_size == 20
     assert configuration.onceflow.database_url == "postgresql://localhost/from-the-file"
-    assert configuration.stripe.account == "acct_file"
-    assert configuration.stripe.api_key == SecretStr("sk_test_file")
-    assert configuration.payment_tool.attempt_timeout == timedelta(seconds=90)
+    stripe = next(
+        section for section in configuration.tool_sections if section.config_table == "stripe"
+    )
+    assert configuration.read(StripeSettings) is stripe  # the section load_configuration checked
+    assert configuration.read(StripeSettings).account == "acct_file"
+    assert configuration.read(StripeSettings).api_key == SecretStr("sk_test_file")
+    assert configuration.read(PaymentToolSettings).attempt_timeout == timedelta(seconds=90)
     assert configuration.gateway.db_pool_max_size == 20  # untouched default
     assert read_settings(PaymentToolSettings).attempt_timeout == timedelta(seconds=90)
 
