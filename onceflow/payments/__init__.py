@@ -24,6 +24,13 @@ use it.
 
 from functools import partial
 
+from onceflow.payments._audit import (
+    AUDITED_TOOLS,
+    PaymentsAuditInput,
+    ProviderEffect,
+    compare_payments,
+)
+from onceflow.payments._audit_io import AuditedPaymentProvider, PaymentsAuditor
 from onceflow.payments._contract import (
     ChargePaymentInput,
     RefundPaymentInput,
@@ -58,15 +65,20 @@ from onceflow.settings import InvalidSettings
 from onceflow.tools import Tool
 
 __all__ = [
+    "AUDITED_TOOLS",
     "CHARGE_CHILD_OP",
     "OPERATION_METADATA_KEY",
     "REFUND_CHILD_OP",
+    "AuditedPaymentProvider",
     "ChargePaymentInput",
     "ChargeRequest",
     "PaymentIntentView",
     "PaymentProvider",
     "PaymentProviderError",
     "PaymentToolSettings",
+    "PaymentsAuditInput",
+    "PaymentsAuditor",
+    "ProviderEffect",
     "ProviderReply",
     "RefundPaymentInput",
     "RefundRequest",
@@ -76,6 +88,7 @@ __all__ = [
     "build_stripe_client",
     "charge_payment_contract",
     "classify_stripe_error",
+    "compare_payments",
     "open_stripe_provider",
     "payment_tools",
     "refund_payment_contract",

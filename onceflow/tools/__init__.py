@@ -70,6 +70,18 @@ from onceflow.retry_policy import OutcomeClass
 from onceflow.storage import classify_database_error
 from onceflow.tools._activities import tool_activities
 from onceflow.tools._attempts import KeyUnusable, ToolAttemptResult, ToolCallInput
+from onceflow.tools._audit import (
+    AuditFinding,
+    Auditor,
+    AuditProgress,
+    AuditReport,
+    AuditWindow,
+    EffectTotal,
+    FindingKind,
+    OperationRecord,
+    read_operations,
+    read_step_operations,
+)
 from onceflow.tools._call import ToolCall
 from onceflow.tools._catalogue import CATALOGUE, Catalogue, UnknownTool
 from onceflow.tools._checks import ToolRegistrationError
@@ -123,6 +135,11 @@ __all__ = [
     "IDEMPOTENCY_KEY_MAX_LENGTH",
     "ApprovalThreshold",
     "arguments_digest",
+    "AuditFinding",
+    "Auditor",
+    "AuditProgress",
+    "AuditReport",
+    "AuditWindow",
     "Catalogue",
     "check_idempotency_key",
     "ChildOperation",
@@ -137,6 +154,8 @@ __all__ = [
     "derive_child_key",
     "derive_task_workflow_id",
     "EffectFlags",
+    "EffectTotal",
+    "FindingKind",
     "Implementation",
     "KeyUnusable",
     "KeyWindowClosed",
@@ -150,10 +169,13 @@ __all__ = [
     "MalformedIdempotencyKey",
     "NothingSent",
     "open_tool_client",
+    "OperationRecord",
     "OutcomeClass",
     "PIN_TASK_POLICY",
     "PinPolicyInput",
     "PolicyPinning",
+    "read_operations",
+    "read_step_operations",
     "register_tools",
     "TaskPolicy",
     "Tool",
