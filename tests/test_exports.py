@@ -34,9 +34,13 @@ ONCEFLOW = [
 ]
 TOOLS = [
     "ApprovalThreshold",
+    "AuditActivities",
+    "AuditActivityInput",
     "AuditFinding",
     "AuditProgress",
     "AuditReport",
+    "AuditRunInput",
+    "AuditRunResult",
     "AuditWindow",
     "Auditor",
     "CATALOGUE",
@@ -67,6 +71,7 @@ TOOLS = [
     "PIN_TASK_POLICY",
     "PinPolicyInput",
     "PolicyPinning",
+    "RUN_AUDIT",
     "TaskPolicy",
     "Tool",
     "ToolAttemptResult",

@@ -5,7 +5,8 @@ Registered on the main app by ``register``. A family offers an audit through ``A
 (a name and how to open its ``Auditor`` from the configuration); payments is the one
 that does today. The report is a table on standard output (``--json``: one JSON object),
 the progress bar on standard error; the command leaves with ``FINDINGS_EXIT_CODE`` when
-there is any finding, 0 when the window is clean.
+there is any finding, 0 when the window is clean. With ``--schedule`` it creates the
+Temporal Schedule that audits on the workers instead (``_audit_schedule``).
 """
 
 import json
@@ -147,6 +148,22 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[
             bool, typer.Option("--json", help="Print the report as one JSON object.")
         ] = False,
+        schedule: Annotated[
+            str | None,
+            typer.Option(
+                help="Instead of auditing now, create (or update) a Temporal Schedule that "
+                "audits every this long (1h, PT30M) on the workers, each run the --since "
+                "duration back; findings go to its result, the Temporal UI and the "
+                "onceflow_audit_findings gauge."
+            ),
+        ] = None,
+        temporal_address: Annotated[
+            str | None,
+            typer.Option(
+                help="With --schedule: Temporal frontend host:port (default: "
+                "TEMPORAL_ADDRESS or localhost:7233)."
+            ),
+        ] = None,
     ) -> None:
         """Compare a tool family's effects at its provider with onceflow's records.
 
@@ -158,6 +175,9 @@ def register(app: typer.Typer) -> None:
         """
         from onceflow.cli._configuration import loaded_configuration
 
+        if schedule is not None:
+            _schedule(family, schedule, since, until, in_flight_grace, temporal_address)
+            return
         now = datetime.now(UTC)
         try:
             window = AuditWindow(
@@ -190,6 +210,64 @@ def register(app: typer.Typer) -> None:
             render_report(Console(), report)
         if not report.clean:
             raise typer.Exit(FINDINGS_EXIT_CODE)
+
+
+def _schedule(
+    family: Family,
+    every: str,
+    since: str,
+    until: str | None,
+    in_flight_grace: str,
+    temporal_address: str | None,
+) -> None:
+    """``audit --schedule``: the schedule created or updated, one line saying which."""
+    from onceflow.cli._audit_schedule import ensure_audit_schedule
+    from onceflow.cli._configuration import loaded_configuration
+    from onceflow.task_api import connect_temporal
+    from onceflow.tools import AuditRunInput
+
+    if until is not None:
+        raise CommandFailed(
+            "--until does not go with --schedule: each run audits the --since duration "
+            "up to its own start",
+            exit_code=ExitCode.BAD_INPUT,
+        )
+    if _DURATION.fullmatch(since.strip()) is None and not since.strip().upper().startswith("P"):
+        raise CommandFailed(
+            f"with --schedule, --since is how far back each run reads: a duration (2h, "
+            f"PT2H), not {since!r}",
+            exit_code=ExitCode.BAD_INPUT,
+        )
+    interval = parse_duration(every, option="--schedule")
+    request = AuditRunInput(
+        family=family.value,
+        window=parse_duration(since, option="--since"),
+        in_flight_grace=parse_duration(in_flight_grace, option="--in-flight-grace"),
+    )
+    if interval <= timedelta(0) or request.window < interval:
+        raise CommandFailed(
+            "--since must be at least --schedule (> 0), so that consecutive windows leave no gap",
+            exit_code=ExitCode.BAD_INPUT,
+        )
+    configuration = loaded_configuration()
+
+    async def body() -> tuple[str, bool]:
+        client = await connect_temporal(
+            address=temporal_address, encryption=configuration.payload_encryption
+        )
+        return await ensure_audit_schedule(
+            client,
+            task_queue=configuration.onceflow.task_queue,
+            every=interval,
+            request=request,
+        )
+
+    schedule_id, created = operate(body)
+    print(
+        f"{'created' if created else 'updated'} schedule {schedule_id}: audits "
+        f"{family.value} every {interval}, each run the {request.window} before it",
+        flush=True,
+    )
 
 
 def _provider_failed(failure: "PaymentProviderError") -> CommandFailed:

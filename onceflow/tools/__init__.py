@@ -82,6 +82,13 @@ from onceflow.tools._audit import (
     read_operations,
     read_step_operations,
 )
+from onceflow.tools._audit_runs import (
+    RUN_AUDIT,
+    AuditActivities,
+    AuditActivityInput,
+    AuditRunInput,
+    AuditRunResult,
+)
 from onceflow.tools._call import ToolCall
 from onceflow.tools._catalogue import CATALOGUE, Catalogue, UnknownTool
 from onceflow.tools._checks import ToolRegistrationError
@@ -135,10 +142,14 @@ __all__ = [
     "IDEMPOTENCY_KEY_MAX_LENGTH",
     "ApprovalThreshold",
     "arguments_digest",
+    "AuditActivities",
+    "AuditActivityInput",
     "AuditFinding",
     "Auditor",
     "AuditProgress",
     "AuditReport",
+    "AuditRunInput",
+    "AuditRunResult",
     "AuditWindow",
     "Catalogue",
     "check_idempotency_key",
@@ -177,6 +188,7 @@ __all__ = [
     "read_operations",
     "read_step_operations",
     "register_tools",
+    "RUN_AUDIT",
     "TaskPolicy",
     "Tool",
     "tool_activities",

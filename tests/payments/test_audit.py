@@ -15,7 +15,6 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -40,14 +39,13 @@ from onceflow.tools import (
     EffectTotal,
     FindingKind,
     OperationRecord,
-    ToolCallInput,
     derive_child_key,
     key_digest,
     tool_activities,
 )
 from tests.harness import REPO, attempt_environment
 
-from .conftest import ACCOUNT, API_KEY, CHARGE_PAYMENT, REFUND_PAYMENT, TENANT, VISA_CHARGE
+from .conftest import ACCOUNT, API_KEY, REFUND_PAYMENT, TENANT, Charge, step_call
 
 pytestmark = [pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")]
 
@@ -275,40 +273,6 @@ def test_the_command_reads_times_and_durations() -> None:
 
 
 # ── end to end: the command against the local provider and PostgreSQL ─────────────────
-
-
-def step_call(workflow_id: str, step_id: str, tool: str, arguments: dict[str, Any]) -> Any:
-    return ToolCallInput(
-        tenant=TENANT,
-        principal="agent-7",
-        workflow_id=workflow_id,
-        step_id=step_id,
-        tool=tool,
-        arguments=arguments,
-        attempt=1,
-    )
-
-
-Charge = Callable[..., Any]
-
-
-@pytest.fixture
-async def charge(
-    payment_provider: StripePaymentProvider, pool: AsyncConnectionPool
-) -> AsyncIterator[Charge]:
-    """``await charge(workflow_id)``: step ``pay`` of that task charges, as a worker's
-    ``charge_payment`` attempt does; returns its PaymentIntent id."""
-    perform = tool_activities(CHARGE_PAYMENT, pool, payment_provider)[0]
-
-    async def run(workflow_id: str, **arguments: Any) -> str:
-        done = await attempt_environment().run(
-            perform,
-            step_call(workflow_id, "pay", "charge_payment", {**VISA_CHARGE, **arguments}),
-        )
-        assert done.outcome is OutcomeClass.SUCCEEDED, done.reason
-        return str(done.resource_id)
-
-    yield run
 
 
 async def onceflow_audit(
