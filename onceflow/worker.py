@@ -7,7 +7,7 @@ running activities get ``ONCEFLOW_SHUTDOWN_GRACE`` to finish before the process 
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager, nullcontext
 from datetime import timedelta
 from typing import Any
 
@@ -27,6 +27,8 @@ from onceflow.storage import build_pool
 from onceflow.task_api import connect_temporal
 from onceflow.telemetry import AttemptAnnotations, watch_parked_tasks
 from onceflow.tools import (
+    AuditActivities,
+    Auditor,
     ClientOpener,
     PolicyPinning,
     Tool,
@@ -36,6 +38,7 @@ from onceflow.tools import (
     tool_activities,
 )
 from onceflow.workflows import AgentTaskWorkflow
+from onceflow.workflows.audit import AuditWorkflow
 from onceflow.workflows.pruning import PruneIdempotencyRecordsWorkflow
 from onceflow.workflows.runner import DeliveredEventsRunner
 
@@ -68,6 +71,7 @@ async def build_worker(
     *,
     tools: Iterable[Tool],
     clients: Mapping[str, Any] | None = None,
+    auditors: Mapping[str, Auditor] | None = None,
 ) -> AsyncIterator[Worker]:
     """The one composition point: a running worker with the workflows, every tool's
     activities (built-in and custom alike: ``open_tool_client`` + ``tool_activities``) and
@@ -92,6 +96,8 @@ async def build_worker(
         clients: Clients by tool name, used instead of opening that tool's own (tests
             inject a fault-injecting provider this way); checked for retries the same.
             Default: none.
+        auditors: The tool families' auditors by family, which a scheduled
+            ``AuditWorkflow`` runs here. Default: none (a scheduled audit fails, saying so).
 
     Raises:
         ToolRegistrationError: A tool is unsafe, takes a name already registered with
@@ -118,9 +124,10 @@ async def build_worker(
         async with Worker(
             client,
             task_queue=settings.task_queue,
-            workflows=[AgentTaskWorkflow, PruneIdempotencyRecordsWorkflow],
+            workflows=[AgentTaskWorkflow, PruneIdempotencyRecordsWorkflow, AuditWorkflow],
             activities=[
                 *activities,
+                AuditActivities(auditors or {}).run_audit,
                 records.record_task_outcome,
                 records.prune_idempotency_records,
                 # Pins each new task's policy from this worker's contracts (local activity).
@@ -155,7 +162,9 @@ async def serve_worker(
     tool stops the start-up with ``ToolRegistrationError``) and their clients opened for
     the worker's lifetime. Payloads are encrypted when ``[payload_encryption]`` holds
     keys. Relays run apart (``onceflow relay``). When the process
-    exports metrics, the worker also publishes the parked-task gauges.
+    exports metrics, the worker also publishes the parked-task gauges. With
+    ``STRIPE_API_KEY`` set it runs scheduled payments audits (``AuditWorkflow``) with a
+    Stripe client of their own.
     """
     settings = configuration.onceflow
     families = configured_families(configuration)
@@ -167,10 +176,21 @@ async def serve_worker(
     client = await connect_temporal(
         address=temporal_address, encryption=configuration.payload_encryption
     )
+    from onceflow.payments import PaymentsAuditor, StripeSettings, open_stripe_provider
+
+    stripe = configuration.read(StripeSettings)
     async with (
         watch_parked_tasks(client, every=timedelta(seconds=settings.parked_scan_seconds)),
         build_pool(database_url, max_size=settings.db_pool_max_size) as pool,
-        build_worker(client, pool, settings, tools=tools),
+        # The scheduled payments audit reads Stripe with a client of its own.
+        open_stripe_provider(stripe) if stripe.configured else nullcontext() as stripe_reader,
+        build_worker(
+            client,
+            pool,
+            settings,
+            tools=tools,
+            auditors={"payments": PaymentsAuditor(stripe_reader, pool)} if stripe_reader else {},
+        ),
     ):
         if on_ready is not None:
             on_ready()

@@ -20,10 +20,11 @@ from onceflow.tools import ToolRegistrationError, UnknownTool
 class ExitCode(IntEnum):
     """How a command that fails leaves, so a script or a supervisor can tell what to do.
 
-    Codes 3, 4 and 5 belong to ``call --wait`` (the task's state), so a dependency that is
-    down or refused credentials use the ``sysexits.h`` numbers instead of the next small
-    ones: a supervisor restarts on ``UNAVAILABLE`` and gives up on ``BAD_INPUT`` and
-    ``CREDENTIALS_REFUSED``, which no restart fixes.
+    Codes 3, 4 and 5 belong to ``call --wait`` (the task's state) and 6 to ``audit`` (it
+    found something), so a dependency that is down or refused credentials use the
+    ``sysexits.h`` numbers instead of the next small ones: a supervisor restarts on
+    ``UNAVAILABLE`` and gives up on ``BAD_INPUT`` and ``CREDENTIALS_REFUSED``, which no
+    restart fixes.
     """
 
     FAILED = 1
@@ -42,7 +43,8 @@ EXIT_CODES_HELP = (
     "Exit codes: 0 done; 1 failed (a refused decision, a conflict, a port or state folder "
     "in use); 2 bad input or settings; 69 Temporal or PostgreSQL unreachable; 77 "
     "credentials refused (API key, database password, Temporal); 130 interrupted before "
-    "ready; call --wait: 3 task failed, 4 parked, 5 awaiting approval."
+    "ready; call --wait: 3 task failed, 4 parked, 5 awaiting approval; audit: 6 findings "
+    "(a duplicate, an orphan or a missing resource)."
 )
 """The exit codes as ``onceflow --help`` lists them."""
 

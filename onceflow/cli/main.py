@@ -7,7 +7,8 @@ key already used for other arguments included), 69 Temporal or PostgreSQL unreac
 ``gateway``, ``mcp``, ``dev``) check their settings and reach their dependencies before
 they say they are ready, so a start-up failure is one of those lines too. Machine-readable
 output (``call``, ``status --json``, ``tasks --json``) is JSON on standard output.
-``call --wait`` leaves with the task's final state (``WAIT_EXIT_CODES``).
+``call --wait`` leaves with the task's final state (``WAIT_EXIT_CODES``), ``audit`` with 6
+when it found anything (``FINDINGS_EXIT_CODE``).
 """
 
 import asyncio
@@ -17,6 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
+from onceflow.cli._audit import register as register_audit_command
 from onceflow.cli._boundary import register as register_boundary_commands
 from onceflow.cli._configuration import register as register_configuration_commands
 from onceflow.cli._failures import EXIT_CODES_HELP, CommandFailed, ExitCode, explain
@@ -461,6 +463,7 @@ def migrate() -> None:
 register_boundary_commands(app, operate)  # gateway, mcp, principal
 register_configuration_commands(app)  # --config, config check|show, the start-up check
 register_tool_commands(app)  # tools
+register_audit_command(app)  # audit
 register_plugin_commands(app)  # dev, demo, provider: from the dev stack when installed
 
 

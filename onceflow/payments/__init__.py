@@ -24,6 +24,13 @@ Nothing here imports the dev stack; point ``STRIPE_API_BASE`` at the local provi
 use it.
 """
 
+from onceflow.payments._audit import (
+    AUDITED_TOOLS,
+    PaymentsAuditInput,
+    ProviderEffect,
+    compare_payments,
+)
+from onceflow.payments._audit_io import AuditedPaymentProvider, PaymentsAuditor
 from onceflow.payments._contract import (
     ChargePaymentInput,
     RefundPaymentInput,
@@ -56,17 +63,22 @@ from onceflow.payments._stripe import (
 from onceflow.payments._tools import payment_tools
 
 __all__ = [
+    "AUDITED_TOOLS",
     "CHARGE_CHILD_OP",
     "OPERATION_METADATA_KEY",
     "REFUND_CHILD_OP",
     "STRIPE_CLIENT_CHECK",
     "STRIPE_REDACTIONS",
+    "AuditedPaymentProvider",
     "ChargePaymentInput",
     "ChargeRequest",
     "PaymentIntentView",
     "PaymentProvider",
     "PaymentProviderError",
     "PaymentToolSettings",
+    "PaymentsAuditInput",
+    "PaymentsAuditor",
+    "ProviderEffect",
     "ProviderReply",
     "RefundPaymentInput",
     "RefundRequest",
@@ -76,6 +88,7 @@ __all__ = [
     "build_stripe_client",
     "charge_payment_contract",
     "classify_stripe_error",
+    "compare_payments",
     "open_stripe_provider",
     "payment_family",
     "payment_tools",

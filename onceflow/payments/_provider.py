@@ -68,6 +68,8 @@ class PaymentIntentView:
     metadata: dict[str, str]
     amount_refunded: int | None = None
     """From the expanded latest charge, when the call asked for it."""
+    created: int = 0
+    """When the provider created it (Unix seconds, its own clock)."""
     reply: ProviderReply
 
 
@@ -81,6 +83,8 @@ class RefundView:
     currency: str
     payment_intent: str | None
     metadata: dict[str, str]
+    created: int = 0
+    """When the provider created it (Unix seconds, its own clock)."""
     reply: ProviderReply
 
 

@@ -7,6 +7,7 @@ invent a random one per call, which dedupes nothing.
 """
 
 import logging
+import math
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -205,6 +206,57 @@ class StripePaymentProvider:
             span.set_attribute("stripe.listed", len(views))
             return views
 
+    async def payment_intent_pages(
+        self, *, created_from: datetime, created_before: datetime
+    ) -> AsyncIterator[list[PaymentIntentView]]:
+        """Every PaymentIntent created in ``[created_from, created_before)`` (whole seconds,
+        widened outwards), one page per request, newest first, with no upper bound: the
+        list API (read-after-write consistent), for an audit."""
+        async for page in self._pages_created(
+            self.client.v1.payment_intents.list_async,
+            "GET /v1/payment_intents",
+            created_from,
+            created_before,
+        ):
+            yield [_intent_view(intent, reply_from=page) for intent in page.data]
+
+    async def refund_pages(
+        self, *, created_from: datetime, created_before: datetime
+    ) -> AsyncIterator[list[RefundView]]:
+        """Every refund created in ``[created_from, created_before)``, like
+        ``payment_intent_pages``."""
+        async for page in self._pages_created(
+            self.client.v1.refunds.list_async, "GET /v1/refunds", created_from, created_before
+        ):
+            yield [_refund_view(refund, reply_from=page) for refund in page.data]
+
+    async def _pages_created(
+        self,
+        list_page: Callable[..., Awaitable[Any]],
+        route: str,
+        created_from: datetime,
+        created_before: datetime,
+    ) -> AsyncIterator[Any]:
+        # Stripe's ``created`` is whole seconds: widen the window to them, never narrow it.
+        params: dict[str, Any] = {
+            "created": {
+                "gte": math.floor(created_from.timestamp()),
+                "lt": math.ceil(created_before.timestamp()),
+            },
+            "limit": _PAGE,
+        }
+        while True:
+            with outbound_call("stripe", route, {}) as span:
+                try:
+                    page = await list_page(params=params)
+                except Exception as error:
+                    _raise_classified(error, span)
+                span.set_attribute("stripe.listed", len(page.data))
+            yield page
+            if not page.has_more or not page.data:
+                return
+            params = {**params, "starting_after": page.data[-1].id}
+
     async def _all_pages(
         self, list_page: Callable[..., Awaitable[Any]], params: dict[str, Any], span: Span
     ) -> list[Any]:
@@ -366,6 +418,7 @@ def _intent_view(
         latest_charge=latest if isinstance(latest, str) or latest is None else latest.id,
         amount_refunded=latest.amount_refunded if isinstance(latest, stripe.Charge) else None,
         metadata=_metadata(intent.metadata),
+        created=intent.created,
         reply=_reply(reply_from if reply_from is not None else intent),
     )
 
@@ -381,5 +434,6 @@ def _refund_view(
         currency=refund.currency,
         payment_intent=intent if isinstance(intent, str) or intent is None else intent.id,
         metadata=_metadata(refund.metadata),
+        created=refund.created,
         reply=_reply(reply_from if reply_from is not None else refund),
     )

@@ -74,6 +74,25 @@ from onceflow.retry_policy import OutcomeClass
 from onceflow.storage import classify_database_error
 from onceflow.tools._activities import tool_activities
 from onceflow.tools._attempts import KeyUnusable, ToolAttemptResult, ToolCallInput
+from onceflow.tools._audit import (
+    AuditFinding,
+    Auditor,
+    AuditProgress,
+    AuditReport,
+    AuditWindow,
+    EffectTotal,
+    FindingKind,
+    OperationRecord,
+    read_operations,
+    read_step_operations,
+)
+from onceflow.tools._audit_runs import (
+    RUN_AUDIT,
+    AuditActivities,
+    AuditActivityInput,
+    AuditRunInput,
+    AuditRunResult,
+)
 from onceflow.tools._call import ToolCall
 from onceflow.tools._catalogue import CATALOGUE, Catalogue, UnknownTool
 from onceflow.tools._checks import ToolRegistrationError
@@ -135,6 +154,15 @@ __all__ = [
     "IDEMPOTENCY_KEY_MAX_LENGTH",
     "ApprovalThreshold",
     "arguments_digest",
+    "AuditActivities",
+    "AuditActivityInput",
+    "AuditFinding",
+    "Auditor",
+    "AuditProgress",
+    "AuditReport",
+    "AuditRunInput",
+    "AuditRunResult",
+    "AuditWindow",
     "Catalogue",
     "check_idempotency_key",
     "ChildOperation",
@@ -151,6 +179,8 @@ __all__ = [
     "derive_child_key",
     "derive_task_workflow_id",
     "EffectFlags",
+    "EffectTotal",
+    "FindingKind",
     "Implementation",
     "KeyUnusable",
     "KeyWindowClosed",
@@ -166,12 +196,16 @@ __all__ = [
     "MalformedIdempotencyKey",
     "NothingSent",
     "open_tool_client",
+    "OperationRecord",
     "OutcomeClass",
     "PIN_TASK_POLICY",
     "PinPolicyInput",
     "PolicyPinning",
     "Redaction",
+    "read_operations",
+    "read_step_operations",
     "register_tools",
+    "RUN_AUDIT",
     "TaskPolicy",
     "Tool",
     "tool_activities",

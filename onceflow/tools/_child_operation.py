@@ -5,7 +5,8 @@ by the derived child key, which every attempt of the same step (in any worker) s
                          |                       (a later attempt replays it)
                          |----failed(rejected)--> failed
 
-This module and ``_lease`` are the only places that read or write that table.
+This module and ``_lease`` are the only places that write that table (``_audit`` reads
+it, for an audit against a provider).
 """
 
 import logging

@@ -37,15 +37,22 @@ from onceflow.payments import (
     open_stripe_provider,
     payment_tools,
 )
-from onceflow.retry_policy import RetryBudget
+from onceflow.retry_policy import OutcomeClass, RetryBudget
 from onceflow.settings import OnceflowSettings
 from onceflow.storage import build_pool
 from onceflow.task_api import TaskClient
-from onceflow.tools import Catalogue, Tool, derive_task_workflow_id
+from onceflow.tools import (
+    Catalogue,
+    Tool,
+    ToolCallInput,
+    derive_task_workflow_id,
+    tool_activities,
+)
 from onceflow.worker import build_worker
 from onceflow.workflows.task_models import AgentTaskInput, StepInput
 from tests.harness import (
     REPO,
+    attempt_environment,
     onceflow_command,
     wait_for,  # noqa: F401 - re-exported for the tests
 )
@@ -281,3 +288,41 @@ async def worker_process(process_environment: dict[str, str]) -> AsyncIterator[W
                 process.kill()
                 await process.wait()
         reader.cancel()
+
+
+def step_call(
+    workflow_id: str, step_id: str, tool: str, arguments: dict[str, Any]
+) -> ToolCallInput:
+    """The first attempt of one step of a task, as the workflow hands it to the tool."""
+    return ToolCallInput(
+        tenant=TENANT,
+        principal="agent-7",
+        workflow_id=workflow_id,
+        step_id=step_id,
+        tool=tool,
+        arguments=arguments,
+        attempt=1,
+    )
+
+
+Charge = Callable[..., Awaitable[str]]
+"""``await charge(workflow_id, **arguments)``: see the ``charge`` fixture."""
+
+
+@pytest.fixture
+async def charge(
+    payment_provider: StripePaymentProvider, pool: AsyncConnectionPool
+) -> AsyncIterator[Charge]:
+    """``await charge(workflow_id)``: step ``pay`` of that task charges, as a worker's
+    ``charge_payment`` attempt does; returns its PaymentIntent id."""
+    perform = tool_activities(CHARGE_PAYMENT, pool, payment_provider)[0]
+
+    async def run(workflow_id: str, **arguments: Any) -> str:
+        done = await attempt_environment().run(
+            perform,
+            step_call(workflow_id, "pay", "charge_payment", {**VISA_CHARGE, **arguments}),
+        )
+        assert done.outcome is OutcomeClass.SUCCEEDED, done.reason
+        return str(done.resource_id)
+
+    yield run

@@ -11,8 +11,9 @@ Every ``/v1`` request goes through one pipeline, in the order Stripe applies its
       -> [fault: 500 after commit] -> store response under the key
       -> [fault: drop | delay after commit] -> respond
 
-The control API under ``/_test`` (JSON, no auth) edits faults and configuration and
-reads the ledger and the request log; it is never logged or faulted.
+The control API under ``/_test`` (JSON, no auth) edits faults and configuration, reads
+the ledger and the request log, and forgets an object (``/_test/forget``, as Stripe's
+"delete test data" does); it is never logged or faulted.
 """
 
 from __future__ import annotations
@@ -174,6 +175,7 @@ def build_provider_app(config: ProviderConfig | None = None) -> web.Application:
         ("GET", "/_test/ledger", _ledger),
         ("GET", "/_test/requests", _requests),
         ("POST", "/_test/reset", _reset),
+        ("POST", "/_test/forget", _forget),
         ("GET", "/_test/config", _config),
         ("POST", "/_test/config", _configure),
     ]
@@ -386,6 +388,19 @@ async def _requests(request: web.Request) -> web.Response:
 async def _reset(request: web.Request) -> web.Response:
     request.app[PROVIDER].reset()
     return web.json_response({"reset": True})
+
+
+async def _forget(request: web.Request) -> web.Response:
+    try:
+        data = await request.json()
+        if not isinstance(data, dict) or not isinstance(data.get("object_id"), str):
+            raise ValueError('expected {"object_id": "pi_..." or "re_..."}')
+    except ValueError as error:
+        return web.json_response({"error": str(error)}, status=400)
+    forgotten = request.app[PROVIDER].account.forget(data["object_id"])
+    if not forgotten:
+        return web.json_response({"error": f"no object {data['object_id']}"}, status=404)
+    return web.json_response({"forgotten": forgotten})
 
 
 async def _config(request: web.Request) -> web.Response:

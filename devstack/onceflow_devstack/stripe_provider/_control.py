@@ -91,6 +91,18 @@ class ProviderControl:
         data = await self._call("GET", "/_test/requests")
         return [RequestRecord.from_json(record) for record in data["data"]]
 
+    async def forget(self, object_id: str) -> list[str]:
+        """Forget a PaymentIntent (its charges and refunds with it) or a refund, as
+        Stripe's "delete test data" does: reads answer 404, lists leave it out, the
+        ledger keeps the effect. Stripe's API deletes neither, so this stands in for a
+        resource gone from the provider.
+
+        Returns:
+            The ids forgotten.
+        """
+        data = await self._call("POST", "/_test/forget", {"object_id": object_id})
+        return list(data["forgotten"])
+
     async def reset(self) -> None:
         """Clear objects, ledger, request log, keys and faults; restore the config."""
         await self._call("POST", "/_test/reset")

@@ -394,6 +394,30 @@ class Account:
             raise resource_missing("PaymentMethod", payment_method, "payment_method")
         return payment_method
 
+    def forget(self, object_id: str) -> list[str]:
+        """Forget a PaymentIntent (with its charges and refunds) or a refund, as Stripe's
+        "delete test data" forgets test objects: reads answer 404 and lists leave it
+        out; the ledger keeps the effect, which did happen. Stripe's API has no delete
+        for either, so this is for tests that need a resource gone from the provider.
+
+        Returns:
+            The ids forgotten (empty when the id is unknown).
+        """
+        if object_id in self._refunds:
+            del self._refunds[object_id]
+            return [object_id]
+        intent = self._intents.pop(object_id, None)
+        if intent is None:
+            return []
+        gone = [object_id]
+        for charge_id, charge in list(self._charges.items()):
+            if charge["payment_intent"] == object_id:
+                gone.append(self._charges.pop(charge_id)["id"])
+        for refund_id, refund in list(self._refunds.items()):
+            if refund["payment_intent"] == object_id:
+                gone.append(self._refunds.pop(refund_id)["id"])
+        return gone
+
     # -- Refunds -------------------------------------------------------------------
 
     def prepare_create_refund(self, params: JsonObject) -> Commit:
