@@ -44,7 +44,7 @@ from onceflow.payments._family import (
     payment_family,
     stripe_client_retries,
 )
-from onceflow.payments._perform import CHARGE_CHILD_OP, REFUND_CHILD_OP
+from onceflow.payments._outcomes import CHARGE_CHILD_OP, REFUND_CHILD_OP
 from onceflow.payments._provider import (
     OPERATION_METADATA_KEY,
     ChargeRequest,

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TypedDict
 
-from onceflow.payments._perform import CHARGE_CHILD_OP, CHARGED, REFUND_CHILD_OP, REFUNDED
+from onceflow.payments._outcomes import CHARGE_CHILD_OP, CHARGED, REFUND_CHILD_OP, REFUNDED
 from onceflow.payments._provider import OPERATION_METADATA_KEY, PaymentIntentView, RefundView
 from onceflow.tools import (
     AuditFinding,

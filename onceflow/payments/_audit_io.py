@@ -30,7 +30,7 @@ from onceflow.payments._audit import (
     unowned_steps,
 )
 from onceflow.payments._errors import PaymentProviderError
-from onceflow.payments._perform import CHARGE_CHILD_OP
+from onceflow.payments._outcomes import CHARGE_CHILD_OP
 from onceflow.payments._provider import PaymentIntentView, RefundView
 from onceflow.tools import (
     AuditProgress,

@@ -3,12 +3,8 @@
 from functools import partial
 
 from onceflow.payments._contract import charge_payment_contract, refund_payment_contract
-from onceflow.payments._perform import (
-    charge_payment,
-    look_up_charge,
-    look_up_refund,
-    refund_payment,
-)
+from onceflow.payments._look_ups import look_up_charge, look_up_refund
+from onceflow.payments._perform import charge_payment, refund_payment
 from onceflow.payments._settings import PaymentToolSettings, StripeSettings
 from onceflow.payments._stripe import open_stripe_provider
 from onceflow.settings import InvalidSettings
