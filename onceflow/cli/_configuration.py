@@ -6,6 +6,7 @@ once (``loaded_configuration``) and passes its sections down; nothing reads sett
 import, so ``--config`` only has to be in place before the command body runs.
 """
 
+import contextlib
 import json
 import os
 import sys
@@ -48,9 +49,15 @@ def loaded_configuration() -> "OnceflowConfiguration":
     """
     global _loaded
     if _loaded is None:
+        from onceflow.activities import builtin_families
         from onceflow.configuration import load_configuration
 
         _loaded = load_configuration()
+        # Every command scrubs what onceflow's families declare secret (a Stripe key in a
+        # log line), whether or not it serves their tools. A family that refuses its
+        # settings is reported by the commands that serve it, not by every command.
+        with contextlib.suppress(ValueError):
+            builtin_families(_loaded)
     return _loaded
 
 
