@@ -24,7 +24,7 @@ from onceflow.activities import (
 from onceflow.configuration import OnceflowConfiguration
 from onceflow.settings import InvalidSettings, OnceflowSettings
 from onceflow.storage import build_pool
-from onceflow.task_api import connect_temporal
+from onceflow.task_api import TaskClient, connect_temporal
 from onceflow.telemetry import AttemptAnnotations, watch_parked_tasks
 from onceflow.tools import (
     AuditActivities,
@@ -120,7 +120,9 @@ async def build_worker(
                 if tool.open_client is not None:
                     by_opener[tool.open_client] = tool_client
             activities += tool_activities(tool, pool, tool_client)
-        records = IdempotencyRecordActivities(pool)
+        records = IdempotencyRecordActivities(
+            pool, TaskClient(client, task_queue=settings.task_queue)
+        )
         async with Worker(
             client,
             task_queue=settings.task_queue,

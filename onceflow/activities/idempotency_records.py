@@ -1,14 +1,20 @@
-"""The boundary's records, written from inside Temporal: task outcomes and pruning.
+"""The boundary's records, written from inside Temporal: task outcomes and upkeep.
 
-``record_task_outcome`` is how a task answers repeated requests even after the gateway
-that started it died: the workflow itself stores its terminal result in the record.
+A plan task's outcome is written by the request that started it, which awaits its
+result; the workflow writes it itself (``record_task_outcome``) for open tasks and for
+tasks that asked people. The upkeep pass (``prune_idempotency_records``, run by the
+prune schedule) writes the outcome of every ended task whose starter died before it
+could, then deletes expired terminal records.
 """
+
+from datetime import timedelta
 
 from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel
 from temporalio import activity
 
 from onceflow.gateway import IdempotencyStore, stored_outcome
+from onceflow.task_api import TaskClient
 from onceflow.workflows.pruning_models import PRUNE_IDEMPOTENCY_RECORDS, PruneInput, PruneResult
 from onceflow.workflows.task_models import RECORD_TASK_OUTCOME, TaskOutcomeInput
 
@@ -24,8 +30,9 @@ class TaskOutcomeResult(BaseModel):
 class IdempotencyRecordActivities:
     """Activities on ``idempotency_records``, bound to the worker's connection pool."""
 
-    def __init__(self, pool: AsyncConnectionPool) -> None:
+    def __init__(self, pool: AsyncConnectionPool, tasks: TaskClient) -> None:
         self._records = IdempotencyStore(pool)
+        self._tasks = tasks
 
     @activity.defn(name=RECORD_TASK_OUTCOME)
     async def record_task_outcome(self, outcome: TaskOutcomeInput) -> TaskOutcomeResult:
@@ -53,7 +60,30 @@ class IdempotencyRecordActivities:
 
     @activity.defn(name=PRUNE_IDEMPOTENCY_RECORDS)
     async def prune_idempotency_records(self, request: PruneInput) -> PruneResult:
-        """Delete terminal records past ``result_expires_at``; processing ones never."""
+        """Write the outcome of ended tasks whose starter did not, then delete terminal
+        records past ``result_expires_at``; processing ones are never deleted."""
+        settled = await self._settle_started(timedelta(seconds=request.settle_after_seconds))
         pruned = await self._records.prune(batch=request.batch)
-        activity.logger.info("pruned %d idempotency records", pruned.records)
-        return PruneResult(records=pruned.records, usage_windows=pruned.usage_windows)
+        activity.logger.info(
+            "settled %d and pruned %d idempotency records", settled, pruned.records
+        )
+        return PruneResult(
+            records=pruned.records, usage_windows=pruned.usage_windows, settled=settled
+        )
+
+    async def _settle_started(self, older_than: timedelta) -> int:
+        settled = 0
+        async for page in self._records.started_unrecorded(older_than=older_than):
+            for workflow_id in await self._tasks.closed_among(page):
+                state, status_code, body, resource_id = stored_outcome(
+                    await self._tasks.ended(workflow_id)
+                )
+                settled += await self._records.record_outcome(
+                    workflow_id=workflow_id,
+                    run_id=None,
+                    state=state,
+                    status_code=status_code,
+                    response_body=body,
+                    resource_id=resource_id,
+                )
+        return settled

@@ -164,6 +164,7 @@ class TaskRequests:
                 principal=principal.name,
                 steps=[StepInput(step_id=TOOL_CALL_STEP_ID, tool=tool, arguments=normalized)],
                 record_outcome=True,
+                starter_records_outcome=True,
             ),
         )
         return await self._submit(submission)
@@ -254,6 +255,7 @@ class TaskRequests:
             steps=steps,
             budget=request.budget,
             record_outcome=True,
+            starter_records_outcome=True,
         )
         return await self._submit(task_submission(principal, key, normalized, task))
 
@@ -495,19 +497,17 @@ class TaskRequests:
                 )
             status = current
         except WorkflowFailureError as failure:
-            status = await self._closed_abnormally(record.workflow_id, failure)
+            status = await self._tasks.closed_abnormally(record.workflow_id, failure)
         return await self._store_ended(record, status, replayed=replayed)
 
     async def _store_ended(
         self, record: IdempotencyRecord, status: TaskStatus, *, replayed: bool
     ) -> BoundaryAnswer:
-        stored = await self._records.get(record.scope, record.idempotency_key)
-        if stored is not None and stored.is_terminal:
-            return replayed_answer(stored, replayed=replayed)
-        # The task ended but its outcome did not reach the record: use the task's own
-        # result and store it, fenced exactly like the workflow's write.
+        # The request that waits for a plan task writes its outcome (the task itself
+        # writes it only when it asked people, or for an open task): one write, fenced
+        # exactly like the workflow's; the record's own answer when it already holds one.
         state, status_code, body, resource_id = stored_outcome(status)
-        await self._records.record_outcome(
+        written = await self._records.record_outcome(
             workflow_id=record.workflow_id,
             run_id=None,
             state=state,
@@ -515,18 +515,13 @@ class TaskRequests:
             response_body=body,
             resource_id=resource_id,
         )
-        log.warning("stored the outcome of task %s from its result", record.workflow_id)
+        if not written:
+            stored = await self._records.get(record.scope, record.idempotency_key)
+            if stored is not None and stored.is_terminal:
+                return replayed_answer(stored, replayed=replayed)
         return BoundaryAnswer(
             status_code=status_code, body=body, task_id=record.workflow_id, replayed=replayed
         )
-
-    async def _closed_abnormally(
-        self, workflow_id: str, failure: WorkflowFailureError
-    ) -> TaskStatus:
-        # Terminated, cancelled or timed out by Temporal: the task failed as a whole.
-        last = await self._tasks.status(workflow_id)
-        reason = f"the task's workflow closed without a result ({type(failure.cause).__name__})"
-        return last.model_copy(update={"state": TaskState.FAILED, "failure_reason": reason})
 
 
 def task_submission(

@@ -429,4 +429,13 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
             FOR EACH STATEMENT EXECUTE FUNCTION onceflow_principals_changed();
         """,
     ),
+    (
+        13,
+        "boundary: started tasks whose outcome waits to be written, found without a scan",
+        """
+        CREATE INDEX idempotency_records_started_unrecorded
+            ON idempotency_records (workflow_started_at, workflow_id)
+            WHERE state = 'processing' AND workflow_started_at IS NOT NULL;
+        """,
+    ),
 )

@@ -4,7 +4,7 @@ The CLI and the boundary use this; it never decides whether a request is a repea
 is the boundary's fingerprint check), it only starts idempotently by workflow id.
 """
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -18,6 +18,7 @@ from temporalio.client import (
     Client,
     WithStartWorkflowOperation,
     WorkflowExecution,
+    WorkflowFailureError,
     WorkflowHandle,
     WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
@@ -52,7 +53,7 @@ from onceflow.workflows.task_models import (
     TaskState,
     TaskStatus,
 )
-from onceflow.workflows.visibility import TASK_KIND, TASK_STATE, TASK_TENANT
+from onceflow.workflows.visibility import TASK_KIND, TASK_STATE, TASK_TENANT, TASK_TOOLS
 
 
 class DecisionAnswer(DecisionResult):
@@ -131,6 +132,8 @@ class TaskClient:
             if trace_id is not None:
                 memo = {**(memo or {}), TRACE_ID_MEMO: trace_id}
             task = self._pinned(task)
+            if task.open is None:
+                task = task.model_copy(update={"started_with_attributes": True})
             try:
                 return await self._client.start_workflow(
                     AgentTaskWorkflow.run, task, **self._start_options(task, workflow_id, memo)
@@ -164,14 +167,7 @@ class TaskClient:
             "task_queue": self._task_queue,
             "id_conflict_policy": WorkflowIDConflictPolicy.USE_EXISTING,
             "id_reuse_policy": WorkflowIDReusePolicy.REJECT_DUPLICATE,
-            # Known before any worker runs the task: whose it is, for the gateway's
-            # answers and the listings while no worker serves the queue.
-            "search_attributes": TypedSearchAttributes(
-                [
-                    SearchAttributePair(TASK_TENANT, task.tenant),
-                    SearchAttributePair(TASK_KIND, "open" if task.open is not None else "plan"),
-                ]
-            ),
+            "search_attributes": TypedSearchAttributes(_start_attributes(task)),
             "static_summary": ClearText(summary),
             "static_details": ClearText(
                 f"{what} of tenant `{task.tenant}` for principal `{task.principal}`."
@@ -278,6 +274,31 @@ class TaskClient:
         """Wait for the task to end and return its final status."""
         handle = self._client.get_workflow_handle_for(AgentTaskWorkflow.run, workflow_id)
         return await handle.result()
+
+    async def ended(self, workflow_id: str) -> TaskStatus:
+        """The final status of a task that ended: its result, or for a workflow Temporal
+        closed without one (terminated, cancelled, timed out) its last status, failed."""
+        try:
+            return await self.result(workflow_id)
+        except WorkflowFailureError as failure:
+            return await self.closed_abnormally(workflow_id, failure)
+
+    async def closed_abnormally(
+        self, workflow_id: str, failure: WorkflowFailureError
+    ) -> TaskStatus:
+        """A task whose workflow Temporal closed without a result: it failed as a whole."""
+        last = await self.status(workflow_id)
+        reason = f"the task's workflow closed without a result ({type(failure.cause).__name__})"
+        return last.model_copy(update={"state": TaskState.FAILED, "failure_reason": reason})
+
+    async def closed_among(self, workflow_ids: Sequence[str]) -> list[str]:
+        """Which of these tasks have closed, from the visibility store (which may lag a
+        close by a moment)."""
+        if not workflow_ids:
+            return []
+        listed = ", ".join(f"'{_quoted(workflow_id)}'" for workflow_id in workflow_ids)
+        query = f"WorkflowId IN ({listed}) AND ExecutionStatus != 'Running'"
+        return [execution.id async for execution in self._client.list_workflows(query)]
 
     async def approve(self, workflow_id: str, decision: ApproveInput) -> DecisionAnswer:
         """Send an approval (see ``_decide`` for what a late or repeated one gets)."""
@@ -486,6 +507,20 @@ def _refusal(failed: WorkflowUpdateFailedError) -> str:
     cause = failed.cause
     message = getattr(cause, "message", None) or str(cause or failed)
     return str(message)
+
+
+def _start_attributes(task: AgentTaskInput) -> list[SearchAttributePair[Any]]:
+    """Known before any worker runs the task: whose it is and its kind, for the gateway's
+    answers and the listings while no worker serves the queue; a plan's tools and state
+    too when it says so, saving its first workflow task an upsert."""
+    pairs: list[SearchAttributePair[Any]] = [
+        SearchAttributePair(TASK_TENANT, task.tenant),
+        SearchAttributePair(TASK_KIND, "open" if task.open is not None else "plan"),
+    ]
+    if task.started_with_attributes:
+        pairs.append(SearchAttributePair(TASK_TOOLS, task.plan_tools()))
+        pairs.append(SearchAttributePair(TASK_STATE, TaskState.RUNNING.value))
+    return pairs
 
 
 def _quoted(value: str) -> str:

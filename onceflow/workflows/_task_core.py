@@ -143,6 +143,8 @@ class TaskCore:
         """Per running step of a tool whose provider forgets keys: its key's send window."""
         self._waiting_for_people = 0
         self._waiting_since = self._memory.started_at
+        self._asked_people = False
+        """Whether a step ever waited for a person (an approval, a reconciliation)."""
         # Open tasks only.
         self._open = task.open
         self._closing: str | None = None
@@ -231,6 +233,7 @@ class TaskCore:
         if self._waiting_for_people == 0:
             self._waiting_since = now or workflow.now()
         self._waiting_for_people += 1
+        self._asked_people = True
 
     def _end_waiting_for_people(self) -> None:
         self._waiting_for_people -= 1
@@ -279,6 +282,14 @@ class TaskCore:
             closing=self._closing,
             runs=self._memory.runs,
         )
+
+    def _records_outcome(self) -> bool:
+        """Whether this workflow writes the task's outcome into its idempotency record:
+        always when asked to, unless the starter writes it and is still waiting (its
+        request is answered with a 202 once a step waits for a person)."""
+        if not self._task.record_outcome:
+            return False
+        return not self._task.starter_records_outcome or self._asked_people
 
     def _decision_admitted(self) -> None:
         self._decision_admitted_at = workflow.info().get_current_history_length()

@@ -102,13 +102,14 @@ class AgentTaskWorkflow(OpenTaskRuns, PeopleDecisions):
     async def run(self, task: AgentTaskInput) -> TaskStatus:
         if task.open is not None:
             return await self._run_open(task)
-        workflow.upsert_search_attributes(
-            [
-                TASK_TENANT.value_set(task.tenant),
-                TASK_TOOLS.value_set(sorted({step.tool for step in task.steps})),
-                TASK_STATE.value_set(self._state.value),
-            ]
-        )
+        if not task.started_with_attributes:
+            workflow.upsert_search_attributes(
+                [
+                    TASK_TENANT.value_set(task.tenant),
+                    TASK_TOOLS.value_set(task.plan_tools()),
+                    TASK_STATE.value_set(self._state.value),
+                ]
+            )
         pinned_at = None
         if task.policies is not None:
             self._memory.policies = dict(task.policies)
@@ -122,11 +123,12 @@ class AgentTaskWorkflow(OpenTaskRuns, PeopleDecisions):
                 pinned_at = None
         except StepStopped as stopped:
             failure = str(stopped)
-        if task.record_outcome:
+        records = self._records_outcome()
+        if records:
             await self._end_durably()
         self._failure_reason = failure
         self._set_state(TaskState.SUCCEEDED if failure is None else TaskState.FAILED)
-        if task.record_outcome:
+        if records:
             await self._record_outcome()
         # A decision arriving as the task ends must finish before the workflow completes.
         await workflow.wait_condition(workflow.all_handlers_finished)

@@ -167,6 +167,15 @@ class AgentTaskInput(BaseModel):
     record_outcome: bool = False
     """Write the terminal result back to the boundary's idempotency record (set by the
     gateway), so a repeated request can be answered even if the gateway died."""
+    starter_records_outcome: bool = False
+    """With ``record_outcome``: the request that started the task awaits its result and
+    writes the record itself (the gateway's plan tasks), so the workflow writes it only
+    when the task asked people (that request was answered long before) and a task that
+    ends promptly ends without a write of its own. A record a dead starter left is
+    written by the next repeat or by the prune schedule's settling pass."""
+    started_with_attributes: bool = False
+    """The starter set the plan's search attributes (tools, state) with the start
+    (``TaskClient``), so the first workflow task upserts none."""
 
     open: OpenTaskOptions | None = None
     """Set for an open task: no steps up front, one Update ``call`` per tool call."""
@@ -177,6 +186,10 @@ class AgentTaskInput(BaseModel):
     fills them in from its catalogue) and read from history by every replay. None: the
     task pins them on its first workflow task (local activity ``pin_task_policy``).
     Default None."""
+
+    def plan_tools(self) -> list[str]:
+        """The plan's tools, each once, sorted (the ``OnceflowTools`` attribute)."""
+        return sorted({step.tool for step in self.steps})
 
     @model_validator(mode="after")
     def _step_ids_are_unique(self) -> "AgentTaskInput":

@@ -7,6 +7,7 @@ owner can then no longer write.
 
 import asyncio
 import time
+import uuid
 from dataclasses import replace
 from datetime import timedelta
 
@@ -23,7 +24,11 @@ from onceflow.gateway import (
 )
 from onceflow.settings import OnceflowSettings
 from onceflow.storage import build_pool
+from onceflow.task_api import TaskClient
 from onceflow.worker import build_worker
+from onceflow.workflows.pruning import PruneIdempotencyRecordsWorkflow
+from onceflow.workflows.pruning_models import PruneInput, PruneResult
+from onceflow.workflows.task_models import TaskState
 from tests.harness import eventually
 from tests.tool_configuration import builtin
 
@@ -168,11 +173,12 @@ async def test_after_a_takeover_the_former_owner_can_no_longer_write(
     ]
 
 
-async def test_the_task_writes_its_own_outcome_into_the_record(
+async def test_the_upkeep_pass_writes_the_outcome_a_starter_that_stopped_waiting_left(
     stack: Stack, agent: Caller, database: str
 ) -> None:
     # A task queue no worker polls yet: the task cannot finish before the gateway has
-    # answered, so the outcome can only reach the record from the workflow itself.
+    # answered 202 and stopped waiting, so it writes no outcome (the task does not either:
+    # its starter writes it); the prune schedule's upkeep pass must.
     idle = replace(stack, task_queue=f"{stack.task_queue}-idle")
     async with open_service(idle, replay_wait_seconds=0) as service:
         answer = await service.call_tool(agent.principal, "create_order", ORDER, "order-async-1")
@@ -180,24 +186,37 @@ async def test_the_task_writes_its_own_outcome_into_the_record(
         assert answer.body["state"] == "running"
         assert rows(database, "SELECT state FROM idempotency_records") == [("processing",)]
 
-        # The gateway does nothing more; the workflow's record_task_outcome fills the record.
+        tasks = TaskClient(stack.client, task_queue=idle.task_queue)
         async with (
             build_pool(stack.postgres_url, max_size=2) as pool,
             build_worker(
                 stack.client, pool, OnceflowSettings(task_queue=idle.task_queue), tools=builtin()
             ),
         ):
+            assert (await tasks.result(answer.task_id)).state is TaskState.SUCCEEDED
+            assert rows(database, "SELECT state FROM idempotency_records") == [("processing",)]
+
+            async def upkeep() -> PruneResult:
+                return await stack.client.execute_workflow(
+                    PruneIdempotencyRecordsWorkflow.run,
+                    PruneInput(settle_after_seconds=0),
+                    id=f"upkeep-{uuid.uuid4().hex}",
+                    task_queue=idle.task_queue,
+                )
+
+            # Visibility may list the task as running for a moment after it closed.
             await eventually(
-                lambda: rows(database, "SELECT state FROM idempotency_records"),
-                until=lambda states: states == [("succeeded",)],
-                what="the task's record_task_outcome stored the outcome",
+                upkeep,
+                until=lambda done: done.settled == 1,
+                what="an upkeep pass wrote the ended task's outcome",
+                timeout=60,
             )
-        stored = rows(database, "SELECT status_code, response_body FROM idempotency_records")[0]
-        assert stored[0] == 200
-        assert stored[1]["state"] == "succeeded"
+        stored = rows(database, "SELECT state, status_code, response_body FROM idempotency_records")
+        assert [(state, code) for state, code, _ in stored] == [("succeeded", 200)]
+        assert stored[0][2]["state"] == "succeeded"
         replay = await service.call_tool(agent.principal, "create_order", ORDER, "order-async-1")
     assert replay.replayed
-    assert replay.body == stored[1]
+    assert replay.body == stored[0][2]
     assert count(database, "orders") == 1
 
 

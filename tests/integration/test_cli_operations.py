@@ -59,7 +59,9 @@ async def cli(
     register_scripted_tools()
     script = Script()
     async with build_pool(database) as pool:
-        records = IdempotencyRecordActivities(pool)
+        records = IdempotencyRecordActivities(
+            pool, TaskClient(dev_server.client, task_queue=task_queue)
+        )
         reference = [
             activity for tool in builtin() for activity in tool_activities(tool, pool, None)
         ]

@@ -79,7 +79,9 @@ async def scripted(postgres_url: str, dev_server: WorkflowEnvironment) -> AsyncI
         client=dev_server.client,
     )
     async with build_pool(postgres_url, max_size=4) as pool:
-        records = IdempotencyRecordActivities(pool)
+        records = IdempotencyRecordActivities(
+            pool, TaskClient(dev_server.client, task_queue=stack.task_queue)
+        )
         async with Worker(
             dev_server.client,
             task_queue=stack.task_queue,
