@@ -112,8 +112,7 @@ class ToolNotAllowed(OnceflowError):
 
 
 class DecisionsNotAllowed(OnceflowError):
-    """The authenticated principal may not make this decision: approve (an approver's or
-    an operator's), or reconcile (an operator's)."""
+    """The authenticated principal may not make this decision (approve, or reconcile)."""
 
     status = 403
     code = "decisions-not-allowed"
