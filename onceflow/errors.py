@@ -9,7 +9,7 @@ message ever repeats a raw idempotency key, a secret or a request body::
     OnceflowError                        500  the root; an unexpected failure
     ├── Unauthenticated                  401  no or unknown API key
     ├── ToolNotAllowed                   403  the principal may not call this tool
-    ├── DecisionsNotAllowed              403  the principal may not approve or reconcile
+    ├── DecisionsNotAllowed              403  the principal may not make this decision
     ├── OriginNotAllowed                 403  a browser request from another site than the UI's
     ├── UnknownToolRequested             404  no tool of that name
     ├── TaskNotFound                     404  no such task for this tenant
@@ -112,7 +112,7 @@ class ToolNotAllowed(OnceflowError):
 
 
 class DecisionsNotAllowed(OnceflowError):
-    """The authenticated principal may not approve or reconcile tasks."""
+    """The authenticated principal may not make this decision (approve, or reconcile)."""
 
     status = 403
     code = "decisions-not-allowed"

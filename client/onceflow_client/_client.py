@@ -241,7 +241,8 @@ class OpenTask:
 
 
 class OnceflowClient:
-    """Calls the gateway as one principal (its API key).
+    """Calls the gateway as one principal (its API key). Every public method is a
+    coroutine to await, but ``open_task``, used as ``async with onceflow.open_task()``.
 
     Every method that takes ``retries`` sends its request again by itself, unchanged and
     under the same ``Idempotency-Key``, after a lost answer (a connection that failed or
@@ -430,6 +431,51 @@ class OnceflowClient:
         response = await self._send("GET", f"/v1/tasks/{task_id}", retries=retries)
         status: dict[str, Any] = response.json()
         return status
+
+    async def approve(
+        self,
+        task_id: str,
+        step_id: str,
+        *,
+        approved: bool,
+        reason: str,
+        arguments_digest: str,
+        retries: int = 2,
+    ) -> dict[str, Any]:
+        """Approve or deny a step awaiting approval, as this client's principal (an
+        approver, ``onceflow principal add --approvals``, or an operator); the task records
+        its name. ``await onceflow.approve(...)``. Sent without a key: the task keeps one
+        decision per step, so a resend after a lost answer gets the same decision back.
+
+        Args:
+            task_id: The task's id.
+            step_id: The step awaiting approval (a call's ``step_id``, or its ``repeat_of``).
+            approved: True to let it run, False to deny it.
+            reason: Why, in the person's words (recorded with the decision).
+            arguments_digest: The digest of the arguments the person saw (a call's
+                ``arguments_digest``): a decision about other arguments is refused.
+            retries: Retries after a lost answer or a 503 (see the class). Default 2.
+
+        Returns:
+            The task's answer: ``step_id``, ``step_state``, ``message``; ``replayed`` with
+            the earlier ``decision`` when the step had already been decided this way.
+
+        Raises:
+            PermissionDenied: The principal may not approve.
+            DecisionConflict: The step was decided otherwise, or the task refused it.
+            NotFound: No task of that id for the principal's tenant.
+        """
+        body = {
+            "step_id": step_id,
+            "approved": approved,
+            "reason": reason,
+            "arguments_digest": arguments_digest,
+        }
+        response = await self._post_keyed(
+            f"/v1/tasks/{task_id}/approve", body, None, retries=retries
+        )
+        answer: dict[str, Any] = response.json()
+        return answer
 
     async def wait(
         self, task: TaskResult, *, timeout: float = 300.0, poll_interval: float = 1.0

@@ -8,14 +8,22 @@ interruption. Needs the extra: ``pip install 'onceflow-client[openai-agents]'``.
     from onceflow_client import OnceflowClient
     from onceflow_client.openai_agents import OnceflowRun
 
-    async with OnceflowClient(url, api_key=API_KEY) as onceflow:
-        async with OnceflowRun(onceflow, tools=["refund_payment", "send_email"]) as run:
-            agent = Agent(name="support", instructions=..., tools=run.tools)
-            result = await Runner.run(agent, "Refund order ord-42 and tell the customer.")
-            while result.interruptions:             # onceflow waits for a person
-                state = result.to_state()
-                await run.wait_for_decisions(state)  # approved once a person decided
-                result = await Runner.run(agent, state)
+    async with (
+        OnceflowClient(url, api_key=AGENT_KEY) as onceflow,
+        OnceflowClient(url, api_key=APPROVER_KEY) as approver,  # principal add --approvals
+        OnceflowRun(onceflow, tools=["refund_payment"], approver=approver) as run,
+    ):
+        agent = Agent(name="support", instructions=..., tools=run.tools)
+        result = await Runner.run(agent, "Refund order ord-42 and tell the customer.")
+        while result.interruptions:                  # onceflow waits for a person
+            state = result.to_state()
+            for item in run.approvals(result.interruptions):  # the approval screen
+                if ask_a_person(item):
+                    state.approve(item)
+                else:
+                    state.reject(item, rejection_message="over the goodwill limit")
+            await run.wait_for_decisions(state)      # sent to onceflow; parked calls
+            result = await Runner.run(agent, state)  # wait for an operator
 
 One tool call, keyed by the run and the model's tool-call id (the SDK asking again for the
 same call id, in this process or after a restart with the same ``run_id``, is the same
@@ -25,10 +33,13 @@ call, never a second effect)::
       │  the call goes to the run's open task now (key: run id + call id; step id: call id)
       ├─ ended ─────────────────────────▶ no: the tool answers from it at once
       ├─ refused before anything ran ───▶ no: the tool answers with the refusal
-      └─ parked, awaiting approval, ────▶ yes: the run ends with an interruption
-         still running                     │ a person decides in onceflow (approve,
-                                           │ reconcile); wait_for_decisions waits for it
-                                           ▼ and approves the interruption in the RunState
+      └─ awaiting approval, parked, ────▶ yes: the run ends with an interruption
+         still running                     │ awaiting approval: the app approves or
+                                           │ rejects it in the RunState, and
+                                           │ wait_for_decisions sends that to onceflow as
+                                           │ the approver; parked: an operator reconciles
+                                           │ it in onceflow (the app cannot), and
+                                           ▼ wait_for_decisions waits for that
                                  Runner.run(agent, state): the tool asks again with the
                                  same key and answers with onceflow's decided outcome
 
@@ -52,9 +63,11 @@ replaced on these tools, and a timeout a caller sets on one answers the same pla
 Because the call is sent when the SDK asks whether it needs approval, tool input
 guardrails and ``on_tool_start`` hooks run after onceflow has the call; put checks that
 must stop a call before it happens in the tool's contract (validation, approval) instead.
-Approve, never reject, an interruption of these tools (and not with ``always_approve``,
-which stops the SDK asking, so a later call cannot pause the run): the person's decision
-is made in onceflow, and approving hands it to the model, a denial included.
+Hand every decision over through ``wait_for_decisions``: the SDK answers a rejected call
+itself, without calling the tool, so only it can tell onceflow (an approval alone would
+reach onceflow when the resumed run calls the tool). Never ``always_approve`` or
+``always_reject`` these tools: that stops the SDK asking, so a later call cannot pause the
+run, and onceflow decides each call on its own arguments.
 """
 
 import asyncio
@@ -62,17 +75,18 @@ import hashlib
 import json
 import re
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from datetime import timedelta
 from functools import partial
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 import httpx
 from agents import FunctionTool, RunContextWrapper, RunState, ToolApprovalItem
 from agents.tool import set_function_tool_failure_error_function
 from agents.tool_context import ToolContext
 
+from onceflow_client._approvals import decide_call
 from onceflow_client._client import (
     SETTLE_TIMEOUT,
     CallResult,
@@ -83,12 +97,17 @@ from onceflow_client._client import (
 
 __all__ = ["ALREADY_DONE", "OnceflowRun"]
 
+T = TypeVar("T")
+
 ALREADY_DONE = "already done: "
 """How the output of a call answered by the repeat guard starts: nothing ran for it."""
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
 """What a run id and a call's step id may be (the gateway's name pattern)."""
 _NOT_RUN = "Nothing was done"
+_APPROVED = "approved in the agent's run (RunState.approve)"
+_REJECTED = "rejected in the agent's run (RunState.reject)"
+"""The reasons onceflow records with a decision that carries none of its own."""
 _DO_NOT_REPEAT = (
     "Do not call this tool again for it, not even with other arguments; tell the user "
     "it is pending."
@@ -99,10 +118,12 @@ class OnceflowRun:
     """One agent run's open task and the function tools that call it.
 
     Use it as ``async with OnceflowRun(onceflow, tools=[...]) as run:`` around the whole
-    run, resumes included (leaving the block closes the task), or call ``load`` and,
-    once the run has ended, ``close``. To resume a run in another process (a ``RunState``
-    saved while a person decides), make the ``OnceflowRun`` again with the same
-    ``run_id`` and the same task options: it finds the same open task and the same calls.
+    run, resumes included (leaving the block closes the task), or ``await run.load()``
+    and, once the run has ended, ``await run.close()``. Its coroutines, each to be
+    awaited: ``load``, ``wait_for_decisions`` and ``close``. To resume a run in another
+    process (a ``RunState`` saved while a person decides), make the ``OnceflowRun`` again
+    with the same ``run_id`` and the same task options: it finds the same open task and
+    the same calls.
     """
 
     def __init__(
@@ -117,6 +138,7 @@ class OnceflowRun:
         settle_timeout: float = SETTLE_TIMEOUT,
         decision_timeout: float = 60.0,
         retries: int = 2,
+        approver: OnceflowClient | None = None,
     ) -> None:
         """Describe the run; ``load`` (or ``async with``) reads the catalogue and opens
         the task.
@@ -139,6 +161,10 @@ class OnceflowRun:
                 outcome before telling the model that a person is still deciding. Default 60.
             retries: Resends of one request with the same key (lost answers, 503, 429).
                 Default 2.
+            approver: The client, as the principal whose approvals and rejections in the
+                ``RunState`` are sent to onceflow (``onceflow principal add --approvals``);
+                the task records its name with each decision. Default None: calls
+                awaiting approval are decided in onceflow only (an operator).
         """
         if run_id is not None and not _ID.match(run_id):
             raise ValueError("run_id: letters, digits and _.:- only, at most 64")
@@ -154,6 +180,7 @@ class OnceflowRun:
         self._settle_timeout = settle_timeout
         self._decision_timeout = decision_timeout
         self._retries = retries
+        self._approver = approver
         self._tools: list[FunctionTool] | None = None
         self._task: OpenTask | None = None
         self._answers: dict[str, CallResult | str] = {}
@@ -192,7 +219,7 @@ class OnceflowRun:
 
     async def load(self) -> None:
         """Read the catalogue, build the tools and open the run's task (or find it again,
-        for a ``run_id`` that opened one before)."""
+        for a ``run_id`` that opened one before): ``await run.load()``."""
         specs = await self._onceflow.list_tools()
         if self._names is not None:
             by_name = {str(spec["name"]): spec for spec in specs}
@@ -206,8 +233,8 @@ class OnceflowRun:
         self._tools = [self._function_tool(spec) for spec in specs]
 
     async def close(self) -> None:
-        """Close the task: it takes no more calls; calls still waiting keep their
-        decisions. Safe to repeat."""
+        """Close the task (``await run.close()``): it takes no more calls; calls still
+        waiting keep their decisions. Safe to repeat."""
         if self._task is not None:
             await self._task.close()
 
@@ -221,25 +248,76 @@ class OnceflowRun:
                 waiting.append(answer)
         return waiting
 
+    def approvals(self, interruptions: Sequence[ToolApprovalItem]) -> list[ToolApprovalItem]:
+        """The interruptions of calls awaiting approval (this process's): what the app's
+        approval screen answers with ``state.approve(item)`` or ``state.reject(item)``.
+        The others are parked or still running: an operator decides those in onceflow."""
+        return [
+            item
+            for item in interruptions
+            if isinstance(answer := self._answers.get(item.call_id or ""), CallResult)
+            and answer.state == "awaiting_approval"
+        ]
+
     async def wait_for_decisions(
         self, state: RunState[Any, Any], *, timeout: float = 300.0
     ) -> list[CallResult]:
-        """Wait until onceflow has ended the call behind each of this run's interruptions
-        in ``state`` (a person approved, denied or reconciled it), then approve them in
-        ``state`` so ``Runner.run(agent, state)`` hands the model the decided outcomes.
-        Interruptions of other tools are left to the caller.
+        """Hand this run's interruptions in ``state`` to onceflow and wait until each call
+        has ended (``await run.wait_for_decisions(state)``, then ``Runner.run(agent,
+        state)``):
+
+        * a call awaiting approval that the app approved or rejected in ``state``: the
+          decision goes to onceflow as the ``approver``'s (a rejection message as its
+          reason);
+        * one the app left undecided waits for a decision made in onceflow (``onceflow
+          approve``);
+        * a parked call waits for an operator's reconciliation: the app cannot decide
+          whether its effect happened.
+
+        Then ``state`` holds onceflow's outcome: a call the app rejected and onceflow
+        denied stays rejected (in onceflow's words for the model unless the app gave its
+        own); every other call is approved, and the tool answers with what happened, a
+        denial included. Interruptions of other tools are left to the caller.
 
         Raises:
-            TimeoutError: Some call had not ended after ``timeout`` seconds; nothing was
-                approved, and waiting again later is safe.
+            TimeoutError: Some call had not ended after ``timeout`` seconds; waiting
+                again later is safe (decisions sent stay sent).
+            ValueError: The app rejected a parked or running call, or decided one while
+                there is no ``approver``; nothing was sent.
+            OnceflowError: onceflow refused a decision (e.g. ``PermissionDenied``).
         """
         ours = {tool.name for tool in self.tools}
         items = [item for item in state.get_interruptions() if item.name in ours]
-        decided = await asyncio.wait_for(
-            asyncio.gather(*(self._decided(item) for item in items)), timeout
-        )
-        for item in items:
-            state.approve(item)
+        # The SDK keeps the app's decisions in the state's context (the state has no
+        # reader of its own): True, False, or None while undecided.
+        context = state._context
+        wanted = [
+            context.get_approval_status(item.name or "", item.call_id or "", existing_pending=item)
+            if context is not None
+            else None
+            for item in items
+        ]
+        async with asyncio.timeout(timeout):
+            known = await _together(*(self._known(item) for item in items))
+            for item, answer, decision in zip(items, known, wanted, strict=True):
+                self._check_decidable(item, answer, decision)
+            decided = await _together(
+                *(
+                    self._decided(item, answer, decision, context)
+                    for item, answer, decision in zip(items, known, wanted, strict=True)
+                )
+            )
+        for item, answer, decision in zip(items, decided, wanted, strict=True):
+            if answer is None or answer.state != "denied" or decision is not False:
+                state.approve(item)
+            elif (
+                context is None
+                or context.get_rejection_message(
+                    item.name or "", item.call_id or "", existing_pending=item
+                )
+                is None
+            ):
+                state.reject(item, rejection_message=_describe(answer))
         return [answer for answer in decided if answer is not None]
 
     # ── one tool call ───────────────────────────────────────────────────────────────
@@ -291,6 +369,13 @@ class OnceflowRun:
                 if isinstance(parsed, str):
                     return parsed
                 known = await self._settle(tool, parsed, call_id)
+            if known.state == "awaiting_approval" and self._approver is not None:
+                # The SDK approved it (only then is the tool called), and nothing told
+                # onceflow yet: the app resumed without wait_for_decisions.
+                try:
+                    await decide_call(self._approver, known, approved=True, reason=_APPROVED)
+                except OnceflowError:
+                    return _waiting_text(known)
             if not known.ended:
                 known = await self._ended(call_id, known, self._decision_timeout)
         except TimeoutError:
@@ -302,7 +387,9 @@ class OnceflowRun:
             return _unknown_text(failure)
         return _describe(known)
 
-    async def _decided(self, item: ToolApprovalItem) -> CallResult | None:
+    async def _known(self, item: ToolApprovalItem) -> CallResult | None:
+        """onceflow's latest answer behind an interruption; None when the tool answers
+        with an error text (the call was refused, or its arguments unreadable)."""
         call_id = item.call_id or ""
         known = self._answers.get(call_id)
         if isinstance(known, str):
@@ -313,9 +400,48 @@ class OnceflowRun:
             if isinstance(parsed, str):
                 return None  # the tool answers with the error when the run resumes
             known = await self._settle(item.name or "", parsed, call_id)
-        if known.ended:
+        return known
+
+    def _check_decidable(
+        self, item: ToolApprovalItem, answer: CallResult | None, decision: bool | None
+    ) -> None:
+        if answer is None or decision is None or answer.ended:
+            return
+        if answer.state != "awaiting_approval":
+            if decision is False:
+                raise ValueError(
+                    f"call {item.call_id} is {answer.state}, not awaiting approval: whether "
+                    "its effect happened is an operator's to reconcile in onceflow "
+                    f"({answer.park_reason or 'it may take effect'}); do not reject it"
+                )
+        elif self._approver is None:
+            raise ValueError(
+                f"call {item.call_id} was decided in the RunState, but this run has no "
+                "approver to hand it to onceflow: OnceflowRun(..., approver=OnceflowClient("
+                "url, api_key=<a key of `onceflow principal add --approvals`>))"
+            )
+
+    async def _decided(
+        self,
+        item: ToolApprovalItem,
+        known: CallResult | None,
+        decision: bool | None,
+        context: RunContextWrapper[Any] | None,
+    ) -> CallResult | None:
+        if known is None or known.ended:
             return known
-        return await self._ended(call_id, known, timeout=None)
+        if known.state == "awaiting_approval" and decision is not None:
+            assert self._approver is not None  # checked before anything was sent
+            rejected = (
+                context.get_rejection_message(
+                    item.name or "", item.call_id or "", existing_pending=item
+                )
+                if context is not None
+                else None
+            )
+            reason = _APPROVED if decision else rejected or _REJECTED
+            await decide_call(self._approver, known, approved=decision, reason=reason)
+        return await self._ended(item.call_id or "", known, timeout=None)
 
     async def _ended(self, call_id: str, answer: CallResult, timeout: float | None) -> CallResult:
         """Ask again (same key) until the call has ended; ``None``: no limit of its own."""
@@ -349,6 +475,17 @@ class OnceflowRun:
         if self._task is None:
             raise RuntimeError("OnceflowRun.load() first (or use it with async with)")
         return self._task
+
+
+async def _together(*steps: Awaitable[T]) -> list[T]:
+    """All of ``steps`` side by side; the first failure cancels the others."""
+    running = [asyncio.ensure_future(step) for step in steps]
+    try:
+        return list(await asyncio.gather(*running))
+    except BaseException:
+        for step in running:
+            step.cancel()
+        raise
 
 
 def _step_id(call_id: str) -> str:

@@ -6,38 +6,57 @@ first tool call, keyed by the conversation id, and sends each tool call as a cal
 task keyed by the conversation and the model's tool-call id, so the same tool call sent
 again (a lost answer, a framework retry, a resumed run) is the same call, never a second
 effect. Retries of an effect belong to onceflow: the toolset never calls a tool again on
-its own::
+its own. A call awaiting approval is one of PydanticAI's approvals, answered with its own
+``ToolApproved`` / ``ToolDenied``; the toolset hands the answer to onceflow as its
+``approver`` (a principal of ``onceflow principal add --approvals``), and onceflow binds it
+to the call's exact arguments and records who decided::
 
-    from pydantic_ai import Agent, DeferredToolRequests
+    from pydantic_ai import Agent, DeferredToolRequests, DeferredToolResults
     from onceflow_client import OnceflowClient
     from onceflow_client.pydantic_ai import OnceflowToolset
 
-    async with OnceflowClient(URL, api_key=KEY) as onceflow:
-        toolset = await OnceflowToolset.from_gateway(onceflow, tools=["refund_payment"])
+    async with (
+        OnceflowClient(URL, api_key=AGENT_KEY) as onceflow,
+        OnceflowClient(URL, api_key=APPROVER_KEY) as approver,
+    ):
+        toolset = await OnceflowToolset.from_gateway(
+            onceflow, tools=["refund_payment"], approver=approver
+        )
         agent = Agent(model, toolsets=[toolset], output_type=[str, DeferredToolRequests])
         result = await agent.run("Refund order 1042")
-        while isinstance(result.output, DeferredToolRequests):  # a person must decide
-            decided = await toolset.wait_for_decisions(result.output)
+        while isinstance(result.output, DeferredToolRequests):
+            answers = DeferredToolResults(approvals={  # ToolApproved() or ToolDenied("why")
+                call.tool_call_id: ask_a_person(call) for call in result.output.approvals
+            })
+            decided = await toolset.wait_for_decisions(result.output, answers)
             result = await agent.run(
                 message_history=result.all_messages(), deferred_tool_results=decided
             )
         await toolset.close(result)
 
+Hand the answers over through ``wait_for_decisions``: PydanticAI answers a ``ToolDenied``
+itself, without calling the toolset, so a denial given straight to ``agent.run`` would
+never reach onceflow (an approval would: the run's call of the tool approves it).
+
 What the model is told about each call::
 
     succeeded                         the tool's result
     answered by the repeat guard      "already done: <result>" (nothing ran again)
-    parked, awaiting approval         nothing: the run ends with DeferredToolRequests
-    no answer yet (lost, still busy)  nothing: the run ends with DeferredToolRequests;
+    awaiting approval                 nothing: the run ends with it in
+                                      DeferredToolRequests.approvals
+    parked (outcome unknown)          nothing: the run ends with it in
+                                      DeferredToolRequests.calls; an operator reconciles
+    no answer yet (lost, still busy)  nothing: the run ends with it in .calls;
                                       wait_for_decisions asks for the same call again
     invalid arguments, rejected       ModelRetry: nothing happened, fix the arguments
-    failed, denied, abandoned,        ToolFailed: told plainly, not invited to retry
-    refused by the task
+    denied                            ToolDenied: the person's message (ToolFailed
+                                      for a later call the repeat guard answers)
+    failed, abandoned, refused        ToolFailed: told plainly, not invited to retry
+    by the task
 """
 
 import asyncio
 import hashlib
-import json
 import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -46,11 +65,15 @@ from typing import Any, Literal
 
 import httpx
 from pydantic_ai import (
+    ApprovalRequired,
     CallDeferred,
     DeferredToolRequests,
     DeferredToolResults,
     ModelRetry,
     RunContext,
+    ToolApproved,
+    ToolDenied,
+    UserError,
 )
 from pydantic_ai.exceptions import ToolFailed
 from pydantic_ai.messages import ToolCallPart
@@ -59,34 +82,41 @@ from pydantic_ai.tools import AgentDepsT, ToolDefinition
 from pydantic_ai.toolsets import AbstractToolset, ToolsetTool
 from pydantic_core import SchemaValidator, core_schema
 
+from onceflow_client._approvals import decide_call
 from onceflow_client._client import (
     SETTLE_TIMEOUT,
-    CallRefused,
     CallResult,
     OnceflowClient,
     OnceflowError,
     OpenTask,
-    RequestInProgress,
+)
+from onceflow_client._pydantic_ai_told import (
+    ALREADY_DONE,
+    denial,
+    describe_failure,
+    reconcile_command,
+    told,
+    told_about_refusal,
 )
 
-__all__ = ["OnceflowToolset", "WaitingCall", "waiting_calls"]
+__all__ = ["ALREADY_DONE", "OnceflowToolset", "WaitingCall", "waiting_calls"]
 
 METADATA_KEY = "onceflow"
 """Where a deferred call's details sit in ``DeferredToolRequests.metadata[tool_call_id]``."""
-ALREADY_DONE = "already done: "
-"""How a call answered by the repeat guard starts: nothing ran for it."""
 
 _CALL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
 """What a call id of an open task may look like (the gateway's pattern)."""
 _ANY_ARGUMENTS = SchemaValidator(core_schema.any_schema())
 """The gateway validates arguments against the tool's input model, and answers a bad call
 before anything is recorded; a second, local copy of that check could only disagree."""
-_UNANSWERED_PROBLEMS = frozenset(
-    {"backend-unavailable", "key-quota-exceeded", "task-busy", "task-unanswered"}
-)
-"""Answers after which the call may or may not have reached the task: ask again later."""
-_NO_EFFECT_OUTCOMES = frozenset({"rejected", "transient"})
 _SETTLE_PAUSE = 0.5
+_APPROVED = "approved in the agent's run (PydanticAI's ToolApproved)"
+"""The reason onceflow records with an approval: ``ToolApproved`` carries none."""
+_NO_APPROVER = (
+    "an approval was answered, but the toolset has no approver to hand it to onceflow: "
+    "OnceflowToolset(..., approver=OnceflowClient(url, api_key=<a key of `onceflow "
+    "principal add --approvals`>))"
+)
 
 
 @dataclass(frozen=True)
@@ -99,8 +129,9 @@ class WaitingCall:
     step_id: str
     """The call's step in the task: what ``onceflow approve`` / ``reconcile`` name."""
     state: str
-    """``parked``, ``awaiting_approval``, or ``unanswered`` / a running state when onceflow's
-    answer did not arrive in time (nobody needs to decide: ask again)."""
+    """``awaiting_approval`` (in ``DeferredToolRequests.approvals``), ``parked``, or
+    ``unanswered`` / a running state when onceflow's answer did not arrive in time (nobody
+    needs to decide: ask again); all but the first are in ``.calls``."""
     reason: str | None
     """Why it waits (the park reason, or what went wrong with the answer)."""
     reconcile_command: str | None
@@ -115,9 +146,10 @@ class WaitingCall:
 
 
 def waiting_calls(requests: DeferredToolRequests) -> list[WaitingCall]:
-    """The onceflow calls among ``requests`` (other toolsets' deferred calls are left out)."""
+    """The onceflow calls among ``requests``, its approvals included (other toolsets'
+    deferred calls are left out)."""
     waiting = []
-    for part in requests.calls:
+    for part in [*requests.calls, *requests.approvals]:
         details = requests.metadata.get(part.tool_call_id, {}).get(METADATA_KEY)
         if details is None:
             continue
@@ -139,11 +171,14 @@ def waiting_calls(requests: DeferredToolRequests) -> list[WaitingCall]:
 class OnceflowToolset(AbstractToolset[AgentDepsT]):
     """onceflow's catalogue (all of it, or the tools named) as one PydanticAI toolset.
 
-    Build it with ``from_gateway`` (which reads ``GET /v1/tools``), give it to an
-    ``Agent`` whose ``output_type`` includes ``DeferredToolRequests``, and close the
-    conversation's task with ``close`` when the agent is done (else it closes itself
-    after its idle timeout). Do not give its tools a PydanticAI timeout: a call that
-    takes long ends the run with deferred requests instead (``settle_timeout``).
+    Build it with ``await OnceflowToolset.from_gateway(...)`` (which reads
+    ``GET /v1/tools``), give it to an ``Agent`` whose ``output_type`` includes
+    ``DeferredToolRequests``, and close the conversation's task with ``await
+    toolset.close(result)`` when the agent is done (else it closes itself after its idle
+    timeout). Do not give its tools a PydanticAI timeout: a call that takes long ends the
+    run with deferred requests instead (``settle_timeout``). Its coroutines, each to be
+    awaited: ``from_gateway``, ``wait_for_decisions``, ``task_for`` and ``close``
+    (``get_tools`` and ``call_tool`` are PydanticAI's to call).
     """
 
     def __init__(
@@ -157,6 +192,7 @@ class OnceflowToolset(AbstractToolset[AgentDepsT]):
         max_lifetime: timedelta | float | str | None = None,
         settle_timeout: float = SETTLE_TIMEOUT,
         max_retries: int = 2,
+        approver: OnceflowClient | None = None,
     ) -> None:
         """
         Args:
@@ -173,8 +209,13 @@ class OnceflowToolset(AbstractToolset[AgentDepsT]):
                 Agents SDK run.
             max_retries: How many times the model may correct the arguments of one tool
                 after a validation refusal (``ModelRetry``). Default 2.
+            approver: The gateway as the principal whose ``ToolApproved`` / ``ToolDenied``
+                answers the app hands over (``onceflow principal add --approvals``); the
+                task records its name with each decision. Default None: approvals are
+                decided in onceflow only (an operator), and an answer raises ``UserError``.
         """
         self._client = client
+        self._approver = approver
         self._id = id
         self._task_options: dict[str, Any] = {
             "budget": budget,
@@ -203,7 +244,8 @@ class OnceflowToolset(AbstractToolset[AgentDepsT]):
         tools: Collection[str] | None = None,
         **options: Any,
     ) -> "OnceflowToolset[AgentDepsT]":
-        """The gateway's catalogue, or the ``tools`` named from it, as a toolset.
+        """The gateway's catalogue, or the ``tools`` named from it, as a toolset (``await
+        OnceflowToolset.from_gateway(client, ...)``).
 
         Args:
             client: The gateway, as the agent's principal (it must be allowed the tools).
@@ -247,7 +289,8 @@ class OnceflowToolset(AbstractToolset[AgentDepsT]):
         tool: ToolsetTool[AgentDepsT],
     ) -> Any:
         """Send the call to the conversation's task; see the module for what the model
-        is told."""
+        is told. A call PydanticAI approved (``ToolApproved``) that still awaits approval
+        in onceflow is approved there first, as the ``approver``."""
         conversation = _conversation_of(ctx)
         if ctx.tool_call_id is None:
             raise ValueError("onceflow tools are called with the model's tool-call id")
@@ -255,64 +298,96 @@ class OnceflowToolset(AbstractToolset[AgentDepsT]):
         task = await self.task_for(conversation)
         try:
             answer = await self._settled(task, call)
+            if ctx.tool_call_approved and answer.state == "awaiting_approval":
+                await self._decide(answer, approved=True, reason=_APPROVED)
+                answer = await self._settled(task, call)
         except (OnceflowError, httpx.TransportError) as failure:
-            told = _told_about_refusal(failure)
-            if told is not None:
-                raise told from None
+            refusal = told_about_refusal(failure)
+            if refusal is not None:
+                raise refusal from None
             # No answer: the call may have reached the task. Asking again with its key
             # is the only safe move, and it is wait_for_decisions' to make.
             raise CallDeferred(
-                metadata=call.deferral(task.task_id, "unanswered", _describe(failure))
+                metadata=call.deferral(task.task_id, "unanswered", describe_failure(failure))
             ) from None
         if not answer.ended:
-            reconcile = await _reconcile_command(task, answer) if answer.state == "parked" else None
-            raise CallDeferred(
-                metadata=call.deferral(
-                    task.task_id,
-                    answer.state,
-                    answer.park_reason
-                    or ("waits for a person's approval" if answer.waiting_for_person else None)
-                    or f"still {answer.state} after {self._settle_timeout:g} s",
-                    # A repeat waits on the earlier identical call: that is what a
-                    # person decides.
-                    step_id=answer.repeat_of or answer.step_id,
-                    reconcile_command=reconcile,
-                    arguments_digest=answer.body.get("arguments_digest"),
-                )
+            reconcile = await reconcile_command(task, answer) if answer.state == "parked" else None
+            details = call.deferral(
+                task.task_id,
+                answer.state,
+                answer.park_reason
+                or ("waits for a person's approval" if answer.waiting_for_person else None)
+                or f"still {answer.state} after {self._settle_timeout:g} s",
+                # A repeat waits on the earlier identical call: that is what a person
+                # decides.
+                step_id=answer.repeat_of or answer.step_id,
+                reconcile_command=reconcile,
+                arguments_digest=answer.body.get("arguments_digest"),
             )
-        told_value = await _told(task, answer)
+            if answer.state == "awaiting_approval":
+                raise ApprovalRequired(metadata=details)
+            raise CallDeferred(metadata=details)
+        told_value = await told(task, answer)
         if isinstance(told_value, ModelRetry | ToolFailed):
             raise told_value
         return told_value
 
     async def wait_for_decisions(
-        self, requests: DeferredToolRequests, *, timeout: float = 24 * 3600.0
+        self,
+        requests: DeferredToolRequests,
+        results: DeferredToolResults | None = None,
+        *,
+        timeout: float = 24 * 3600.0,
     ) -> DeferredToolResults:
-        """Wait until every onceflow call in ``requests`` has ended (a person approved,
-        denied or reconciled it; an unanswered one got its answer), and return what the
-        model is told about each, for ``agent.run(deferred_tool_results=...)``.
+        """Hand a paused run's onceflow calls to the next run (``decided = await
+        toolset.wait_for_decisions(result.output, answers)``, then ``agent.run(...,
+        deferred_tool_results=decided)``):
 
-        Each call is asked for again under its own key, so none runs twice. Deferred
-        calls of other toolsets are left for their owners.
+        * an approval the app answered in ``results.approvals`` (``ToolApproved``,
+          ``ToolDenied`` or a bool) goes to onceflow as the ``approver``'s: a denial now,
+          an approval by the next run's call of the tool;
+        * an approval left unanswered waits for a decision made in onceflow (``onceflow
+          approve``), and the call's end;
+        * a call in ``requests.calls`` (parked, or its answer lost) waits until it has
+          ended (an operator reconciled it), asked again under its own key.
+
+        Returns ``results`` (the app's answers to other toolsets' calls kept) with each
+        onceflow call answered as onceflow decided it: a denial that came after another
+        person's approval is handed over as that approval, so the run tells the outcome.
 
         Raises:
             TimeoutError: A call had not ended after ``timeout`` seconds (ask again).
+            UserError: An approval with ``override_args`` (onceflow's approval is bound to
+                the arguments the person saw), or an answer while there is no ``approver``.
+            OnceflowError: onceflow refused an answer (e.g. ``PermissionDenied``: the
+                approver's principal may not approve).
         """
-        parts = {part.tool_call_id: part for part in requests.calls}
+        answers = dict(results.approvals) if results is not None else {}
+        parts = {part.tool_call_id: part for part in [*requests.calls, *requests.approvals]}
         waiting = waiting_calls(requests)
         asks = [
-            asyncio.ensure_future(self._decided(parts[call.tool_call_id], requests, timeout))
+            asyncio.ensure_future(
+                self._decided(
+                    parts[call.tool_call_id], requests, answers.get(call.tool_call_id), timeout
+                )
+            )
             for call in waiting
         ]
         try:
-            told = await asyncio.gather(*asks)
+            outcomes = await asyncio.gather(*asks)
         except BaseException:
             for ask in asks:
                 ask.cancel()
             raise
-        return DeferredToolResults(
-            calls={call.tool_call_id: value for call, value in zip(waiting, told, strict=True)}
-        )
+        decided = DeferredToolResults()
+        if results is not None:
+            decided.update(results)
+        for call, value in zip(waiting, outcomes, strict=True):
+            if call.state == "awaiting_approval":
+                decided.approvals[call.tool_call_id] = value
+            else:
+                decided.calls[call.tool_call_id] = value
+        return decided
 
     async def task_for(self, conversation_id: str) -> OpenTask:
         """The open task of a conversation, created at its first call (a coroutine:
@@ -328,8 +403,9 @@ class OnceflowToolset(AbstractToolset[AgentDepsT]):
             return task
 
     async def close(self, conversation: "AgentRunResult[Any] | str") -> dict[str, Any] | None:
-        """Close the task of a conversation (a run's result or its ``conversation_id``):
-        it takes no more calls and ends once its unfinished calls end. Returns the task's
+        """Close the task of a conversation (a run's result or its ``conversation_id``;
+        ``await toolset.close(result)``): it takes no more calls and ends once its
+        unfinished calls end. Returns the task's
         status, or None when this toolset never opened a task for the conversation."""
         conversation_id = (
             conversation if isinstance(conversation, str) else conversation.conversation_id
@@ -353,7 +429,7 @@ class OnceflowToolset(AbstractToolset[AgentDepsT]):
         return answer
 
     async def _decided(
-        self, part: ToolCallPart, requests: DeferredToolRequests, timeout: float
+        self, part: ToolCallPart, requests: DeferredToolRequests, answer: Any, timeout: float
     ) -> Any:
         details = requests.metadata[part.tool_call_id][METADATA_KEY]
         call = _Call(
@@ -363,14 +439,43 @@ class OnceflowToolset(AbstractToolset[AgentDepsT]):
             part.args_as_dict(),
         )
         task = await self.task_for(call.conversation_id)
+        approval = details["state"] == "awaiting_approval"
+        if approval and answer is not None:
+            return await self._answered(task, call, answer)
         try:
-            answer = await call.send(task, wait="ended", timeout=timeout)
+            ended = await call.send(task, wait="ended", timeout=timeout)
         except (OnceflowError, httpx.TransportError) as failure:
-            told = _told_about_refusal(failure)
-            if told is None:
+            refusal = told_about_refusal(failure)
+            if refusal is None:
                 raise
-            return told
-        return await _told(task, answer)
+            return refusal
+        if approval:
+            # An approval is answered as one: the run calls the tool, which tells the outcome.
+            return ToolDenied(denial(ended)) if ended.state == "denied" else ToolApproved()
+        return await told(task, ended)
+
+    async def _answered(self, task: OpenTask, call: "_Call", answer: Any) -> Any:
+        """The app's answer to an approval, as onceflow took it."""
+        if isinstance(answer, ToolApproved) and answer.override_args is not None:
+            raise UserError(
+                "onceflow approves a call's exact arguments: answer with ToolApproved() "
+                "(the model can call the tool anew with other arguments)"
+            )
+        if answer is True or isinstance(answer, ToolApproved):
+            if self._approver is None:
+                raise UserError(_NO_APPROVER)
+            return ToolApproved()  # approved by the next run's call of the tool
+        denied = answer if isinstance(answer, ToolDenied) else ToolDenied()
+        current = await call.send(task, wait="settled")
+        if current.state == "awaiting_approval":
+            await self._decide(current, approved=False, reason=denied.message)
+            current = await call.send(task, wait="settled")
+        return denied if current.state == "denied" else ToolApproved()
+
+    async def _decide(self, answer: CallResult, *, approved: bool, reason: str) -> None:
+        if self._approver is None:
+            raise UserError(_NO_APPROVER)
+        await decide_call(self._approver, answer, approved=approved, reason=reason)
 
 
 @dataclass(frozen=True)
@@ -429,95 +534,6 @@ class _Call:
                 "arguments_digest": arguments_digest,
             }
         }
-
-
-async def _told(task: OpenTask, answer: CallResult) -> Any:
-    """What the model is told about a call that ended: its result, or a ``ModelRetry`` /
-    ``ToolFailed`` (returned, for the caller to raise or hand over)."""
-    if answer.succeeded:
-        result = answer.result or (
-            {"resource_id": answer.resource_id} if answer.resource_id else {}
-        )
-        if answer.repeat_of is not None:
-            return ALREADY_DONE + json.dumps(result, sort_keys=True, default=str)
-        return result
-    reason = answer.failure_reason or answer.state
-    if answer.state == "denied":
-        return ToolFailed(f"denied by a person: {reason}. Do not call it again for this.")
-    if answer.state == "abandoned":
-        return ToolFailed(
-            f"abandoned by an operator: {reason}. Whether it took effect is for a person "
-            "to settle; do not call it again."
-        )
-    if await _had_no_effect(task, answer):
-        return ModelRetry(f"rejected, nothing was done: {reason}")
-    return ToolFailed(
-        f"failed: {reason}. onceflow has retried it as far as its budget allows; calling "
-        "it again will not help."
-    )
-
-
-async def _had_no_effect(task: OpenTask, answer: CallResult) -> bool:
-    """Whether a failed call was refused outright: its arguments were invalid, or every
-    attempt was known to change nothing and the last was a permanent rejection."""
-    status = await task.status()
-    step_id = answer.repeat_of or answer.step_id
-    step = next((s for s in status.get("steps", []) if s.get("step_id") == step_id), None)
-    if step is None:
-        return False
-    outcomes = [str(attempt.get("outcome")) for attempt in step.get("attempts", [])]
-    if not outcomes:
-        return "invalid arguments" in str(step.get("failure_reason") or "")
-    return outcomes[-1] == "rejected" and set(outcomes) <= _NO_EFFECT_OUTCOMES
-
-
-def _told_about_refusal(failure: Exception) -> ModelRetry | ToolFailed | None:
-    """What the model is told when the gateway refused the call before anything was
-    recorded; None when no answer came and the call may have reached the task."""
-    if isinstance(failure, httpx.TransportError | RequestInProgress):
-        return None
-    assert isinstance(failure, OnceflowError)
-    if isinstance(failure, CallRefused):
-        return ToolFailed(f"refused, nothing was done: {failure.reason}")
-    if failure.problem_type == "invalid-request":
-        return ModelRetry(f"invalid arguments, nothing was done: {_problem_text(failure)}")
-    if failure.problem_type in ("tool-not-allowed", "unknown-tool"):
-        return ToolFailed(f"not available, nothing was done: {_problem_text(failure)}")
-    if failure.problem_type in _UNANSWERED_PROBLEMS or failure.status >= 500:
-        return None
-    # Anything else (a key reused for another call, bad credentials) is the program's
-    # mistake, not the model's: it ends the run.
-    raise failure
-
-
-def _problem_text(failure: OnceflowError) -> str:
-    detail = str(failure.problem.get("detail") or failure.problem.get("title") or "")
-    errors = failure.problem.get("errors") or []
-    where = "; ".join(
-        f"{'.'.join(str(part) for part in error.get('loc', [])) or 'arguments'}: "
-        f"{error.get('msg', '')}"
-        for error in errors
-        if isinstance(error, dict)
-    )
-    return f"{detail} ({where})" if where else detail
-
-
-def _describe(failure: Exception) -> str:
-    if isinstance(failure, OnceflowError):
-        return f"onceflow answered {failure.status} {failure.problem_type}"
-    return f"onceflow's answer was lost ({type(failure).__name__})"
-
-
-async def _reconcile_command(task: OpenTask, answer: CallResult) -> str | None:
-    try:
-        status = await task.status()
-    except (OnceflowError, httpx.HTTPError):
-        return None  # the command is a courtesy; the call's state is what matters
-    for step in status.get("steps", []):
-        if step.get("step_id") == (answer.repeat_of or answer.step_id):
-            command = step.get("reconcile_command")
-            return str(command) if command else None
-    return None
 
 
 def _conversation_of(ctx: RunContext[Any]) -> str:

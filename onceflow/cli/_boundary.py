@@ -174,10 +174,21 @@ def register(app: typer.Typer, operate: Operate) -> None:
         tenant: Annotated[str, typer.Option(help="Tenant the principal acts for.")],
         name: Annotated[str, typer.Option(help="Principal name, unique in the tenant.")],
         tools: Annotated[
-            str, typer.Option(help="Comma-separated tools it may call, or '*' for all.")
-        ],
+            str,
+            typer.Option(
+                help="Comma-separated tools it may call, or '*' for all (none for a "
+                "principal that only decides)."
+            ),
+        ] = "",
         decisions: Annotated[
             bool, typer.Option(help="May approve and reconcile tasks (operators only).")
+        ] = False,
+        approvals: Annotated[
+            bool,
+            typer.Option(
+                help="May approve or deny its tenant's steps awaiting approval, but not "
+                "reconcile parked ones (an app's approval screen)."
+            ),
         ] = False,
         key_quota: Annotated[
             int | None, typer.Option(min=1, help="New idempotency keys per quota window.")
@@ -190,7 +201,7 @@ def register(app: typer.Typer, operate: Operate) -> None:
         register_configured_tools(_configuration())
         allowed = [tool.strip() for tool in tools.split(",") if tool.strip()]
         unknown = [tool for tool in allowed if tool != "*" and tool not in CATALOGUE]
-        if not allowed or unknown:
+        if unknown or not (allowed or decisions or approvals):
             known = ", ".join(contract.name for contract in CATALOGUE)
             raise CommandFailed(
                 f"unknown tool(s) {', '.join(unknown) or '(none given)'}; known: {known}",
@@ -203,24 +214,61 @@ def register(app: typer.Typer, operate: Operate) -> None:
 
             async with build_pool(database_url, max_size=1) as pool:
                 try:
-                    _, api_key = await PrincipalStore(pool).create(
+                    added, api_key = await PrincipalStore(pool).create(
                         tenant=tenant,
                         name=name,
                         tools=allowed,
                         may_decide=decisions,
+                        may_approve=approvals,
                         key_quota=key_quota,
                     )
                 except (PrincipalExists, ValueError) as refused:
                     raise CommandFailed(str(refused), exit_code=ExitCode.BAD_INPUT) from None
+            calls = f"may call {', '.join(allowed)}" if allowed else "calls no tool"
             _errors.print(
-                f"principal {tenant}/{name} may call {', '.join(allowed)}"
-                f"{' and decide tasks' if decisions else ''}; its API key (shown once):"
+                f"principal {tenant}/{name} {calls}; decides: {_decides(added)}; "
+                "its API key (shown once):"
             )
             print(api_key, flush=True)
 
         operate(body)
 
+    @principal.command("list")
+    def principal_list(
+        tenant: Annotated[str | None, typer.Option(help="Only this tenant's principals.")] = None,
+    ) -> None:
+        """List the principals: their tools and the decisions they may make."""
+        _, database_url = settings_and_database()
+
+        async def body() -> None:
+            from rich.table import Table
+
+            from onceflow.gateway import PrincipalStore
+            from onceflow.storage import build_pool
+
+            async with build_pool(database_url, max_size=1) as pool:
+                found = await PrincipalStore(pool).principals(tenant=tenant)
+            table = Table("tenant", "name", "tools", "decides", "key quota")
+            for listed in found:
+                table.add_row(
+                    listed.tenant,
+                    listed.name,
+                    ", ".join(sorted(listed.allowed_tools)) or "-",
+                    _decides(listed),
+                    str(listed.key_quota) if listed.key_quota is not None else "default",
+                )
+            # Wide enough for the names even when piped (rich assumes 80 columns then).
+            Console(width=max(Console().width, 120)).print(table)
+
+        operate(body)
+
     app.add_typer(principal, name="principal")
+
+
+def _decides(principal: "Principal") -> str:
+    if principal.may_decide:
+        return "approvals and reconciliations"
+    return "approvals" if principal.may_approve else "nothing"
 
 
 def _configuration() -> Any:

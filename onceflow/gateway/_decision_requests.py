@@ -23,7 +23,8 @@ from onceflow.gateway._requests import (
     ApproveRequest,
     DecisionReply,
     ReconcileRequest,
-    check_decider,
+    check_approver,
+    check_reconciler,
     checked_optional_key,
     decision_attributes,
     invalid_request,
@@ -56,7 +57,8 @@ class DecisionRequests:
     async def approve(
         self, principal: Principal, task_id: str, body: Any, idempotency_key: str | None = None
     ) -> DecisionReply:
-        """Approve or deny a step awaiting approval, as the calling principal.
+        """Approve or deny a step awaiting approval, as the calling principal (an approver
+        or an operator).
 
         A repeat of the decision the step already got answers with that decision
         (``replayed``); another decision on a decided step, or any on an ended task,
@@ -72,7 +74,7 @@ class DecisionRequests:
     async def _approve(
         self, principal: Principal, task_id: str, body: Any, idempotency_key: str | None
     ) -> DecisionReply:
-        check_decider(principal)
+        check_approver(principal)
         key = checked_optional_key(idempotency_key)
         request = parsed(ApproveRequest, body)
         decision = ApproveInput(
@@ -87,8 +89,8 @@ class DecisionRequests:
     async def reconcile(
         self, principal: Principal, task_id: str, body: Any, idempotency_key: str | None = None
     ) -> DecisionReply:
-        """Decide a parked step, as the calling principal (repeats and keys as for
-        ``approve``)."""
+        """Decide a parked step, as the calling principal, an operator (repeats and keys
+        as for ``approve``)."""
         attributes = decision_attributes(principal, task_id, "reconcile", idempotency_key)
         with boundary_span("tasks.reconcile", attributes):
             return await self._reconcile(principal, task_id, body, idempotency_key)
@@ -96,7 +98,7 @@ class DecisionRequests:
     async def _reconcile(
         self, principal: Principal, task_id: str, body: Any, idempotency_key: str | None
     ) -> DecisionReply:
-        check_decider(principal)
+        check_reconciler(principal)
         key = checked_optional_key(idempotency_key)
         request = parsed(ReconcileRequest, body)
         try:

@@ -50,10 +50,18 @@ class Principal:
     """Whether it may approve and reconcile tasks (an operator, never an agent by default)."""
     key_quota: int | None
     """New idempotency keys per quota window; None takes the gateway's default."""
+    may_approve: bool = False
+    """Whether it may approve or deny its tenant's steps awaiting approval, without
+    reconciling parked ones (an app's approval screen). ``may_decide`` includes it."""
 
     def may_call(self, tool: str) -> bool:
         """Whether this principal is allowed to call ``tool``."""
         return ALL_TOOLS in self.allowed_tools or tool in self.allowed_tools
+
+    @property
+    def approves(self) -> bool:
+        """Whether it may approve or deny steps (``may_approve`` or ``may_decide``)."""
+        return self.may_approve or self.may_decide
 
 
 def api_key_digest(api_key: str) -> str:
@@ -62,14 +70,21 @@ def api_key_digest(api_key: str) -> str:
 
 
 _FIND_BY_KEY = """
-SELECT p.principal_id, p.tenant, p.name, p.allowed_tools, p.may_decide, p.key_quota
+SELECT p.principal_id, p.tenant, p.name, p.allowed_tools, p.may_decide, p.may_approve,
+       p.key_quota
 FROM api_keys k JOIN principals p USING (principal_id)
 WHERE k.key_hash = %(key_hash)s AND k.revoked_at IS NULL
 """
 
 _FIND_BY_NAME = """
-SELECT principal_id, tenant, name, allowed_tools, may_decide, key_quota
+SELECT principal_id, tenant, name, allowed_tools, may_decide, may_approve, key_quota
 FROM principals WHERE tenant = %(tenant)s AND name = %(name)s
+"""
+
+_LIST = """
+SELECT principal_id, tenant, name, allowed_tools, may_decide, may_approve, key_quota
+FROM principals WHERE %(tenant)s::text IS NULL OR tenant = %(tenant)s
+ORDER BY tenant, name
 """
 
 
@@ -89,6 +104,7 @@ class PrincipalStore:
         name: str,
         tools: Iterable[str],
         may_decide: bool = False,
+        may_approve: bool = False,
         key_quota: int | None = None,
     ) -> tuple[Principal, str]:
         """Create a principal with its first API key; returns both (the key only now).
@@ -110,20 +126,22 @@ class PrincipalStore:
             allowed_tools=frozenset(tools),
             may_decide=may_decide,
             key_quota=key_quota,
+            may_approve=may_approve,
         )
         api_key = _new_api_key()
         try:
             async with self._pool.connection() as conn, conn.transaction():
                 await conn.execute(
                     "INSERT INTO principals"
-                    " (principal_id, tenant, name, allowed_tools, may_decide, key_quota)"
-                    " VALUES (%s, %s, %s, %s, %s, %s)",
+                    " (principal_id, tenant, name, allowed_tools, may_decide, may_approve,"
+                    " key_quota) VALUES (%s, %s, %s, %s, %s, %s, %s)",
                     (
                         principal.principal_id,
                         tenant,
                         name,
                         sorted(principal.allowed_tools),
                         may_decide,
+                        may_approve,
                         key_quota,
                     ),
                 )
@@ -155,6 +173,13 @@ class PrincipalStore:
             await cursor.execute(_FIND_BY_NAME, {"tenant": tenant, "name": name})
             row = await cursor.fetchone()
         return _principal(row) if row is not None else None
+
+    async def principals(self, *, tenant: str | None = None) -> list[Principal]:
+        """Every principal (of ``tenant`` when given), by tenant and name."""
+        async with self._pool.connection() as conn:
+            cursor = conn.cursor(row_factory=dict_row)
+            await cursor.execute(_LIST, {"tenant": tenant})
+            return [_principal(row) for row in await cursor.fetchall()]
 
     async def authenticate(self, api_key: str | None) -> Principal:
         """The principal an API key belongs to.
@@ -211,4 +236,5 @@ def _principal(row: dict[str, Any]) -> Principal:
         allowed_tools=frozenset(row["allowed_tools"]),
         may_decide=row["may_decide"],
         key_quota=row["key_quota"],
+        may_approve=row["may_approve"],
     )

@@ -198,12 +198,26 @@ def allowed_tool(catalogue: Catalogue, principal: Principal, tool: str) -> ToolC
     return contract
 
 
-def check_decider(principal: Principal) -> None:
-    """Raise ``DecisionsNotAllowed`` unless the principal may approve and reconcile."""
-    if not principal.may_decide:
+def check_approver(principal: Principal) -> None:
+    """Raise ``DecisionsNotAllowed`` unless the principal may approve or deny steps."""
+    if not principal.approves:
         raise DecisionsNotAllowed(
-            f"principal {principal.name!r} may not approve or reconcile tasks"
+            f"principal {principal.name!r} may not approve or deny steps (an approver is "
+            "added with `onceflow principal add --approvals`, an operator with --decisions)"
         )
+
+
+def check_reconciler(principal: Principal) -> None:
+    """Raise ``DecisionsNotAllowed`` unless the principal may reconcile parked steps."""
+    if principal.may_decide:
+        return
+    if principal.may_approve:
+        raise DecisionsNotAllowed(
+            f"principal {principal.name!r} may approve or deny steps but not reconcile "
+            "parked ones: whether a parked effect happened is an operator's decision "
+            "(`onceflow principal add --decisions`)"
+        )
+    raise DecisionsNotAllowed(f"principal {principal.name!r} may not approve or reconcile tasks")
 
 
 def check_budget(budget: RetryBudget | None, settings: GatewaySettings) -> None:

@@ -430,6 +430,16 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         """,
     ),
     (
+        12,
+        "boundary: principals that may approve steps without reconciling them",
+        """
+        -- An app's approval screen answers steps awaiting approval; reconciling a parked
+        -- step (an effect that may exist) stays with operators (may_decide). The update
+        -- trigger of migration 11 already tells the gateways' caches of a change to it.
+        ALTER TABLE principals ADD COLUMN may_approve boolean NOT NULL DEFAULT false;
+        """,
+    ),
+    (
         13,
         "boundary: started tasks whose outcome waits to be written, found without a scan",
         """

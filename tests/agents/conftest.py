@@ -112,6 +112,16 @@ class AgentStack:
             may_decide=True,
         )
 
+    async def approver(self, agent: Caller, name: str = "refund-desk") -> Caller:
+        """An app's approval screen in the agent's tenant: may approve, not reconcile."""
+        return await make_caller(
+            self.stack.postgres_url,
+            tenant=agent.principal.tenant,
+            name=name,
+            tools=(),
+            may_approve=True,
+        )
+
     async def task_workflows(self, agent: Caller) -> int:
         """How many tasks the agent's tenant ran (visibility settled first)."""
         return await self.stack.task_workflows(agent.principal.tenant)

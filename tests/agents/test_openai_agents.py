@@ -284,6 +284,12 @@ async def test_a_parked_refund_pauses_the_run_until_the_operator_reconciles_it(
     [refunded] = await far_sides.refunds(payment_intent)
     await behaving_provider.clear_faults()  # the reads are back for the operator's check
 
+    # Whether a parked refund happened is not the app's to decide: no rejection of it.
+    assert run.approvals(paused.interruptions) == []
+    rejected = paused.to_state()
+    rejected.reject(interruption)
+    with pytest.raises(ValueError, match="parked, not awaiting approval"):
+        await run.wait_for_decisions(rejected, timeout=30)
     # The paused run is saved and its process goes away while a person looks.
     saved = paused.to_state().to_string()
     operator = await agent_stack.operator(agent)
@@ -358,6 +364,85 @@ async def test_a_refund_awaiting_approval_pauses_the_run_and_a_denial_reaches_th
     no_invitation_to_repeat(model)
     payment_intent = model.result_of("c-charge")["payment_intent"]
     assert await agent_stack.far_sides.refunds(payment_intent) == []
+
+
+@pytest.mark.parametrize("handed_over", [True, False], ids=["wait_for_decisions", "resumed"])
+async def test_the_apps_state_approve_approves_a_refund_at_onceflow(
+    agent_stack: AgentStack, onceflow: OnceflowClient, agent: Caller, handed_over: bool
+) -> None:
+    model = ScriptedModel(
+        [
+            call("charge_payment", "c-charge", charge(new_order_id())),
+            call("refund_payment", "c-refund", {"charge_step": "c-charge"}),  # in full
+            say("Refunded in full."),
+        ]
+    )
+    approver = await agent_stack.approver(agent)
+    async with (
+        OnceflowClient(agent_stack.gateway_url, api_key=approver.api_key) as screen,
+        OnceflowRun(onceflow, tools=TOOLS, approver=screen) as run,
+    ):
+        support = support_agent(model, run)
+        paused = await Runner.run(support, "Refund everything.", run_config=NO_TRACES)
+        [item] = run.approvals(paused.interruptions)
+        assert (item.name, item.call_id) == ("refund_payment", "c-refund")
+        state = paused.to_state()
+        state.approve(item)
+        if handed_over:
+            [decided] = await run.wait_for_decisions(state, timeout=30)
+            assert decided.succeeded
+        finished = await Runner.run(support, state, run_config=NO_TRACES)
+        status = await onceflow.status(run.task_id)
+
+    assert finished.final_output == "Refunded in full."
+    no_invitation_to_repeat(model)
+    payment_intent = model.result_of("c-charge")["payment_intent"]
+    [refunded] = await agent_stack.far_sides.refunds(payment_intent)
+    assert refunded.object_id == model.result_of("c-refund")["refund"]
+    [decision] = status["decisions"]
+    assert (decision["step_id"], decision["decision"], decision["operator"]) == (
+        "c-refund",
+        "approve",
+        "refund-desk",
+    )
+
+
+async def test_the_apps_state_reject_denies_a_refund_at_onceflow(
+    agent_stack: AgentStack, onceflow: OnceflowClient, agent: Caller
+) -> None:
+    model = ScriptedModel(
+        [
+            call("charge_payment", "c-charge", charge(new_order_id())),
+            call("refund_payment", "c-refund", {"charge_step": "c-charge"}),  # in full
+            say("Only the shipping can be refunded."),
+        ]
+    )
+    approver = await agent_stack.approver(agent)
+    async with (
+        OnceflowClient(agent_stack.gateway_url, api_key=approver.api_key) as screen,
+        OnceflowRun(onceflow, tools=TOOLS, approver=screen) as run,
+    ):
+        support = support_agent(model, run)
+        paused = await Runner.run(support, "Refund everything.", run_config=NO_TRACES)
+        [item] = run.approvals(paused.interruptions)
+        state = paused.to_state()
+        state.reject(item, rejection_message="refund the shipping only")
+        [decided] = await run.wait_for_decisions(state, timeout=30)
+        finished = await Runner.run(support, state, run_config=NO_TRACES)
+        status = await onceflow.status(run.task_id)
+
+    assert decided.state == "denied"
+    assert finished.final_output == "Only the shipping can be refunded."
+    assert model.outputs["c-refund"] == "refund the shipping only"
+    payment_intent = model.result_of("c-charge")["payment_intent"]
+    assert await agent_stack.far_sides.refunds(payment_intent) == []
+    [decision] = status["decisions"]
+    assert (decision["decision"], decision["operator"], decision["reason"]) == (
+        "deny",
+        "refund-desk",
+        "refund the shipping only",
+    )
+    assert [step["state"] for step in status["steps"]] == ["succeeded", "denied"]
 
 
 async def test_invalid_arguments_and_a_rejected_call_go_back_to_the_model_as_tool_errors(

@@ -17,7 +17,14 @@ import pytest
 from onceflow_client import OnceflowClient
 from onceflow_client.pydantic_ai import OnceflowToolset, waiting_calls
 from onceflow_devstack.stripe_provider import Fault, ProviderControl
-from pydantic_ai import Agent, DeferredToolRequests, RunContext
+from pydantic_ai import (
+    Agent,
+    DeferredToolRequests,
+    DeferredToolResults,
+    RunContext,
+    ToolApproved,
+    ToolDenied,
+)
 from pydantic_ai.messages import (
     ModelMessage,
     ModelRequest,
@@ -305,6 +312,9 @@ async def test_a_parked_refund_ends_the_run_deferred_and_the_operator_resumes_it
     paused = await pydantic_agent.run("Refund 4.00 of the order and tell the customer.")
 
     assert isinstance(paused.output, DeferredToolRequests)
+    # An operator's reconciliation, not an approval the app could give.
+    assert [part.tool_call_id for part in paused.output.calls] == ["refund"]
+    assert paused.output.approvals == []
     [waiting] = waiting_calls(paused.output)
     assert (waiting.tool_call_id, waiting.tool, waiting.step_id) == (
         "refund",
@@ -381,6 +391,8 @@ async def test_a_refund_awaiting_approval_defers_and_a_denial_is_told_not_retrie
     paused = await pydantic_agent.run("Refund the whole order.")
 
     assert isinstance(paused.output, DeferredToolRequests)
+    assert [part.tool_call_id for part in paused.output.approvals] == ["full-refund"]
+    assert paused.output.calls == []
     [waiting] = waiting_calls(paused.output)
     assert waiting.state == "awaiting_approval" and waiting.arguments_digest
     operator = await agent_stack.operator(agent)
@@ -399,13 +411,65 @@ async def test_a_refund_awaiting_approval_defers_and_a_denial_is_told_not_retrie
     await toolset.close(resumed)
 
     told = tool_returns(resumed.all_messages())["full-refund"]
-    assert told.outcome == "failed"
+    assert told.outcome == "denied"
     assert "denied by a person: " in str(told.content) and "over the goodwill limit" in str(
         told.content
     )
     assert resumed.output == "The refund was not approved."
     [charged] = await agent_stack.far_sides.charges(order_id)
     assert await agent_stack.far_sides.refunds(charged.object_id) == []
+
+
+@pytest.mark.parametrize("approved", [True, False], ids=["ToolApproved", "ToolDenied"])
+async def test_an_approval_screen_answers_a_refund_with_pydantic_ais_own_objects(
+    agent_stack: AgentStack, agent: Caller, onceflow: OnceflowClient, approved: bool
+) -> None:
+    order_id = new_order_id()
+    model = ScriptedModel(
+        lambda seen: [call("charge_payment", charge(order_id), "pay")],
+        lambda seen: [call("refund_payment", {"charge_step": "pay"}, "full-refund")],
+        lambda seen: f"Told: {seen.content('full-refund')}",
+    )
+    approver = await agent_stack.approver(agent)
+    async with OnceflowClient(agent_stack.gateway_url, api_key=approver.api_key) as screen:
+        toolset = await OnceflowToolset[None].from_gateway(
+            onceflow, tools=AGENT_TOOLS, approver=screen
+        )
+        pydantic_agent = agent_for(model, toolset)
+        paused = await pydantic_agent.run("Refund the whole order.")
+
+        assert isinstance(paused.output, DeferredToolRequests)
+        [asked] = paused.output.approvals
+        assert (asked.tool_name, asked.tool_call_id, paused.output.calls) == (
+            "refund_payment",
+            "full-refund",
+            [],
+        )
+        answer = ToolApproved() if approved else ToolDenied("refund the shipping only")
+        answers = DeferredToolResults(approvals={asked.tool_call_id: answer})
+        decided = await toolset.wait_for_decisions(paused.output, answers)
+        resumed = await pydantic_agent.run(
+            message_history=paused.all_messages(), deferred_tool_results=decided
+        )
+        status = await (await toolset.task_for(resumed.conversation_id)).status()
+        await toolset.close(resumed)
+
+    told = tool_returns(resumed.all_messages())["full-refund"]
+    [charged] = await agent_stack.far_sides.charges(order_id)
+    refunds = await agent_stack.far_sides.refunds(charged.object_id)
+    [decision] = status["decisions"]
+    assert (decision["step_id"], decision["operator"]) == ("full-refund", "refund-desk")
+    [refund_step] = [step for step in status["steps"] if step["step_id"] == "full-refund"]
+    if approved:
+        assert told.outcome == "success"
+        assert [refund.object_id for refund in refunds] == [told.content["refund"]]
+        assert (decision["decision"], refund_step["state"]) == ("approve", "succeeded")
+    else:
+        assert (told.outcome, told.content) == ("denied", "refund the shipping only")
+        assert refunds == []
+        assert (decision["decision"], decision["reason"]) == ("deny", "refund the shipping only")
+        assert refund_step["state"] == "denied"
+    assert resumed.output == f"Told: {told.content}"
 
 
 async def test_an_answer_that_never_arrives_defers_the_call_instead_of_inviting_a_retry(

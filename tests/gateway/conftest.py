@@ -266,12 +266,18 @@ async def make_caller(
     name: str = "agent-1",
     tools: tuple[str, ...] = ("issue_coupon", "create_order"),
     may_decide: bool = False,
+    may_approve: bool = False,
     key_quota: int | None = None,
 ) -> Caller:
     """Create a principal straight in the database (as ``onceflow principal add`` does)."""
     async with build_pool(database_url, max_size=1) as pool:
         principal, api_key = await PrincipalStore(pool).create(
-            tenant=tenant, name=name, tools=tools, may_decide=may_decide, key_quota=key_quota
+            tenant=tenant,
+            name=name,
+            tools=tools,
+            may_decide=may_decide,
+            may_approve=may_approve,
+            key_quota=key_quota,
         )
     return Caller(principal, api_key)
 

@@ -101,6 +101,30 @@ async def test_a_change_to_the_principal_itself_is_heard_too(
         assert allowed.may_call("issue_coupon")
 
 
+async def test_an_approver_flag_given_or_taken_is_heard_by_every_gateway(
+    database: str, gateways: list[Gateway]
+) -> None:
+    person = await make_caller(database, tenant=new_tenant(), name="approver", tools=())
+    await remembered_by_all(gateways, person)
+    assert not person.principal.approves
+
+    for flag in (True, False):
+        execute(
+            database,
+            "UPDATE principals SET may_approve = %s WHERE principal_id = %s",
+            flag,
+            person.principal.principal_id,
+        )
+        for gateway in gateways:
+            heard = await eventually(
+                lambda g=gateway: g.store.authenticate(person.api_key),
+                until=lambda principal, flag=flag: principal.may_approve is flag,
+                what=f"the gateway reads may_approve = {flag}",
+                timeout=REMEMBERED_FOR / 3,
+            )
+            assert heard.approves is flag and not heard.may_decide
+
+
 async def test_while_the_channel_is_down_nothing_is_answered_from_memory(
     database: str, gateways: list[Gateway]
 ) -> None:

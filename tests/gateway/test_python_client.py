@@ -156,3 +156,42 @@ async def test_principal_add_prints_a_key_once_and_stores_only_its_digest(
     assert unknown.returncode == 2
     assert "launch_rocket" in unknown.stderr
     assert len(unknown.stderr.strip().splitlines()) == 1
+
+
+def onceflow_cli(database: str, *words: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "onceflow.cli.main", *words],
+        cwd=repo_root(),
+        env={"PATH": "/usr/bin:/bin", "DATABASE_URL": database, "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+async def test_principal_add_approvals_makes_an_approver_the_listing_tells_apart(
+    database: str,
+) -> None:
+    tenant = new_tenant()
+    added = onceflow_cli(
+        database, "principal", "add", "--tenant", tenant, "--name", "screen", "--approvals"
+    )
+    operator = onceflow_cli(
+        database, "principal", "add", "--tenant", tenant, "--name", "ops", "--decisions"
+    )
+    agent = onceflow_cli(
+        database, "principal", "add", "--tenant", tenant, "--name", "bot", "--tools", "*"
+    )
+    listed = onceflow_cli(database, "principal", "list", "--tenant", tenant)
+
+    for done in (added, operator, agent, listed):
+        assert done.returncode == 0, done.stderr
+    assert "calls no tool; decides: approvals;" in added.stderr
+    async with build_pool(database, max_size=1) as pool:
+        approver = await PrincipalStore(pool).authenticate(added.stdout.strip())
+    assert (approver.name, approver.allowed_tools) == ("screen", frozenset())
+    assert approver.may_approve and approver.approves and not approver.may_decide
+    lines = {line.split()[3]: line for line in listed.stdout.splitlines() if tenant in line}
+    assert "approvals and reconciliations" in lines["ops"]
+    assert "approvals" in lines["screen"] and "reconciliations" not in lines["screen"]
+    assert "nothing" in lines["bot"] and "*" in lines["bot"]

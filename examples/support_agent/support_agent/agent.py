@@ -34,7 +34,14 @@ from typing import Any
 import httpx
 from onceflow_client import OnceflowClient
 from onceflow_client.pydantic_ai import ALREADY_DONE, OnceflowToolset, WaitingCall, waiting_calls
-from pydantic_ai import Agent, DeferredToolRequests, ModelRetry, RunContext
+from pydantic_ai import (
+    Agent,
+    DeferredToolRequests,
+    ModelRetry,
+    RunContext,
+    ToolApproved,
+    ToolDenied,
+)
 from pydantic_ai.exceptions import ToolFailed
 from pydantic_ai.messages import (
     ModelMessage,
@@ -163,7 +170,7 @@ async def run_support_agent(
             await when_waiting(waiting)
         decided = await toolset.wait_for_decisions(result.output, timeout=decision_timeout)
         tools = {call.tool_call_id: call.tool for call in waiting}
-        for tool_call_id, value in decided.calls.items():
+        for tool_call_id, value in [*decided.calls.items(), *decided.approvals.items()]:
             shown.told(tool_call_id, tools.get(tool_call_id), value)
         result = await agent.run(
             message_history=result.all_messages(), deferred_tool_results=decided
@@ -300,8 +307,12 @@ class _Shown:
             )
 
     def told(self, tool_call_id: str, tool: str | None, value: Any) -> None:
-        """What the model is told about a call: its result, or a retry or failure."""
-        if isinstance(value, ModelRetry | ToolFailed):
+        """What the model is told about a call: its result, a retry, failure or denial."""
+        if isinstance(value, ToolApproved):
+            return  # the resumed run calls the tool, which reports what it is told
+        if isinstance(value, ToolDenied):
+            self._told(tool_call_id, tool, "denied", value.message)
+        elif isinstance(value, ModelRetry | ToolFailed):
             outcome = "retried" if isinstance(value, ModelRetry) else "failed"
             self._told(tool_call_id, tool, outcome, value.message)
         else:
