@@ -9,11 +9,13 @@ server in a process of its own, the same way on both sides:
   bench._bare_worker``. onceflow: a one-step ``issue_coupon`` task (a real INSERT under
   its unique constraint) started with ``TaskClient`` on the client ``connect_temporal``
   builds and awaited, run by an ``onceflow worker`` process, the production worker:
-  tracing interceptor, attempt annotations and their log line, policy pinning, and
-  ``record_outcome=True`` on a task that has an idempotency record, so the worker writes
-  the outcome back as it does for every gateway task. The record is claimed (as the
-  gateway claims it, same scope, fingerprint and workflow id) before the clock starts:
-  the claim is the gateway's cost, measured on the gateway path.
+  tracing interceptor, attempt annotations and their log line. The task is the one the
+  gateway starts (its policies resolved here and carried in its input, its attributes
+  set with the start, an idempotency record whose outcome its starter writes), and
+  this process writes the outcome into the record once the task ended, as the gateway
+  does. The record is claimed (as the gateway claims it, same scope, fingerprint and
+  workflow id) before the clock starts: the claim is the gateway's cost, measured on the
+  gateway path.
 - gateway path. Baseline: ``python -m bench._bare_http``, a FastAPI endpoint on the
   gateway's uvicorn set-up (``HttpServer``) that starts the bare workflow and waits for
   its result. onceflow: ``POST /v1/tools/issue_coupon/calls`` with a new

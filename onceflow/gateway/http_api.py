@@ -80,6 +80,10 @@ def build_app(
         # not from a CDN.
         docs_url=None,
         redoc_url=None,
+        # The request's span only: spans per dependency and for the endpoint tell an
+        # operator nothing the request's and onceflow's own do not, and FastAPI's log
+        # records of validation failures would quote the request's values.
+        telemetry={"operation_spans": False, "logs": False},
     )
     install_error_handlers(app)
     install_docs_pages(app)
