@@ -103,14 +103,15 @@ def _commit() -> str | None:
 
 def run_info(
     *,
-    n_per_arm: int | None,
-    concurrency: int | None,
-    rounds: int | None,
+    n_per_arm: int | str | None,
+    concurrency: int | str | None,
+    rounds: int | str | None,
     arguments: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """How this run was made, for its results file: command, every argument's value (the
     defaults included, so the run can be repeated after a default changed), machine, N,
-    concurrency, rounds, load average at start and end (1, 5, 15 min), time and commit."""
+    concurrency, rounds (each a text where the benchmark has no such number: an open
+    loop's concurrency), load average at start and end (1, 5, 15 min), time and commit."""
     return {
         "command": command_line(),
         "arguments": arguments,

@@ -21,8 +21,8 @@ Placeholders are ``{{ ... }}``:
   ``{{ memory_table STEM }}``, ``{{ open_per_call STEM }}``, ``{{ open_buckets STEM }}``,
   ``{{ chaos_tools STEM }}``, ``{{ chaos_figures STEM }}``, ``{{ chaos_command STEM }}``,
   ``{{ chaos_differences STEM }}``, ``{{ cpu_table STEM }}``,
-  ``{{ profile_table STEM > part }}``, ``{{ profile_pair PROCESS | PROCESS }}``: the tables
-  of the other benchmarks.
+  ``{{ profile_table STEM > part }}``, ``{{ profile_pair PROCESS | PROCESS }}``,
+  ``{{ saturation_steps PATH }}``: the tables of the other benchmarks.
 """
 
 import argparse
@@ -152,7 +152,8 @@ def _command(result: dict[str, Any]) -> str:
 
 def _run_line(result: dict[str, Any]) -> str:
     def shown(name: str, format_name: str = "text") -> str:
-        return _format(_run_field(result, name), format_name)
+        value = _run_field(result, name)
+        return _format(value, "text" if isinstance(value, str) else format_name)
 
     load_start, load_end = (
         _run_field(result, "load_average_at_start"),
@@ -538,6 +539,83 @@ def _profile_pair(results: dict[str, Any], argument: str) -> str:
     )
 
 
+def _saturation_steps(results: dict[str, Any], path: str) -> str:
+    """Every step of one path of ``saturation.json``, both arms, by offered rate."""
+    part = _lookup(results, f"saturation > paths > {path}")
+    if not part:
+        return MISSING
+    rows = []
+    for step in part["steps"]:
+        others = {name: n for name, n in step["outcomes"].items() if name != "succeeded"}
+        busiest = max(step["cpu_cores"].items(), key=lambda item: item[1])
+        rows.append(
+            [
+                _format(step["offered_per_s"], "rate"),
+                step["arm"],
+                _format(step["launched"], "int"),
+                _format(step["achieved_per_s"], "rate"),
+                _format(step["completed_share"], "pct"),
+                _ms(step["p50_ms"]) if step["p50_ms"] is not None else "–",
+                _ms(step["p99_ms"]) if step["p99_ms"] is not None else "–",
+                ", ".join(f"{n:,} {name}" for name, n in others.items()) or "0",
+                _format(step["in_flight_at_drain"], "int"),
+                f"{step['cpu_cores_total']:.2f} ({busiest[0].split(' (')[0]} {busiest[1]:.2f})",
+                "sustained"
+                if step["sustained"]
+                else f"**not sustained**: {step['failed_because']}",
+            ]
+        )
+    return _table(
+        [
+            "offered",
+            "arm",
+            "launched",
+            "achieved",
+            "succeeded by drain",
+            "p50",
+            "p99",
+            "not succeeded",
+            "in flight at drain",
+            "CPU cores, all (busiest)",
+            "step",
+        ],
+        rows,
+    )
+
+
+def _knee_text(part: dict[str, Any], arm: str) -> str:
+    """An arm's knee, and the next rate it was offered and did not sustain: the knee lies
+    between the two, as finely as the steps go."""
+    knee = part["knee_per_s"][arm]
+    if knee is None:
+        return "none (no step sustained)"
+    if part["knee_limited_by_max_rate"][arm]:
+        return f"≥ {knee:g}/s"
+    above = [
+        step["offered_per_s"]
+        for step in part["steps"]
+        if step["arm"] == arm and step["offered_per_s"] > knee and not step["sustained"]
+    ]
+    return f"{knee:g}/s (not {min(above):g}/s)" if above else f"{knee:g}/s"
+
+
+def _peak(part: dict[str, Any], arm: str) -> float:
+    """The highest achieved rate of any of the arm's steps, sustained or not."""
+    return float(max(step["achieved_per_s"] for step in part["steps"] if step["arm"] == arm))
+
+
+def _knee_ratio_text(part: dict[str, Any]) -> str:
+    """onceflow's knee over bare's; a bound where an arm never failed below the highest
+    rate offered (its knee may lie above it)."""
+    ratio, limited = part["ratio"], part["knee_limited_by_max_rate"]
+    if ratio is None:
+        return "n/a"
+    if limited["bare"] and limited["onceflow"]:
+        return "n/a (both sustained the highest rate offered)"
+    bound = "≤ " if limited["bare"] else "≥ " if limited["onceflow"] else ""
+    return f"{bound}{_format(ratio, 'ratio')}"
+
+
 # ── figures computed from several values ────────────────────────────────────────────
 
 
@@ -558,7 +636,9 @@ def _derived(results: dict[str, Any]) -> dict[str, Any]:
             derived[f"{stem}_plot"] = f"bench/results/{stem}.png"
         if "ratios_per_round" in result and isinstance(result["ratios_per_round"], list):
             derived[f"{stem}_round_p50"] = [ratio["p50"] for ratio in result["ratios_per_round"]]
-        states = (result.get("notes") or {}).get("idempotency records by state")
+        states = (result.get("notes") or result.get("outcome") or {}).get(
+            "idempotency records by state"
+        )
         if states:
             derived[f"{stem}_record_states"] = ", ".join(
                 f"`{state}` ({count:,})" for state, count in sorted(states.items())
@@ -594,6 +674,14 @@ def _derived(results: dict[str, Any]) -> dict[str, Any]:
         extra = memory["onceflow worker"]["kib_per_open_task"]
         derived["memory_extra_kib_per_task"] = extra - memory["bare worker"]["kib_per_open_task"]
         derived["memory_10k_tasks_gib"] = extra * 10_000 / 1024 / 1024
+    saturation = results.get("saturation")
+    if saturation:
+        for path, part in saturation["paths"].items():
+            for arm in part["knee_per_s"]:
+                derived[f"saturation_{path}_knee_{arm}"] = _knee_text(part, arm)
+                derived[f"saturation_{path}_peak_{arm}"] = _peak(part, arm)
+            derived[f"saturation_{path}_ratio"] = _knee_ratio_text(part)
+            derived[f"saturation_{path}_peak_ratio"] = _peak(part, "onceflow") / _peak(part, "bare")
     chaos = results.get("chaos_large_run")
     if chaos:
         derived["chaos_violations"] = len(chaos["violations"])
@@ -693,6 +781,8 @@ def _fill(results: dict[str, Any], expression: str) -> str:
         return _profile_table(results, argument)
     if directive == "profile_pair":
         return _profile_pair(results, argument)
+    if directive == "saturation_steps":
+        return _saturation_steps(results, argument)
     path, _, format_name = expression.partition("|")
     return _format(_lookup(results, path), format_name.strip() or "text")
 
