@@ -18,6 +18,9 @@ from onceflow.task_api import TaskClient
 from onceflow.workflows.pruning_models import PRUNE_IDEMPOTENCY_RECORDS, PruneInput, PruneResult
 from onceflow.workflows.task_models import RECORD_TASK_OUTCOME, TaskOutcomeInput
 
+VISIBILITY_PAGE = 100
+"""Tasks asked about in one visibility query."""
+
 
 class TaskOutcomeResult(BaseModel):
     """Whether the outcome reached a record."""
@@ -73,7 +76,9 @@ class IdempotencyRecordActivities:
 
     async def _settle_started(self, older_than: timedelta) -> int:
         settled = 0
-        async for page in self._records.started_unrecorded(older_than=older_than):
+        waiting = await self._records.started_unrecorded(older_than=older_than)
+        for start in range(0, len(waiting), VISIBILITY_PAGE):
+            page = waiting[start : start + VISIBILITY_PAGE]
             for workflow_id in await self._tasks.closed_among(page):
                 state, status_code, body, resource_id = stored_outcome(
                     await self._tasks.ended(workflow_id)

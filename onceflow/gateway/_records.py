@@ -47,9 +47,9 @@ run) it expects, so a slow former owner can no longer change the record.
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, TypeVar
 
@@ -254,13 +254,12 @@ WHERE workflow_id = %(workflow_id)s AND state = 'processing'
   AND (workflow_run_id IS NULL OR %(run_id)s::text IS NULL OR workflow_run_id = %(run_id)s)
 """
 
-# Started tasks whose outcome no one has written yet, oldest first, a page at a time.
+# Started tasks whose outcome no one has written yet. No index: one scan per upkeep pass
+# (hourly) costs less than an index every claim or start would have to keep up.
 _STARTED_UNRECORDED = """
-SELECT workflow_id, workflow_started_at FROM idempotency_records
+SELECT workflow_id FROM idempotency_records
 WHERE state = 'processing' AND workflow_started_at IS NOT NULL
   AND workflow_started_at <= statement_timestamp() - %(older_than)s
-  AND (workflow_started_at, workflow_id) > (%(after_time)s, %(after_id)s)
-ORDER BY workflow_started_at, workflow_id LIMIT %(limit)s
 """
 
 _PRUNE_RECORDS = """
@@ -482,29 +481,13 @@ class IdempotencyStore:
 
         return await _retry_serialization(write)
 
-    async def started_unrecorded(
-        self, *, older_than: timedelta, batch: int = 100
-    ) -> AsyncIterator[list[str]]:
+    async def started_unrecorded(self, *, older_than: timedelta) -> list[str]:
         """The workflow ids of tasks started at least ``older_than`` ago whose record
-        still waits for their outcome, in pages of ``batch``, oldest first."""
-        after: tuple[datetime, str] = (datetime.min.replace(tzinfo=UTC), "")
-        while True:
-            async with self._pool.connection() as conn, autocommit(conn):
-                cursor = await conn.execute(
-                    _STARTED_UNRECORDED,
-                    {
-                        "older_than": older_than,
-                        "after_time": after[0],
-                        "after_id": after[1],
-                        "limit": batch,
-                    },
-                )
-                rows = await cursor.fetchall()
-            if rows:
-                yield [row[0] for row in rows]
-            if len(rows) < batch:
-                return
-            after = (rows[-1][1], rows[-1][0])
+        still waits for their outcome (tasks running, parked or awaiting a person, and
+        ended ones their starter left: a few thousand at most)."""
+        async with self._pool.connection() as conn, autocommit(conn):
+            cursor = await conn.execute(_STARTED_UNRECORDED, {"older_than": older_than})
+            return [row[0] for row in await cursor.fetchall()]
 
     async def prune(self, *, batch: int = 1000) -> PruneResult:
         """Delete terminal records whose result retention has passed, and old quota windows.

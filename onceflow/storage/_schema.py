@@ -439,13 +439,4 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         ALTER TABLE principals ADD COLUMN may_approve boolean NOT NULL DEFAULT false;
         """,
     ),
-    (
-        13,
-        "boundary: started tasks whose outcome waits to be written, found without a scan",
-        """
-        CREATE INDEX idempotency_records_started_unrecorded
-            ON idempotency_records (workflow_started_at, workflow_id)
-            WHERE state = 'processing' AND workflow_started_at IS NOT NULL;
-        """,
-    ),
 )
