@@ -178,8 +178,8 @@ async def claim_path(
             "reference": raw_in_transaction.name,
             raw_in_transaction.name: reference,
             "ratios to reference": ratios_to_reference,
-            # Issue 17's targets, for one principal: p50 ≤ 1.5×, p99 ≤ 2× the floor.
-            **({"target_ratio": 1.5, "target_ratio_p99": 2.0} if principals == 1 else {}),
+            # Issue 27's targets, for one principal: p50 and p99 ≤ 2× the floor.
+            **({"target_ratio": 2.0, "target_ratio_p99": 2.0} if principals == 1 else {}),
         },
     )
 

@@ -29,6 +29,7 @@ from temporalio.client import (
     WorkflowFailureError,
     WorkflowQueryFailedError,
 )
+from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from onceflow.errors import (
@@ -374,15 +375,7 @@ class TaskRequests:
         if self._after_claim is not None:
             await self._after_claim()
         try:
-            handle = await self._tasks.start(
-                submission.task,
-                workflow_id=record.workflow_id,
-                memo={
-                    REQUEST_HASH_MEMO: record.request_hash,
-                    STARTED_BY_CLAIM_MEMO: claim_mark(record),
-                },
-            )
-            described = await handle.describe()
+            start = await self._start(record, submission.task)
         except RPCError as error:
             if error.status in TEMPORAL_UNREACHABLE:
                 # Whether or not the start reached Temporal, the claim may go: the workflow
@@ -391,8 +384,7 @@ class TaskRequests:
                 # claim would answer every retry 409 until its lease ran out.
                 await self._claims.release(record)
             raise
-        memo = await described.memo()
-        if memo.get(REQUEST_HASH_MEMO) != record.request_hash:
+        if start.request_hash != record.request_hash:
             # Only after a pruned record: the key's task is still known to Temporal but
             # was started for another request. Nothing was started now, so the claim goes.
             await self._records.release(record)
@@ -402,16 +394,14 @@ class TaskRequests:
         # An open task continues as new when it grows long, and then writes its outcome
         # from a later run: its record is not bound to the first run (the workflow id,
         # which is never reused, still fences it).
-        run_id = described.run_id if submission.task.open is None else None
+        run_id = start.run_id if submission.task.open is None else None
         if not await self._records.mark_started(record, run_id=run_id):
             log.warning("claim on task %s was taken over while starting it", record.workflow_id)
         # A task another claim started (a retry after its record was pruned, or after
         # the first owner's lease ran out) answers with its result: this request executed
         # nothing. A task this claim started may already have ended: not a replay.
-        already_closed = described.status is not WorkflowExecutionStatus.RUNNING
-        started_here = memo.get(STARTED_BY_CLAIM_MEMO) == claim_mark(record)
         if submission.task.open is not None:
-            if already_closed:
+            if start.closed:
                 return await self._open_task_answer(record, replayed=True)
             self.remember_task(record.workflow_id, tenant=record.tenant, is_open=True)
             # Nothing has happened in the task yet: no need to ask it.
@@ -428,7 +418,37 @@ class TaskRequests:
                 task_id=record.workflow_id,
                 replayed=False,
             )
-        return await self._answer_when_done(record, deadline, replayed=not started_here)
+        return await self._answer_when_done(record, deadline, replayed=not start.here)
+
+    async def _start(self, record: IdempotencyRecord, task: AgentTaskInput) -> "_Started":
+        """Start the claimed task; or join the one its workflow id already names (a
+        released claim's start that reached Temporal, a former lease owner's, a pruned
+        record's), asking Temporal whose it is."""
+        memo = {REQUEST_HASH_MEMO: record.request_hash, STARTED_BY_CLAIM_MEMO: claim_mark(record)}
+        try:
+            handle = await self._tasks.start(
+                task, workflow_id=record.workflow_id, memo=memo, join=False
+            )
+        except WorkflowAlreadyStartedError:
+            pass
+        else:
+            # Started now by this claim: no need to ask Temporal what it was given.
+            assert handle.result_run_id is not None
+            return _Started(
+                run_id=handle.result_run_id,
+                request_hash=record.request_hash,
+                here=True,
+                closed=False,
+            )
+        handle = await self._tasks.start(task, workflow_id=record.workflow_id, memo=memo)
+        described = await handle.describe()
+        found = await described.memo()
+        return _Started(
+            run_id=described.run_id,
+            request_hash=found.get(REQUEST_HASH_MEMO),
+            here=found.get(STARTED_BY_CLAIM_MEMO) == claim_mark(record),
+            closed=described.status is not WorkflowExecutionStatus.RUNNING,
+        )
 
     async def _open_task_answer(
         self, record: IdempotencyRecord, *, replayed: bool
@@ -522,6 +542,17 @@ class TaskRequests:
         return BoundaryAnswer(
             status_code=status_code, body=body, task_id=record.workflow_id, replayed=replayed
         )
+
+
+@dataclass(frozen=True)
+class _Started:
+    """The task a claim started or joined, as far as its request needs to know it."""
+
+    run_id: str
+    request_hash: str | None
+    here: bool
+    """Started by this claim (another's task answers as a replay: nothing ran for it)."""
+    closed: bool
 
 
 def task_submission(

@@ -105,7 +105,12 @@ class TaskClient:
         return self._client.namespace
 
     async def start(
-        self, task: AgentTaskInput, *, workflow_id: str, memo: Mapping[str, Any] | None = None
+        self,
+        task: AgentTaskInput,
+        *,
+        workflow_id: str,
+        memo: Mapping[str, Any] | None = None,
+        join: bool = True,
     ) -> WorkflowHandle[AgentTaskWorkflow, TaskStatus]:
         """Start the task, or attach to the task that already has this workflow id.
 
@@ -113,6 +118,9 @@ class TaskClient:
         (``REJECT_DUPLICATE``): the same id always means the same task and its result.
         ``memo`` is stored only when this call starts the task (the boundary keeps the
         request fingerprint there, to tell a joined task's request from its own).
+        ``join=False`` starts the task or raises ``WorkflowAlreadyStartedError`` when the
+        id is taken, running or closed: the caller then knows without asking Temporal
+        that a handle it got is of the task it started.
 
         The start runs in a ``StartTask`` span (a child of the caller's span, e.g. the
         gateway request's), so every task has one trace; its id goes into the memo as
@@ -134,10 +142,15 @@ class TaskClient:
             task = self._pinned(task)
             if task.open is None:
                 task = task.model_copy(update={"started_with_attributes": True})
-            try:
+            options = self._start_options(task, workflow_id, memo)
+            if not join:
                 return await self._client.start_workflow(
-                    AgentTaskWorkflow.run, task, **self._start_options(task, workflow_id, memo)
+                    AgentTaskWorkflow.run,
+                    task,
+                    **{**options, "id_conflict_policy": WorkflowIDConflictPolicy.FAIL},
                 )
+            try:
+                return await self._client.start_workflow(AgentTaskWorkflow.run, task, **options)
             except WorkflowAlreadyStartedError:
                 return self._client.get_workflow_handle_for(AgentTaskWorkflow.run, workflow_id)
 

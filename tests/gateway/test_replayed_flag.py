@@ -21,9 +21,9 @@ class EndingBeforeLookedAt(TaskClient):
     widest the race between a quick task and the gateway's look at it can be."""
 
     async def start(
-        self, task: AgentTaskInput, *, workflow_id: str, memo: Any = None
+        self, task: AgentTaskInput, *, workflow_id: str, memo: Any = None, join: bool = True
     ) -> WorkflowHandle[Any, Any]:
-        handle = await super().start(task, workflow_id=workflow_id, memo=memo)
+        handle = await super().start(task, workflow_id=workflow_id, memo=memo, join=join)
         await handle.result()
         return handle
 
