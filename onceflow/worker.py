@@ -7,7 +7,7 @@ running activities get ``ONCEFLOW_SHUTDOWN_GRACE`` to finish before the process 
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from contextlib import AsyncExitStack, asynccontextmanager, nullcontext
+from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -164,9 +164,10 @@ async def serve_worker(
     tool stops the start-up with ``ToolRegistrationError``) and their clients opened for
     the worker's lifetime. Payloads are encrypted when ``[payload_encryption]`` holds
     keys. Relays run apart (``onceflow relay``). When the process
-    exports metrics, the worker also publishes the parked-task gauges. With
-    ``STRIPE_API_KEY`` set it runs scheduled payments audits (``AuditWorkflow``) with a
-    Stripe client of their own.
+    exports metrics, the worker also publishes the parked-task gauges. It runs the
+    scheduled audits (``AuditWorkflow``) of every family that offers one and whose
+    provider its settings name (payments: ``STRIPE_API_KEY``), each with a client of its
+    own.
     """
     settings = configuration.onceflow
     families = configured_families(configuration)
@@ -178,22 +179,19 @@ async def serve_worker(
     client = await connect_temporal(
         address=temporal_address, encryption=configuration.payload_encryption
     )
-    from onceflow.payments import PaymentsAuditor, StripeSettings, open_stripe_provider
-
-    stripe = configuration.read(StripeSettings)
     async with (
         watch_parked_tasks(client, every=timedelta(seconds=settings.parked_scan_seconds)),
         build_pool(database_url, max_size=settings.db_pool_max_size) as pool,
-        # The scheduled payments audit reads Stripe with a client of its own.
-        open_stripe_provider(stripe) if stripe.configured else nullcontext() as stripe_reader,
-        build_worker(
-            client,
-            pool,
-            settings,
-            tools=tools,
-            auditors={"payments": PaymentsAuditor(stripe_reader, pool)} if stripe_reader else {},
-        ),
+        AsyncExitStack() as audits,
     ):
-        if on_ready is not None:
-            on_ready()
-        await stop.wait()
+        # The families' scheduled audits, each reading its provider with a client of its own.
+        auditors = {
+            family.name: auditor
+            for family in families
+            if family.open_auditor is not None
+            and (auditor := await audits.enter_async_context(family.open_auditor(pool)))
+        }
+        async with build_worker(client, pool, settings, tools=tools, auditors=auditors):
+            if on_ready is not None:
+                on_ready()
+            await stop.wait()

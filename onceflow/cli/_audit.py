@@ -1,9 +1,9 @@
 """``onceflow audit``: compare a tool family's effects at its provider with onceflow's
 records over a time window (duplicates, orphans, missing resources, totals).
 
-Registered on the main app by ``register``. A family offers an audit through ``AUDITS``
-(a name and how to open its ``Auditor`` from the configuration); payments is the one
-that does today. The report is a table on standard output (``--json``: one JSON object),
+Registered on the main app by ``register``. A tool family offers an audit by declaring
+how to open its ``Auditor`` (``ToolFamily.open_auditor``); payments is onceflow's own
+family that does. The report is a table on standard output (``--json``: one JSON object),
 the progress bar on standard error; the command leaves with ``FINDINGS_EXIT_CODE`` when
 there is any finding, 0 when the window is clean. With ``--schedule`` it creates the
 Temporal Schedule that audits on the workers instead (``_audit_schedule``).
@@ -11,10 +11,9 @@ Temporal Schedule that audits on the workers instead (``_audit_schedule``).
 
 import json
 import re
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Iterable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime, timedelta
-from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -26,50 +25,50 @@ from rich.table import Column, Table
 from onceflow.cli._failures import CommandFailed, ExitCode
 from onceflow.cli._services import settings_and_database
 from onceflow.cli.plugin import operate
-from onceflow.tools import AuditProgress, AuditReport, AuditWindow
+from onceflow.tools import AuditProgress, AuditReport, AuditWindow, ProviderUnreadable
 
 if TYPE_CHECKING:
     from onceflow.configuration import OnceflowConfiguration
-    from onceflow.payments import PaymentProviderError
     from onceflow.tools import Auditor
 
 FINDINGS_EXIT_CODE = 6
 """``onceflow audit`` found a duplicate, an orphan or a missing resource (0: clean)."""
 
 
-class Family(StrEnum):
-    """The tool families that offer an audit."""
-
-    PAYMENTS = "payments"
+DEFAULT_FAMILY = "payments"
 
 
 @asynccontextmanager
-async def _payments_auditor(
-    configuration: "OnceflowConfiguration", database_url: str
+async def opened_auditor(
+    configuration: "OnceflowConfiguration", database_url: str, family: str
 ) -> AsyncIterator["Auditor"]:
-    from onceflow.payments import PaymentsAuditor, StripeSettings, open_stripe_provider
+    """The audit of ``family``, one of the configured families (onceflow's and the custom
+    ones), with its provider client and a database pool open for the block.
+
+    Raises:
+        CommandFailed: No configured family of that name offers an audit, or this
+            process's settings lack its provider (exit 2).
+    """
+    from onceflow.activities import configured_families
     from onceflow.storage import build_pool
 
-    stripe = configuration.read(StripeSettings)
-    if not stripe.configured:
-        raise CommandFailed(
-            "STRIPE_API_KEY is not set; fix: set it (and STRIPE_API_BASE, "
-            "ONCEFLOW_STRIPE_ACCOUNT) as the workers have them",
-            exit_code=ExitCode.BAD_INPUT,
-        )
+    families = {f.name: f for f in configured_families(configuration) if f.open_auditor}
+    chosen = families.get(family)
+    if chosen is None or chosen.open_auditor is None:
+        raise _no_audit(family, families)
     async with (
-        open_stripe_provider(stripe) as provider,
         build_pool(database_url, max_size=2) as pool,
+        chosen.open_auditor(pool) as auditor,
     ):
-        assert provider is not None  # configured, checked above
-        yield PaymentsAuditor(provider, pool)
+        if auditor is None:
+            missing = "; ".join(f"{p.problem}; fix: {p.fix}" for p in chosen.problems)
+            raise CommandFailed(
+                f"the {family} family's provider is not configured here: "
+                f"{missing or 'see its settings'} (as the workers have it)",
+                exit_code=ExitCode.BAD_INPUT,
+            )
+        yield auditor
 
-
-AUDITS: dict[
-    Family,
-    Callable[["OnceflowConfiguration", str], AbstractAsyncContextManager["Auditor"]],
-] = {Family.PAYMENTS: _payments_auditor}
-"""How each family that offers an audit opens its ``Auditor``."""
 
 _DURATION = re.compile(r"^(\d+)([smhd])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
@@ -137,8 +136,12 @@ def register(app: typer.Typer) -> None:
             typer.Option(help="End of the window (exclusive), like --since. Default: now."),
         ] = None,
         family: Annotated[
-            Family, typer.Option(help="The tool family to audit against its provider.")
-        ] = Family.PAYMENTS,
+            str,
+            typer.Option(
+                help="The tool family to audit against its provider (one that offers an "
+                "audit: payments, or a custom family's)."
+            ),
+        ] = DEFAULT_FAMILY,
         in_flight_grace: Annotated[
             str,
             typer.Option(
@@ -195,13 +198,11 @@ def register(app: typer.Typer) -> None:
         errors = Console(stderr=True)
 
         async def body() -> AuditReport:
-            from onceflow.payments import PaymentProviderError
-
-            async with AUDITS[family](configuration, database_url) as auditor:
+            async with opened_auditor(configuration, database_url, family) as auditor:
                 with _progress_bar(errors) as progress:
                     try:
                         return await auditor.audit(window, progress=progress)
-                    except PaymentProviderError as failure:
+                    except ProviderUnreadable as failure:
                         raise _provider_failed(failure) from None
 
         report = operate(body)
@@ -214,7 +215,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _schedule(
-    family: Family,
+    family: str,
     every: str,
     since: str,
     until: str | None,
@@ -241,7 +242,7 @@ def _schedule(
         )
     interval = parse_duration(every, option="--schedule")
     request = AuditRunInput(
-        family=family.value,
+        family=family,
         window=parse_duration(since, option="--since"),
         in_flight_grace=parse_duration(in_flight_grace, option="--in-flight-grace"),
     )
@@ -251,6 +252,11 @@ def _schedule(
             exit_code=ExitCode.BAD_INPUT,
         )
     configuration = loaded_configuration()
+    from onceflow.activities import configured_families
+
+    offered = [f.name for f in configured_families(configuration) if f.open_auditor]
+    if family not in offered:
+        raise _no_audit(family, offered)
 
     async def body() -> tuple[str, bool]:
         client = await connect_temporal(
@@ -266,24 +272,29 @@ def _schedule(
     schedule_id, created = operate(body)
     print(
         f"{'created' if created else 'updated'} schedule {schedule_id}: audits "
-        f"{family.value} every {interval}, each run the {request.window} before it",
+        f"{family} every {interval}, each run the {request.window} before it",
         flush=True,
     )
 
 
-def _provider_failed(failure: "PaymentProviderError") -> CommandFailed:
+def _no_audit(family: str, offered: Iterable[str]) -> CommandFailed:
+    return CommandFailed(
+        f"no tool family named {family!r} offers an audit here; fix: choose one of "
+        f"{', '.join(sorted(offered)) or 'none (no loaded family offers one)'}",
+        exit_code=ExitCode.BAD_INPUT,
+    )
+
+
+def _provider_failed(failure: ProviderUnreadable) -> CommandFailed:
     """A read the audit needs failed: nothing can be concluded from the window."""
-    said = f"the provider could not be read, so the audit concludes nothing: {failure.reason}"
-    if failure.http_status in (401, 403):
-        return CommandFailed(
-            f"{said}; fix: check STRIPE_API_KEY", exit_code=ExitCode.CREDENTIALS_REFUSED
-        )
-    if failure.http_status is None or failure.http_status in (429, 500, 502, 503, 504):
-        return CommandFailed(
-            f"{said}; fix: run it again (check STRIPE_API_BASE if it persists)",
-            exit_code=ExitCode.UNAVAILABLE,
-        )
-    return CommandFailed(said)
+    said = f"the provider could not be read, so the audit concludes nothing: {failure.detail}"
+    if failure.credentials_refused:
+        exit_code = ExitCode.CREDENTIALS_REFUSED
+    elif failure.transient:
+        exit_code = ExitCode.UNAVAILABLE
+    else:
+        exit_code = ExitCode.FAILED
+    return CommandFailed(f"{said}; fix: {failure.fix}", exit_code=exit_code)
 
 
 @contextmanager

@@ -36,6 +36,7 @@ from onceflow.tools import (
     AuditProgress,
     AuditReport,
     AuditWindow,
+    ProviderUnreadable,
     read_operations,
     read_step_operations,
 )
@@ -107,8 +108,14 @@ class PaymentsAuditor:
         """Compare the window's PaymentIntents and refunds with onceflow's records.
 
         Raises:
-            PaymentProviderError: A page or a resource could not be read (classified).
+            ProviderUnreadable: A page or a resource could not be read.
         """
+        try:
+            return await self._audit(window, progress)
+        except PaymentProviderError as failure:
+            raise unreadable(failure) from None
+
+    async def _audit(self, window: AuditWindow, progress: AuditProgress | None) -> AuditReport:
         report = progress or (lambda what, done: None)
         audited_at = self._clock()
         effects: list[ProviderEffect] = []
@@ -167,3 +174,18 @@ def _read_back_to(
         return 1.0
     oldest = min(view.created for view in page)
     return min(1.0, max(0.0, (until.timestamp() - oldest) / span))
+
+
+def unreadable(failure: PaymentProviderError) -> ProviderUnreadable:
+    """What an audit tells of a Stripe read that failed."""
+    if failure.http_status in (401, 403):
+        return ProviderUnreadable(
+            failure.reason, fix="check STRIPE_API_KEY", credentials_refused=True
+        )
+    if failure.http_status is None or failure.http_status in (429, 500, 502, 503, 504):
+        return ProviderUnreadable(
+            failure.reason,
+            fix="run it again (check STRIPE_API_BASE if it persists)",
+            transient=True,
+        )
+    return ProviderUnreadable(failure.reason, fix="see the reason: Stripe refused the read")

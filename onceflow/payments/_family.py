@@ -3,12 +3,18 @@ the service they cannot work without, the Stripe secrets to keep out of logs and
 and how to see that a Stripe client retries nothing. Loaded like a user's family
 (``onceflow.tools.load_families``), so every check applies to it the same way."""
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
+from psycopg_pool import AsyncConnectionPool
+
+from onceflow.payments._audit_io import PaymentsAuditor
 from onceflow.payments._settings import PaymentToolSettings, StripeSettings
+from onceflow.payments._stripe import open_stripe_provider
 from onceflow.payments._tools import payment_tools
 from onceflow.settings import SettingsSource
-from onceflow.tools import ClientRetryCheck, Redaction, StartupProblem, ToolFamily
+from onceflow.tools import Auditor, ClientRetryCheck, Redaction, StartupProblem, ToolFamily
 
 STRIPE_REDACTIONS = (
     Redaction(what="Stripe secret key", pattern=r"(?:sk|rk)_(?:live|test)_[A-Za-z0-9_]{8,}+"),
@@ -65,4 +71,17 @@ def payment_family(settings: SettingsSource) -> ToolFamily:
         problems=() if stripe.configured else (missing,),
         redactions=STRIPE_REDACTIONS,
         client_checks=(STRIPE_CLIENT_CHECK,),
+        open_auditor=lambda pool: _open_auditor(stripe, pool),
     )
+
+
+@asynccontextmanager
+async def _open_auditor(
+    stripe: StripeSettings, pool: AsyncConnectionPool
+) -> AsyncIterator[Auditor | None]:
+    """The payments' audit, reading Stripe with a client of its own; None without a key."""
+    if not stripe.configured:
+        yield None
+        return
+    async with open_stripe_provider(stripe) as provider:
+        yield PaymentsAuditor(provider, pool) if provider is not None else None

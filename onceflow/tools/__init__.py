@@ -83,6 +83,7 @@ from onceflow.tools._audit import (
     EffectTotal,
     FindingKind,
     OperationRecord,
+    ProviderUnreadable,
     read_operations,
     read_step_operations,
 )
@@ -197,6 +198,7 @@ __all__ = [
     "NothingSent",
     "open_tool_client",
     "OperationRecord",
+    "ProviderUnreadable",
     "OutcomeClass",
     "PIN_TASK_POLICY",
     "PinPolicyInput",

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from psycopg_pool import AsyncConnectionPool
 
+from onceflow.errors import OnceflowError
 from onceflow.tools._child_operation import generation_of
 from onceflow.tools._identity import key_digest
 
@@ -200,6 +201,30 @@ class AuditReport:
             "effects_read": self.effects_read,
             "in_flight": self.in_flight,
         }
+
+
+class ProviderUnreadable(OnceflowError):
+    """A read an audit needs failed at the provider: nothing can be concluded from the
+    window. ``fix`` is what to do about it (shown with the reason)."""
+
+    status = 502
+    code = "provider-unreadable"
+    title = "Provider unreadable"
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        fix: str,
+        credentials_refused: bool = False,
+        transient: bool = False,
+    ) -> None:
+        super().__init__(reason)
+        self.fix = fix
+        self.credentials_refused = credentials_refused
+        """The provider refused the credentials (a new key fixes it, no retry)."""
+        self.transient = transient
+        """Unreachable or overloaded: running the audit again may succeed."""
 
 
 AuditProgress = Callable[[str, float], None]

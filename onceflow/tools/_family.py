@@ -10,11 +10,20 @@ whole process, whatever tools of it the process serves.
 
 import re
 from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, replace
 from typing import Any
 
+from psycopg_pool import AsyncConnectionPool
+
+from onceflow.tools._audit import Auditor
 from onceflow.tools._checks import Problem
 from onceflow.tools._tool import Tool
+
+OpenAuditor = Callable[[AsyncConnectionPool], AbstractAsyncContextManager[Auditor | None]]
+"""How a family opens its audit against its provider, given onceflow's database: a
+context that yields the ``Auditor`` (its provider client open for as long), or None when
+this process's settings lack the provider (the family's start-up problems say what)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,6 +134,9 @@ class ToolFamily:
     apply: card numbers, bearer and basic credentials, passwords in URLs, …)."""
     client_checks: tuple[ClientRetryCheck, ...] = ()
     """How to see the retries of client libraries onceflow does not know. Default none."""
+    open_auditor: OpenAuditor | None = None
+    """Its audit against the provider's own records (``onceflow audit --family <name>``,
+    and the scheduled audit on workers). Default none: the family offers no audit."""
 
     def __post_init__(self) -> None:
         # A list is as good as a tuple to write; kept as a tuple, the family stays hashable.
