@@ -151,24 +151,7 @@ async def main(tasks: int, batch: int) -> None:
 
             async def start_task(n: int) -> str:
                 workflow_id = f"mem-{queue}-{n}"
-                await tasks_client.start(
-                    AgentTaskInput(
-                        tenant="bench",
-                        principal="bench",
-                        steps=[
-                            StepInput(
-                                step_id="deploy",
-                                tool="start_deployment",
-                                arguments={
-                                    "service": f"svc-{n}",
-                                    "version": "1.0.0",
-                                    "environment": "staging",
-                                },
-                            )
-                        ],
-                    ),
-                    workflow_id=workflow_id,
-                )
+                await tasks_client.start(deployment_task(n), workflow_id=workflow_id)
                 return workflow_id
 
             onceflow = await measure_arm(
@@ -176,12 +159,7 @@ async def main(tasks: int, batch: int) -> None:
                 [sys.executable, "-m", "onceflow.cli.main", "worker"],
                 {
                     "PYTHONUNBUFFERED": "1",
-                    "DATABASE_URL": postgres.url,
-                    "TEMPORAL_ADDRESS": address,
-                    "ONCEFLOW_TASK_QUEUE": queue,
-                    "ONCEFLOW_STATE_DIR": str(scratch / "state"),
-                    "DEPLOY_TARGET_URL": "http://127.0.0.1:9",
-                    "ONCEFLOW_BUILTIN_TOOLS": "start_deployment",
+                    **onceflow_worker_env(postgres.url, address, queue, scratch),
                 },
                 "onceflow worker ready",
                 tasks,
@@ -194,6 +172,35 @@ async def main(tasks: int, batch: int) -> None:
             await env.shutdown()
             postgres.stop()
     _report(tasks, batch, baseline, onceflow)
+
+
+def deployment_task(n: int) -> AgentTaskInput:
+    """The task the onceflow arm opens: one ``start_deployment`` step, which awaits approval."""
+    return AgentTaskInput(
+        tenant="bench",
+        principal="bench",
+        steps=[
+            StepInput(
+                step_id="deploy",
+                tool="start_deployment",
+                arguments={"service": f"svc-{n}", "version": "1.0.0", "environment": "staging"},
+            )
+        ],
+    )
+
+
+def onceflow_worker_env(
+    database_url: str, address: str, queue: str, scratch: Path
+) -> dict[str, str]:
+    """The ``onceflow worker`` process's settings: only ``start_deployment`` served."""
+    return {
+        "DATABASE_URL": database_url,
+        "TEMPORAL_ADDRESS": address,
+        "ONCEFLOW_TASK_QUEUE": queue,
+        "ONCEFLOW_STATE_DIR": str(scratch / "state"),
+        "DEPLOY_TARGET_URL": "http://127.0.0.1:9",
+        "ONCEFLOW_BUILTIN_TOOLS": "start_deployment",
+    }
 
 
 async def _processed(client: Client, workflow_id: str) -> None:

@@ -18,10 +18,10 @@ Placeholders are ``{{ ... }}``:
   average, time, commit); ``{{ command STEM }}``, ``{{ n STEM }}``, ``{{ concurrency STEM
   }}``, ``{{ rounds STEM }}``: one of those, for the summary table.
 - ``{{ arms STEM }}``: the table of a two-arm benchmark; ``{{ claim_table }}``,
-  ``{{ memory_table STEM }}``, ``{{ open_per_call STEM }}``, ``{{ open_buckets STEM }}``,
-  ``{{ chaos_tools STEM }}``, ``{{ chaos_figures STEM }}``, ``{{ chaos_command STEM }}``,
-  ``{{ chaos_differences STEM }}``, ``{{ cpu_table STEM }}``,
-  ``{{ profile_table STEM > part }}``, ``{{ profile_pair PROCESS | PROCESS }}``,
+  ``{{ memory_table STEM }}``, ``{{ memory_profile_table STEM }}``, ``{{ open_per_call
+  STEM }}``, ``{{ open_buckets STEM }}``, ``{{ chaos_tools STEM }}``, ``{{ chaos_figures
+  STEM }}``, ``{{ chaos_command STEM }}``, ``{{ chaos_differences STEM }}``, ``{{ cpu_table
+  STEM }}``, ``{{ profile_table STEM > part }}``, ``{{ profile_pair PROCESS | PROCESS }}``,
   ``{{ saturation_steps PATH }}``: the tables of the other benchmarks.
 """
 
@@ -279,6 +279,38 @@ def _memory_table(result: dict[str, Any]) -> str:
         ["worker", "idle RSS", f"RSS with {_format(tasks, 'int')} open", "growth", "per open task"],
         rows,
     )
+
+
+def _memory_profile_table(result: dict[str, Any]) -> str:
+    """What one more waiting workflow holds, KiB by owner, one column per arm."""
+    arms = [
+        name
+        for name, value in result.items()
+        if isinstance(value, dict) and "rss_kib_per_task" in value
+    ]
+    rows = [
+        [
+            "**resident (RSS)**",
+            *(f"**{_format(result[arm]['rss_kib_per_task'], 'kib')}**" for arm in arms),
+        ],
+        ["malloc in use", *(_format(result[arm]["malloc_kib_per_task"], "kib") for arm in arms)],
+    ]
+    for part, title in (("python_heap", "Python heap"), ("native_heap", "native, by malloc")):
+        owners: list[str] = []
+        for arm in arms:
+            owners += [name for name in result[arm].get(part, {}) if name not in owners]
+        for owner in owners:
+            label = f"**{title}**" if owner == "total" else f"{title}: {owner}"
+            rows.append(
+                [label]
+                + [
+                    _format(result[arm][part][owner], "kib")
+                    if owner in result[arm].get(part, {})
+                    else "–"
+                    for arm in arms
+                ]
+            )
+    return _table(["per waiting workflow", *arms], rows)
 
 
 def _open_per_call(result: dict[str, Any]) -> str:
@@ -761,6 +793,7 @@ def _fill(results: dict[str, Any], expression: str) -> str:
         "arms": _arms_table,
         "cpu_table": _cpu_table,
         "memory_table": _memory_table,
+        "memory_profile_table": _memory_profile_table,
         "open_per_call": _open_per_call,
         "open_buckets": _open_buckets,
         "chaos_tools": _chaos_tools,

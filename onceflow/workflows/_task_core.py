@@ -109,8 +109,11 @@ class TaskCore:
         self._task = task
         self._budget = task.budget or RetryBudget()
         if task.carried is not None:
-            # A continued open task: everything its earlier runs knew, whole.
-            self._memory = task.carried.model_copy(deep=True)
+            # A continued open task: everything its earlier runs knew, whole. Taken as it
+            # came, not copied: the SDK keeps the run's input for the run's life and
+            # nothing reads ``task.carried`` again, so a copy held every carried call
+            # twice (about 800 KiB for 500 calls) as long as the task stayed cached.
+            self._memory = task.carried
             self._memory.runs += 1
         else:
             now = workflow.now()

@@ -419,8 +419,13 @@ class TaskStatus(BaseModel):
         raise KeyError(step_id)
 
 
+# Complete every model that names one defined after it, here, once: a model left
+# incomplete is rebuilt by each ``TypeAdapter`` made for it, and Temporal gives every
+# workflow run a payload converter of its own, so each cached task kept a validator and
+# serializer of its own for its input (about 40 KiB of a waiting task's memory).
 TaskOutcomeInput.model_rebuild()
 TaskMemory.model_rebuild()
+AgentTaskInput.model_rebuild()
 CallAnswer.model_rebuild()
 
 RECORD_TASK_OUTCOME = "record_task_outcome"
