@@ -41,9 +41,11 @@ from bench._bare import BareWaitingWorkflow
 from bench._report import RESULTS, machine, run_info
 from onceflow.storage import apply_migrations
 from onceflow.task_api import TaskClient
+from onceflow.tools import Catalogue, register_tools
 from onceflow.workflows.task_models import AgentTaskInput, StepInput
 from onceflow.workflows.visibility import ALL_SEARCH_ATTRIBUTES
 from tests.harness import eventually, log_line
+from tests.tool_configuration import builtin_tool
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -147,7 +149,10 @@ async def main(tasks: int, batch: int) -> None:
                 scratch,
             )
             queue = f"mem-{uuid.uuid4().hex[:8]}"
-            tasks_client = TaskClient(client, task_queue=queue)
+            # The tool's policy resolved here travels with each task, as the gateway's do.
+            catalogue = Catalogue()
+            register_tools([builtin_tool("start_deployment")], catalogue)
+            tasks_client = TaskClient(client, task_queue=queue, catalogue=catalogue)
 
             async def start_task(n: int) -> str:
                 workflow_id = f"mem-{queue}-{n}"
