@@ -72,6 +72,7 @@ TOOLS = [
     "PIN_TASK_POLICY",
     "PinPolicyInput",
     "PolicyPinning",
+    "ProviderUnreadable",
     "RUN_AUDIT",
     "Redaction",
     "StartupProblem",
