@@ -70,13 +70,16 @@ async def _record(
 ) -> None:
     tasks = TaskClient(env.client, task_queue=queue)
 
-    async def start(*steps: StepInput, record_outcome: bool = False) -> Handle:
+    async def start(
+        *steps: StepInput, record_outcome: bool = False, by_starter: bool = False
+    ) -> Handle:
         task = AgentTaskInput(
             tenant="acme",
             principal="agent",
             steps=list(steps),
             budget=BUDGET,
             record_outcome=record_outcome,
+            starter_records_outcome=by_starter,
         )
         return await tasks.start(task, workflow_id=f"history-{uuid.uuid4().hex[:8]}")
 
@@ -337,6 +340,35 @@ async def _record(
         record_outcome=True,
     )
     await save("plan_outcome_recorded", folded)
+    # As the gateway starts them since 0.2.0: the starter writes a prompt task's outcome
+    # (no local activity), and one that asked people still records its own.
+    by_starter = await start(
+        StepInput(step_id="a", tool="scripted_safe", arguments={"label": script.plan("bs", T, S)}),
+        record_outcome=True,
+        by_starter=True,
+    )
+    await save("plan_outcome_written_by_starter", by_starter)
+    asked = await start(
+        StepInput(
+            step_id="g",
+            tool="scripted_approval",
+            arguments={"label": script.plan("ba", S), "amount": 500},
+        ),
+        record_outcome=True,
+        by_starter=True,
+    )
+    awaiting = await _until(env, asked, TaskState.AWAITING_APPROVAL)
+    await asked.execute_update(
+        AgentTaskWorkflow.approve,
+        ApproveInput(
+            step_id="g",
+            approved=True,
+            approver="cfo",
+            reason="checked",
+            arguments_digest=awaiting.step("g").arguments_digest,
+        ),
+    )
+    await save("plan_asked_people_records_its_outcome", asked)
     recorded_open = await open_task(record_outcome=True)
     await recorded_open.execute_update(
         AgentTaskWorkflow.call, calling("c1", "scripted_safe", script.plan("fo", T, S))
