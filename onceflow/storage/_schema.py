@@ -439,4 +439,141 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         ALTER TABLE principals ADD COLUMN may_approve boolean NOT NULL DEFAULT false;
         """,
     ),
+    (
+        13,
+        "boundary: a claim may reserve a block of its principal's key quota",
+        """
+        -- The claim of migration 10, for gateways that reserve keys of a principal's
+        -- quota window in blocks: a claim that counts takes up to p_block keys of one
+        -- shard (never past its share) and returns how many it took beyond its own
+        -- (spare_keys) and in which window (quota_window); the gateway spends those on its
+        -- next new keys of that principal, passing the window as p_reserved_window, and
+        -- such a claim counts nothing. A reserved window that is no longer the current
+        -- one is void: that claim counts as any other. The shards count reserved keys, so
+        -- a window never admits more than the quota; spare keys a gateway does not spend
+        -- in time are lost to the window. A replay never counts, an over-quota claim
+        -- writes nothing, and a new claim's row is answered from the values it inserted
+        -- (no RETURNING). Gateways older than this migration call the 11-argument
+        -- function, which counts one key per claim in the same shards.
+        CREATE FUNCTION claim_idempotency_key(
+            p_scope text, p_key text, p_request_hash text, p_owner_token text,
+            p_lease interval, p_tenant text, p_principal_id uuid, p_workflow_id text,
+            p_result_retention interval, p_quota integer, p_window integer,
+            p_block integer, p_reserved_window timestamptz
+        ) RETURNS TABLE (
+            claimed boolean, scope text, idempotency_key varchar, request_hash text,
+            state text, owner_token text, fencing_token bigint,
+            lease_expires_at timestamptz, tenant text, principal_id uuid, workflow_id text,
+            workflow_run_id text, workflow_started_at timestamptz, status_code integer,
+            resource_id text, response_body jsonb, result_expires_at timestamptz,
+            created_at timestamptz, read_at timestamptz, quota_window timestamptz,
+            spare_keys integer
+        ) LANGUAGE plpgsql AS $claim$
+        #variable_conflict use_column
+        DECLARE
+            v_shards CONSTANT integer := 16;
+            v_used integer := least(v_shards, p_quota);
+            v_first integer := (hashtext(p_key) & 2147483647) % v_used;
+            v_window timestamptz := to_timestamp(
+                floor(extract(epoch FROM statement_timestamp()) / p_window) * p_window);
+            v_shard integer;
+            v_counted integer;
+            v_taken integer := 0;
+            v_block integer := greatest(p_block, 1);
+        BEGIN
+            INSERT INTO idempotency_records AS r (
+                scope, idempotency_key, request_hash, state, owner_token, fencing_token,
+                lease_expires_at, tenant, principal_id, workflow_id, result_retention,
+                result_expires_at
+            ) VALUES (
+                p_scope, p_key, p_request_hash, 'processing', p_owner_token, 1,
+                statement_timestamp() + p_lease, p_tenant, p_principal_id, p_workflow_id,
+                p_result_retention, statement_timestamp() + p_result_retention
+            )
+            -- No conflict target, as in migration 10: the workflow id is unique too.
+            ON CONFLICT DO NOTHING;
+            IF NOT FOUND THEN
+                -- A statement of its own, so a new snapshot: it sees the record that won
+                -- the conflict (none if that one was pruned or released meanwhile).
+                RETURN QUERY
+                SELECT false, r.scope, r.idempotency_key, r.request_hash, r.state,
+                    r.owner_token, r.fencing_token, r.lease_expires_at, r.tenant,
+                    r.principal_id, r.workflow_id, r.workflow_run_id, r.workflow_started_at,
+                    r.status_code, r.resource_id, r.response_body, r.result_expires_at,
+                    r.created_at, statement_timestamp(), v_window, 0
+                FROM idempotency_records r
+                WHERE r.scope = p_scope AND r.idempotency_key = p_key;
+                RETURN;
+            END IF;
+            IF p_reserved_window IS DISTINCT FROM v_window THEN
+                <<counting>>
+                FOR v_attempt IN 1..2 LOOP
+                    -- A shard with room that no other claim holds, the hashed one first.
+                    SELECT u.shard, u.keys_claimed INTO v_shard, v_counted
+                    FROM principal_key_usage_shards u
+                    WHERE u.principal_id = p_principal_id AND u.window_start = v_window
+                      AND u.keys_claimed < p_quota / v_shards
+                          + CASE WHEN u.shard < p_quota % v_shards THEN 1 ELSE 0 END
+                    ORDER BY (u.shard - v_first + v_used) % v_used
+                    LIMIT 1 FOR UPDATE SKIP LOCKED;
+                    IF FOUND THEN
+                        v_taken := least(v_block, p_quota / v_shards
+                            + CASE WHEN v_shard < p_quota % v_shards THEN 1 ELSE 0 END
+                            - v_counted);
+                        UPDATE principal_key_usage_shards u
+                        SET keys_claimed = u.keys_claimed + v_taken
+                        WHERE u.principal_id = p_principal_id AND u.window_start = v_window
+                          AND u.shard = v_shard;
+                        EXIT counting;
+                    END IF;
+                    EXIT WHEN v_attempt = 2;
+                    -- The window's first claim creates its shards (only those that may
+                    -- count).
+                    INSERT INTO principal_key_usage_shards (principal_id, window_start,
+                        shard, keys_claimed)
+                    SELECT p_principal_id, v_window, n, 0
+                    FROM generate_series(0, v_used - 1) n
+                    ON CONFLICT DO NOTHING;
+                END LOOP;
+                -- Every shard is full or held by another claim: wait for each in turn
+                -- (always in shard order, so two waiting claims never deadlock) and take
+                -- the first with room. Only when all are full is the quota spent.
+                IF v_taken = 0 THEN
+                    FOR v_next IN 0..v_used - 1 LOOP
+                        SELECT u.keys_claimed INTO v_counted
+                        FROM principal_key_usage_shards u
+                        WHERE u.principal_id = p_principal_id AND u.window_start = v_window
+                          AND u.shard = v_next
+                        FOR UPDATE;
+                        v_taken := least(v_block, p_quota / v_shards
+                            + CASE WHEN v_next < p_quota % v_shards THEN 1 ELSE 0 END
+                            - v_counted);
+                        IF v_taken > 0 THEN
+                            UPDATE principal_key_usage_shards u
+                            SET keys_claimed = u.keys_claimed + v_taken
+                            WHERE u.principal_id = p_principal_id
+                              AND u.window_start = v_window AND u.shard = v_next;
+                            EXIT;
+                        END IF;
+                    END LOOP;
+                END IF;
+                IF coalesce(v_taken, 0) <= 0 THEN
+                    RAISE EXCEPTION 'the principal''s key quota for this window is spent'
+                        USING ERRCODE = 'OF429', DETAIL = ceil(
+                            p_window - mod(extract(epoch FROM statement_timestamp()), p_window)
+                        )::integer::text;
+                END IF;
+            END IF;
+            -- The values just inserted, as the row holds them (now() is the transaction's
+            -- start, as the column default is).
+            RETURN QUERY SELECT true, p_scope, p_key::varchar, p_request_hash,
+                'processing'::text, p_owner_token, 1::bigint,
+                statement_timestamp() + p_lease, p_tenant, p_principal_id, p_workflow_id,
+                NULL::text, NULL::timestamptz, NULL::integer, NULL::text, NULL::jsonb,
+                statement_timestamp() + p_result_retention, now(), statement_timestamp(),
+                v_window, greatest(v_taken - 1, 0);
+        END
+        $claim$;
+        """,
+    ),
 )
