@@ -13,6 +13,7 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 from temporalio.client import Client
+from temporalio.converter import DataConverter
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
@@ -40,13 +41,12 @@ from onceflow.tools import (
 from onceflow.workflows import AgentTaskWorkflow
 from onceflow.workflows.audit import AuditWorkflow
 from onceflow.workflows.pruning import PruneIdempotencyRecordsWorkflow
-from onceflow.workflows.runner import DeliveredEventsRunner
+from onceflow.workflows.runner import DeliveredEventsRunner, converter_uses_context
 
-WORKFLOW_RUNNER = DeliveredEventsRunner(
-    SandboxedWorkflowRunner(
-        restrictions=SandboxRestrictions.default.with_passthrough_modules("onceflow")
-    )
+SANDBOX = SandboxedWorkflowRunner(
+    restrictions=SandboxRestrictions.default.with_passthrough_modules("onceflow")
 )
+WORKFLOW_RUNNER = DeliveredEventsRunner(SANDBOX)
 """The sandbox with onceflow's own modules passed through, not imported again for every
 workflow. Re-importing ``onceflow/workflows/agent_task.py`` for each task was about 85% of
 the Python memory a waiting task held in a worker (170 of 200 KiB, tracemalloc) and the
@@ -56,6 +56,14 @@ sandbox still runs it: the workflow tests' workers, the saved-history replays an
 replay of every history a test or chaos run made, which fail on a refused call. Wrapped so
 that no task keeps state built from events its workflow tasks never delivered
 (`onceflow.workflows.runner`)."""
+
+
+def workflow_runner(converter: DataConverter) -> DeliveredEventsRunner:
+    """``WORKFLOW_RUNNER`` for a worker whose data converter is ``converter``: when it uses
+    no serialization or storage context (onceflow's, encrypting or not), the SDK's context
+    questions about each payload are answered without entering the sandbox."""
+    return DeliveredEventsRunner(SANDBOX, converter_uses_context=converter_uses_context(converter))
+
 
 STICKY_TIMEOUT = timedelta(seconds=10)
 """How long a task's next workflow task or query waits on the queue of the worker that
@@ -137,7 +145,7 @@ async def build_worker(
             ],
             graceful_shutdown_timeout=timedelta(seconds=settings.shutdown_grace_seconds),
             interceptors=[AttemptAnnotations()],
-            workflow_runner=WORKFLOW_RUNNER,
+            workflow_runner=workflow_runner(client.data_converter),
             max_cached_workflows=settings.max_cached_tasks,
             sticky_queue_schedule_to_start_timeout=STICKY_TIMEOUT,
         ) as worker:

@@ -87,6 +87,7 @@ TOOLS = [
     "ToolRegistrationError",
     "UnknownTool",
     "arguments_digest",
+    "autocommit",
     "check_idempotency_key",
     "classify_database_error",
     "classify_http_error",

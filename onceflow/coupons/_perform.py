@@ -7,6 +7,7 @@ from onceflow.tools import (
     OutcomeClass,
     ToolAttemptResult,
     ToolCall,
+    autocommit,
     classify_database_error,
 )
 
@@ -41,7 +42,9 @@ async def issue_coupon(call: ToolCall[IssueCouponInput]) -> ToolAttemptResult:
         "step_id": call.step_id,
     }
     try:
-        async with call.pool.connection() as conn:
+        # Each statement its own transaction: the INSERT is the whole effect, and the read
+        # after a conflict must be a new statement anyway (one round trip, not three).
+        async with call.pool.connection() as conn, autocommit(conn):
             inserted = await (await conn.execute(_ISSUE, params)).fetchone()
             if inserted is not None:
                 issuance_id, already_issued = inserted[0], False

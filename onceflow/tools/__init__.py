@@ -71,7 +71,7 @@ docs/tool-api.md, generated from these docstrings.
 
 from onceflow.errors import MalformedIdempotencyKey
 from onceflow.retry_policy import OutcomeClass
-from onceflow.storage import classify_database_error
+from onceflow.storage import autocommit, classify_database_error
 from onceflow.tools._activities import tool_activities
 from onceflow.tools._attempts import KeyUnusable, ToolAttemptResult, ToolCallInput
 from onceflow.tools._audit import (
@@ -164,6 +164,7 @@ __all__ = [
     "AuditRunInput",
     "AuditRunResult",
     "AuditWindow",
+    "autocommit",
     "Catalogue",
     "check_idempotency_key",
     "ChildOperation",
