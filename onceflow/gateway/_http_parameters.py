@@ -2,13 +2,16 @@
 ``Idempotency-Key`` header as the OpenAPI document declares it, the task id, and the
 ``BoundaryService`` they all call.
 
-The key headers are declared for the document only: a handler reads every line of the
-header itself (``_http_json.sent_key``), since FastAPI would hand it the first of several.
+The key header is declared in the document only (``key_header``, in a route's
+``openapi_extra``), not as a parameter of the handler: a handler reads every line of the
+header itself (``_http_json.sent_key``), since FastAPI would hand it the first of several,
+and a parameter FastAPI parsed and validated on every request only to be ignored cost a
+replayed call more than its fingerprint.
 """
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import Depends, Header, Path, Request
+from fastapi import Depends, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from onceflow.gateway._service import BoundaryService
@@ -26,27 +29,31 @@ KEY_FORMS_DOC = (
     "header or a list is refused (400 `idempotency-key-malformed`)."
 )
 """The forms a key takes, as every key header's description says."""
-_KEY_HEADER_DOC = (
+KEY_HEADER_DOC = (
     "Identifies one logical attempt; send the same key with every retry of it. "
     f"{KEY_FORMS_DOC} "
     "Scoped to the principal and the tool (or task creation, or calls of open tasks)."
 )
-KEY_SCHEMA = {
-    "pattern": _KEY_PATTERN,
-    "maxLength": IDEMPOTENCY_KEY_MAX_LENGTH + 2,
-    "minLength": 1,
-}
-"""The schema of every key header."""
+"""What the key header of a tool call or a task's creation says."""
 
-IdempotencyKeyHeader = Annotated[
-    str | None,
-    Header(
-        alias="Idempotency-Key",
-        description=_KEY_HEADER_DOC,
-        json_schema_extra=KEY_SCHEMA,
-    ),
-]
-"""The key of a tool call or a task's creation."""
+
+def key_header(description: str, *, required: bool = True) -> dict[str, Any]:
+    """The ``Idempotency-Key`` header as an OpenAPI parameter, for a route's
+    ``openapi_extra``; ``required`` as the contract says, although the handler answers
+    its absence itself (problem ``idempotency-key-missing``)."""
+    return {
+        "name": "Idempotency-Key",
+        "in": "header",
+        "required": required,
+        "description": description,
+        "schema": {
+            "type": "string",
+            "pattern": _KEY_PATTERN,
+            "maxLength": IDEMPOTENCY_KEY_MAX_LENGTH + 2,
+            "minLength": 1,
+        },
+    }
+
 
 _bearer = HTTPBearer(auto_error=False, description="An API key from `onceflow principal add`.")
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]

@@ -4,7 +4,7 @@ send calls to an open task, and close it.
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Header, Query, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
 from onceflow.errors import TaskNotOpen
@@ -19,11 +19,11 @@ from onceflow.gateway._http_answers import (
 from onceflow.gateway._http_json import SortedJSONResponse, read_json, sent_key
 from onceflow.gateway._http_parameters import (
     KEY_FORMS_DOC,
-    KEY_SCHEMA,
+    KEY_HEADER_DOC,
     Credentials,
-    IdempotencyKeyHeader,
     TaskId,
     api_key,
+    key_header,
     service_of,
 )
 from onceflow.gateway._openapi import TASK_ANSWER_HEADERS, problem_answers
@@ -88,27 +88,18 @@ _CALL_KEY_HEADER_DOC = (
     "(422). Without `call_id` in the body, the call's id is derived from the key. "
     f"{KEY_FORMS_DOC} Scoped to the principal (calls of any task)."
 )
-CallKeyHeader = Annotated[
-    str | None,
-    Header(
-        alias="Idempotency-Key",
-        description=_CALL_KEY_HEADER_DOC,
-        json_schema_extra=KEY_SCHEMA,
-    ),
-]
 
 
 @router.post(
     "/v1/tasks",
     responses=_CREATE_ANSWERS,
     response_class=SortedJSONResponse,
-    openapi_extra={"requestBody": create_task_body()},
+    openapi_extra={
+        "parameters": [key_header(KEY_HEADER_DOC)],
+        "requestBody": create_task_body(),
+    },
 )
-async def create_task(
-    request: Request,
-    idempotency_key: IdempotencyKeyHeader = None,
-    credentials: Credentials = None,
-) -> Response:
+async def create_task(request: Request, credentials: Credentials = None) -> Response:
     """Run tool calls in order as one task under one retry budget (a plan, `steps`),
     or create an open task (`open`) whose calls the agent sends one by one.
 
@@ -146,13 +137,15 @@ async def get_task(
     "/v1/tasks/{task_id}/calls",
     responses=_CALL_ANSWERS,
     response_class=SortedJSONResponse,
-    openapi_extra={"requestBody": model_body(CallRequest)},
+    openapi_extra={
+        "parameters": [key_header(_CALL_KEY_HEADER_DOC)],
+        "requestBody": model_body(CallRequest),
+    },
 )
 async def call_in_task(
     request: Request,
     task_id: TaskId,
     wait: WaitParameter = "settled",
-    idempotency_key: CallKeyHeader = None,
     credentials: Credentials = None,
 ) -> Response:
     """Send one tool call to an open task, under the task's one retry budget.

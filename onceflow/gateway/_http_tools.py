@@ -22,9 +22,10 @@ from onceflow.gateway._http_answers import (
 )
 from onceflow.gateway._http_json import SortedJSONResponse, read_json, sent_key
 from onceflow.gateway._http_parameters import (
+    KEY_HEADER_DOC,
     Credentials,
-    IdempotencyKeyHeader,
     api_key,
+    key_header,
     service_of,
 )
 from onceflow.gateway._openapi import problem_answers
@@ -84,7 +85,10 @@ def tools_router(catalogue: Catalogue) -> APIRouter:
             ),
             responses=tool_call_answers(NAMED_TOOL_CALL_PROBLEMS),
             response_class=SortedJSONResponse,
-            openapi_extra={"requestBody": model_body(contract.input_model)},
+            openapi_extra={
+                "parameters": [key_header(KEY_HEADER_DOC)],
+                "requestBody": model_body(contract.input_model),
+            },
             operation_id=f"call_{contract.name}",
         )
 
@@ -93,12 +97,14 @@ def tools_router(catalogue: Catalogue) -> APIRouter:
         "/v1/tools/{tool}/calls",
         responses=tool_call_answers(TOOL_CALL_PROBLEMS),
         response_class=SortedJSONResponse,
-        openapi_extra={"requestBody": tool_arguments_body(catalogue)},
+        openapi_extra={
+            "parameters": [key_header(KEY_HEADER_DOC)],
+            "requestBody": tool_arguments_body(catalogue),
+        },
     )
     async def call_tool(
         request: Request,
         tool: Annotated[str, Path(description="Tool name (see GET /v1/tools).")],
-        idempotency_key: IdempotencyKeyHeader = None,
         credentials: Credentials = None,
     ) -> Response:
         """Call one tool as a one-step task; the body is the tool's arguments."""
@@ -108,11 +114,7 @@ def tools_router(catalogue: Catalogue) -> APIRouter:
 
 
 def _named_tool_endpoint(tool: str) -> Callable[..., Awaitable[Response]]:
-    async def call_named_tool(
-        request: Request,
-        idempotency_key: IdempotencyKeyHeader = None,
-        credentials: Credentials = None,
-    ) -> Response:
+    async def call_named_tool(request: Request, credentials: Credentials = None) -> Response:
         return await _call(request, tool, credentials)
 
     return call_named_tool
