@@ -14,8 +14,8 @@ from fastapi.responses import Response
 from onceflow.gateway._http_answers import DECISION_PROBLEMS, decision_response
 from onceflow.gateway._http_json import SortedJSONResponse, read_json, sent_key
 from onceflow.gateway._http_parameters import (
+    BEARER,
     KEY_FORMS_DOC,
-    Credentials,
     TaskId,
     api_key,
     key_header,
@@ -50,7 +50,10 @@ _DECISION_KEY_HEADER_DOC = (
     "reconcile). Without a key, the task still keeps one decision per step: a repeat of "
     "the decision the step already got answers with it, flagged the same way."
 )
-_DECISION_OPENAPI = {"parameters": [key_header(_DECISION_KEY_HEADER_DOC, required=False)]}
+_DECISION_OPENAPI = {
+    **BEARER,
+    "parameters": [key_header(_DECISION_KEY_HEADER_DOC, required=False)],
+}
 
 
 @router.post(
@@ -60,10 +63,10 @@ _DECISION_OPENAPI = {"parameters": [key_header(_DECISION_KEY_HEADER_DOC, require
     response_class=SortedJSONResponse,
     openapi_extra={**_DECISION_OPENAPI, "requestBody": model_body(ApproveRequest)},
 )
-async def approve(request: Request, task_id: TaskId, credentials: Credentials = None) -> Response:
+async def approve(request: Request, task_id: TaskId) -> Response:
     """Approve or deny a step's exact arguments (bound by their digest)."""
     service = service_of(request)
-    principal = await service.authenticate(api_key(credentials))
+    principal = await service.authenticate(api_key(request))
     key = sent_key(request)
     body = await read_json(request)
     return decision_response(await service.approve(principal, task_id, body, key))
@@ -76,10 +79,10 @@ async def approve(request: Request, task_id: TaskId, credentials: Credentials = 
     response_class=SortedJSONResponse,
     openapi_extra={**_DECISION_OPENAPI, "requestBody": model_body(ReconcileRequest)},
 )
-async def reconcile(request: Request, task_id: TaskId, credentials: Credentials = None) -> Response:
+async def reconcile(request: Request, task_id: TaskId) -> Response:
     """Decide a parked step: happened (with resource_id), did_not_happen, or abandon."""
     service = service_of(request)
-    principal = await service.authenticate(api_key(credentials))
+    principal = await service.authenticate(api_key(request))
     key = sent_key(request)
     body = await read_json(request)
     return decision_response(await service.reconcile(principal, task_id, body, key))

@@ -2,17 +2,16 @@
 ``Idempotency-Key`` header as the OpenAPI document declares it, the task id, and the
 ``BoundaryService`` they all call.
 
-The key header is declared in the document only (``key_header``, in a route's
-``openapi_extra``), not as a parameter of the handler: a handler reads every line of the
-header itself (``_http_json.sent_key``), since FastAPI would hand it the first of several,
-and a parameter FastAPI parsed and validated on every request only to be ignored cost a
-replayed call more than its fingerprint.
+Both headers are declared in the document only (``BEARER``, ``key_header``, in a route's
+``openapi_extra``), not as parameters or dependencies of the handler, which reads them
+itself (``api_key``, ``_http_json.sent_key``): FastAPI hands a handler only the first of
+several key headers, and resolving them as parameters on every request cost a replayed
+call more than validating its body.
 """
 
 from typing import Annotated, Any
 
-from fastapi import Depends, Path, Request
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi import Path, Request
 
 from onceflow.gateway._service import BoundaryService
 from onceflow.tools import IDEMPOTENCY_KEY_MAX_LENGTH
@@ -55,8 +54,16 @@ def key_header(description: str, *, required: bool = True) -> dict[str, Any]:
     }
 
 
-_bearer = HTTPBearer(auto_error=False, description="An API key from `onceflow principal add`.")
-Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+BEARER_SCHEME = {
+    "HTTPBearer": {
+        "type": "http",
+        "description": "An API key from `onceflow principal add`.",
+        "scheme": "bearer",
+    }
+}
+"""How a caller authenticates: the document's ``securitySchemes``."""
+BEARER: dict[str, Any] = {"security": [{"HTTPBearer": []}]}
+"""In a route's ``openapi_extra``: the route takes the caller's API key (``api_key``)."""
 
 TaskId = Annotated[str, Path(description="The task id (its workflow id).", max_length=1000)]
 
@@ -67,6 +74,9 @@ def service_of(request: Request) -> BoundaryService:
     return service
 
 
-def api_key(credentials: HTTPAuthorizationCredentials | None) -> str | None:
-    """The API key the request sent as its bearer token; None without one."""
-    return credentials.credentials if credentials is not None else None
+def api_key(request: Request) -> str | None:
+    """The API key the request sent as its bearer token (``Authorization: Bearer <key>``,
+    the scheme in any case); None without one."""
+    scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
+    credentials = credentials.strip()
+    return credentials if scheme.lower() == "bearer" and credentials else None

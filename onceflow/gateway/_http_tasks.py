@@ -18,9 +18,9 @@ from onceflow.gateway._http_answers import (
 )
 from onceflow.gateway._http_json import SortedJSONResponse, read_json, sent_key
 from onceflow.gateway._http_parameters import (
+    BEARER,
     KEY_FORMS_DOC,
     KEY_HEADER_DOC,
-    Credentials,
     TaskId,
     api_key,
     key_header,
@@ -95,11 +95,12 @@ _CALL_KEY_HEADER_DOC = (
     responses=_CREATE_ANSWERS,
     response_class=SortedJSONResponse,
     openapi_extra={
+        **BEARER,
         "parameters": [key_header(KEY_HEADER_DOC)],
         "requestBody": create_task_body(),
     },
 )
-async def create_task(request: Request, credentials: Credentials = None) -> Response:
+async def create_task(request: Request) -> Response:
     """Run tool calls in order as one task under one retry budget (a plan, `steps`),
     or create an open task (`open`) whose calls the agent sends one by one.
 
@@ -108,7 +109,7 @@ async def create_task(request: Request, credentials: Credentials = None) -> Resp
     closes after `idle_timeout` without calls, and at `max_lifetime`).
     """
     service = service_of(request)
-    principal = await service.authenticate(api_key(credentials))
+    principal = await service.authenticate(api_key(request))
     key = sent_key(request)
     body = await read_json(request)
     return answer_response(await service.create_task(principal, body, key))
@@ -118,10 +119,9 @@ async def create_task(request: Request, credentials: Credentials = None) -> Resp
     "/v1/tasks/{task_id}",
     response_model=TaskStatus,
     responses=problem_answers(TASK_READ_PROBLEMS),
+    openapi_extra=BEARER,
 )
-async def get_task(
-    request: Request, task_id: TaskId, credentials: Credentials = None
-) -> TaskStatus:
+async def get_task(request: Request, task_id: TaskId) -> TaskStatus:
     """A task's full status: every step's arguments, attempts and evidence.
 
     For an open task (`open: true`), `steps` lists its calls in arrival order, repeats
@@ -129,7 +129,7 @@ async def get_task(
     calls, `runs` how many workflow runs it took (it continues as new when long).
     """
     service = service_of(request)
-    principal = await service.authenticate(api_key(credentials))
+    principal = await service.authenticate(api_key(request))
     return await service.task_status(principal, task_id)
 
 
@@ -138,6 +138,7 @@ async def get_task(
     responses=_CALL_ANSWERS,
     response_class=SortedJSONResponse,
     openapi_extra={
+        **BEARER,
         "parameters": [key_header(_CALL_KEY_HEADER_DOC)],
         "requestBody": model_body(CallRequest),
     },
@@ -146,7 +147,6 @@ async def call_in_task(
     request: Request,
     task_id: TaskId,
     wait: WaitParameter = "settled",
-    credentials: Credentials = None,
 ) -> Response:
     """Send one tool call to an open task, under the task's one retry budget.
 
@@ -160,7 +160,7 @@ async def call_in_task(
     tenant.
     """
     service = service_of(request)
-    principal = await service.authenticate(api_key(credentials))
+    principal = await service.authenticate(api_key(request))
     key = sent_key(request)
     body = await read_json(request)
     return answer_response(
@@ -173,10 +173,9 @@ async def call_in_task(
     response_model=TaskStatus,
     responses=problem_answers((*TASK_READ_PROBLEMS, TaskNotOpen)),
     response_class=SortedJSONResponse,
+    openapi_extra=BEARER,
 )
-async def close_task(
-    request: Request, task_id: TaskId, credentials: Credentials = None
-) -> TaskStatus:
+async def close_task(request: Request, task_id: TaskId) -> TaskStatus:
     """Close an open task: it takes no more calls (they are refused with the reason)
     and ends, state `closed`, once its unfinished calls end.
 
@@ -184,5 +183,5 @@ async def close_task(
     task answers with its status again. A plan answers 409 `task-not-open`.
     """
     service = service_of(request)
-    principal = await service.authenticate(api_key(credentials))
+    principal = await service.authenticate(api_key(request))
     return await service.close_task(principal, task_id)

@@ -15,6 +15,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
+from onceflow.gateway._http_parameters import BEARER_SCHEME
 from onceflow.gateway._openapi import durations_in_seconds, finish_document
 from onceflow.gateway._requests import (
     ApproveRequest,
@@ -92,7 +93,9 @@ def _document(app: FastAPI, catalogue: Catalogue) -> dict[str, Any]:
         description=app.description,
         routes=app.routes,
     )
-    schemas = document.setdefault("components", {}).setdefault("schemas", {})
+    components = document.setdefault("components", {})
+    components["securitySchemes"] = BEARER_SCHEME
+    schemas = components.setdefault("schemas", {})
     published: list[type[BaseModel]] = [
         CreateTaskRequest,
         CreateOpenTaskRequest,
