@@ -129,7 +129,11 @@ class Claims:
                     )
                     raise KeyReusedWithDifferentRequest(KEY_REUSED_DETAIL, key_digest=digest)
                 if record.is_terminal:
-                    log.info("replaying key %s in %s (task %s)", digest, claim.scope, target)
+                    # Debug only: a replay changes nothing, and its request's span already
+                    # says it was one (``onceflow.replayed``, the key's digest). A line per
+                    # retry, scrubbed and written, cost a replay more than validating and
+                    # fingerprinting its body, and a duplicate storm wrote one per request.
+                    log.debug("replaying key %s in %s (task %s)", digest, claim.scope, target)
                     return await finished(record)
                 if in_flight is not None:
                     answer = await in_flight(record)

@@ -6,19 +6,19 @@ decision per step, so a repeat without a key is answered with the decision the s
 already got (the document marks the key optional here, required everywhere else).
 """
 
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Header, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from onceflow.gateway._http_answers import DECISION_PROBLEMS, decision_response
 from onceflow.gateway._http_json import SortedJSONResponse, read_json, sent_key
 from onceflow.gateway._http_parameters import (
+    BEARER,
     KEY_FORMS_DOC,
-    KEY_SCHEMA,
-    Credentials,
     TaskId,
     api_key,
+    key_header,
     service_of,
 )
 from onceflow.gateway._openapi import DECISION_ANSWER_HEADERS, problem_answers
@@ -50,14 +50,10 @@ _DECISION_KEY_HEADER_DOC = (
     "reconcile). Without a key, the task still keeps one decision per step: a repeat of "
     "the decision the step already got answers with it, flagged the same way."
 )
-DecisionKeyHeader = Annotated[
-    str | None,
-    Header(
-        alias="Idempotency-Key",
-        description=_DECISION_KEY_HEADER_DOC,
-        json_schema_extra=KEY_SCHEMA,
-    ),
-]
+_DECISION_OPENAPI = {
+    **BEARER,
+    "parameters": [key_header(_DECISION_KEY_HEADER_DOC, required=False)],
+}
 
 
 @router.post(
@@ -65,17 +61,12 @@ DecisionKeyHeader = Annotated[
     response_model=DecisionAnswer,
     responses=_DECISION_ANSWERS,
     response_class=SortedJSONResponse,
-    openapi_extra={"requestBody": model_body(ApproveRequest)},
+    openapi_extra={**_DECISION_OPENAPI, "requestBody": model_body(ApproveRequest)},
 )
-async def approve(
-    request: Request,
-    task_id: TaskId,
-    idempotency_key: DecisionKeyHeader = None,
-    credentials: Credentials = None,
-) -> Response:
+async def approve(request: Request, task_id: TaskId) -> Response:
     """Approve or deny a step's exact arguments (bound by their digest)."""
     service = service_of(request)
-    principal = await service.authenticate(api_key(credentials))
+    principal = await service.authenticate(api_key(request))
     key = sent_key(request)
     body = await read_json(request)
     return decision_response(await service.approve(principal, task_id, body, key))
@@ -86,17 +77,12 @@ async def approve(
     response_model=DecisionAnswer,
     responses=_DECISION_ANSWERS,
     response_class=SortedJSONResponse,
-    openapi_extra={"requestBody": model_body(ReconcileRequest)},
+    openapi_extra={**_DECISION_OPENAPI, "requestBody": model_body(ReconcileRequest)},
 )
-async def reconcile(
-    request: Request,
-    task_id: TaskId,
-    idempotency_key: DecisionKeyHeader = None,
-    credentials: Credentials = None,
-) -> Response:
+async def reconcile(request: Request, task_id: TaskId) -> Response:
     """Decide a parked step: happened (with resource_id), did_not_happen, or abandon."""
     service = service_of(request)
-    principal = await service.authenticate(api_key(credentials))
+    principal = await service.authenticate(api_key(request))
     key = sent_key(request)
     body = await read_json(request)
     return decision_response(await service.reconcile(principal, task_id, body, key))

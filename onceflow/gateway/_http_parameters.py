@@ -2,14 +2,16 @@
 ``Idempotency-Key`` header as the OpenAPI document declares it, the task id, and the
 ``BoundaryService`` they all call.
 
-The key headers are declared for the document only: a handler reads every line of the
-header itself (``_http_json.sent_key``), since FastAPI would hand it the first of several.
+Both headers are declared in the document only (``BEARER``, ``key_header``, in a route's
+``openapi_extra``), not as parameters or dependencies of the handler, which reads them
+itself (``api_key``, ``_http_json.sent_key``): FastAPI hands a handler only the first of
+several key headers, and resolving them as parameters on every request cost a replayed
+call more than validating its body.
 """
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import Depends, Header, Path, Request
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi import Path, Request
 
 from onceflow.gateway._service import BoundaryService
 from onceflow.tools import IDEMPOTENCY_KEY_MAX_LENGTH
@@ -26,30 +28,42 @@ KEY_FORMS_DOC = (
     "header or a list is refused (400 `idempotency-key-malformed`)."
 )
 """The forms a key takes, as every key header's description says."""
-_KEY_HEADER_DOC = (
+KEY_HEADER_DOC = (
     "Identifies one logical attempt; send the same key with every retry of it. "
     f"{KEY_FORMS_DOC} "
     "Scoped to the principal and the tool (or task creation, or calls of open tasks)."
 )
-KEY_SCHEMA = {
-    "pattern": _KEY_PATTERN,
-    "maxLength": IDEMPOTENCY_KEY_MAX_LENGTH + 2,
-    "minLength": 1,
+"""What the key header of a tool call or a task's creation says."""
+
+
+def key_header(description: str, *, required: bool = True) -> dict[str, Any]:
+    """The ``Idempotency-Key`` header as an OpenAPI parameter, for a route's
+    ``openapi_extra``; ``required`` as the contract says, although the handler answers
+    its absence itself (problem ``idempotency-key-missing``)."""
+    return {
+        "name": "Idempotency-Key",
+        "in": "header",
+        "required": required,
+        "description": description,
+        "schema": {
+            "type": "string",
+            "pattern": _KEY_PATTERN,
+            "maxLength": IDEMPOTENCY_KEY_MAX_LENGTH + 2,
+            "minLength": 1,
+        },
+    }
+
+
+BEARER_SCHEME = {
+    "HTTPBearer": {
+        "type": "http",
+        "description": "An API key from `onceflow principal add`.",
+        "scheme": "bearer",
+    }
 }
-"""The schema of every key header."""
-
-IdempotencyKeyHeader = Annotated[
-    str | None,
-    Header(
-        alias="Idempotency-Key",
-        description=_KEY_HEADER_DOC,
-        json_schema_extra=KEY_SCHEMA,
-    ),
-]
-"""The key of a tool call or a task's creation."""
-
-_bearer = HTTPBearer(auto_error=False, description="An API key from `onceflow principal add`.")
-Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+"""How a caller authenticates: the document's ``securitySchemes``."""
+BEARER: dict[str, Any] = {"security": [{"HTTPBearer": []}]}
+"""In a route's ``openapi_extra``: the route takes the caller's API key (``api_key``)."""
 
 TaskId = Annotated[str, Path(description="The task id (its workflow id).", max_length=1000)]
 
@@ -60,6 +74,9 @@ def service_of(request: Request) -> BoundaryService:
     return service
 
 
-def api_key(credentials: HTTPAuthorizationCredentials | None) -> str | None:
-    """The API key the request sent as its bearer token; None without one."""
-    return credentials.credentials if credentials is not None else None
+def api_key(request: Request) -> str | None:
+    """The API key the request sent as its bearer token (``Authorization: Bearer <key>``,
+    the scheme in any case); None without one."""
+    scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
+    credentials = credentials.strip()
+    return credentials if scheme.lower() == "bearer" and credentials else None

@@ -4,7 +4,7 @@ send calls to an open task, and close it.
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Header, Query, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
 from onceflow.errors import TaskNotOpen
@@ -18,12 +18,12 @@ from onceflow.gateway._http_answers import (
 )
 from onceflow.gateway._http_json import SortedJSONResponse, read_json, sent_key
 from onceflow.gateway._http_parameters import (
+    BEARER,
     KEY_FORMS_DOC,
-    KEY_SCHEMA,
-    Credentials,
-    IdempotencyKeyHeader,
+    KEY_HEADER_DOC,
     TaskId,
     api_key,
+    key_header,
     service_of,
 )
 from onceflow.gateway._openapi import TASK_ANSWER_HEADERS, problem_answers
@@ -88,27 +88,19 @@ _CALL_KEY_HEADER_DOC = (
     "(422). Without `call_id` in the body, the call's id is derived from the key. "
     f"{KEY_FORMS_DOC} Scoped to the principal (calls of any task)."
 )
-CallKeyHeader = Annotated[
-    str | None,
-    Header(
-        alias="Idempotency-Key",
-        description=_CALL_KEY_HEADER_DOC,
-        json_schema_extra=KEY_SCHEMA,
-    ),
-]
 
 
 @router.post(
     "/v1/tasks",
     responses=_CREATE_ANSWERS,
     response_class=SortedJSONResponse,
-    openapi_extra={"requestBody": create_task_body()},
+    openapi_extra={
+        **BEARER,
+        "parameters": [key_header(KEY_HEADER_DOC)],
+        "requestBody": create_task_body(),
+    },
 )
-async def create_task(
-    request: Request,
-    idempotency_key: IdempotencyKeyHeader = None,
-    credentials: Credentials = None,
-) -> Response:
+async def create_task(request: Request) -> Response:
     """Run tool calls in order as one task under one retry budget (a plan, `steps`),
     or create an open task (`open`) whose calls the agent sends one by one.
 
@@ -117,7 +109,7 @@ async def create_task(
     closes after `idle_timeout` without calls, and at `max_lifetime`).
     """
     service = service_of(request)
-    principal = await service.authenticate(api_key(credentials))
+    principal = await service.authenticate(api_key(request))
     key = sent_key(request)
     body = await read_json(request)
     return answer_response(await service.create_task(principal, body, key))
@@ -127,10 +119,9 @@ async def create_task(
     "/v1/tasks/{task_id}",
     response_model=TaskStatus,
     responses=problem_answers(TASK_READ_PROBLEMS),
+    openapi_extra=BEARER,
 )
-async def get_task(
-    request: Request, task_id: TaskId, credentials: Credentials = None
-) -> TaskStatus:
+async def get_task(request: Request, task_id: TaskId) -> TaskStatus:
     """A task's full status: every step's arguments, attempts and evidence.
 
     For an open task (`open: true`), `steps` lists its calls in arrival order, repeats
@@ -138,7 +129,7 @@ async def get_task(
     calls, `runs` how many workflow runs it took (it continues as new when long).
     """
     service = service_of(request)
-    principal = await service.authenticate(api_key(credentials))
+    principal = await service.authenticate(api_key(request))
     return await service.task_status(principal, task_id)
 
 
@@ -146,14 +137,16 @@ async def get_task(
     "/v1/tasks/{task_id}/calls",
     responses=_CALL_ANSWERS,
     response_class=SortedJSONResponse,
-    openapi_extra={"requestBody": model_body(CallRequest)},
+    openapi_extra={
+        **BEARER,
+        "parameters": [key_header(_CALL_KEY_HEADER_DOC)],
+        "requestBody": model_body(CallRequest),
+    },
 )
 async def call_in_task(
     request: Request,
     task_id: TaskId,
     wait: WaitParameter = "settled",
-    idempotency_key: CallKeyHeader = None,
-    credentials: Credentials = None,
 ) -> Response:
     """Send one tool call to an open task, under the task's one retry budget.
 
@@ -167,7 +160,7 @@ async def call_in_task(
     tenant.
     """
     service = service_of(request)
-    principal = await service.authenticate(api_key(credentials))
+    principal = await service.authenticate(api_key(request))
     key = sent_key(request)
     body = await read_json(request)
     return answer_response(
@@ -180,10 +173,9 @@ async def call_in_task(
     response_model=TaskStatus,
     responses=problem_answers((*TASK_READ_PROBLEMS, TaskNotOpen)),
     response_class=SortedJSONResponse,
+    openapi_extra=BEARER,
 )
-async def close_task(
-    request: Request, task_id: TaskId, credentials: Credentials = None
-) -> TaskStatus:
+async def close_task(request: Request, task_id: TaskId) -> TaskStatus:
     """Close an open task: it takes no more calls (they are refused with the reason)
     and ends, state `closed`, once its unfinished calls end.
 
@@ -191,5 +183,5 @@ async def close_task(
     task answers with its status again. A plan answers 409 `task-not-open`.
     """
     service = service_of(request)
-    principal = await service.authenticate(api_key(credentials))
+    principal = await service.authenticate(api_key(request))
     return await service.close_task(principal, task_id)

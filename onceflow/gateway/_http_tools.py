@@ -10,7 +10,6 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Request
 from fastapi.responses import Response
-from fastapi.security import HTTPAuthorizationCredentials
 from pydantic import BaseModel
 
 from onceflow.gateway._http_answers import (
@@ -22,9 +21,10 @@ from onceflow.gateway._http_answers import (
 )
 from onceflow.gateway._http_json import SortedJSONResponse, read_json, sent_key
 from onceflow.gateway._http_parameters import (
-    Credentials,
-    IdempotencyKeyHeader,
+    BEARER,
+    KEY_HEADER_DOC,
     api_key,
+    key_header,
     service_of,
 )
 from onceflow.gateway._openapi import problem_answers
@@ -51,13 +51,12 @@ def tools_router(catalogue: Catalogue) -> APIRouter:
         "/v1/tools",
         response_model=list[ToolDescription],
         responses=problem_answers(AUTHENTICATED),
+        openapi_extra=BEARER,
     )
-    async def list_tools(
-        request: Request, credentials: Credentials = None
-    ) -> list[ToolDescription]:
+    async def list_tools(request: Request) -> list[ToolDescription]:
         """The catalogue: each tool's input schema and effect contract."""
         service = service_of(request)
-        await service.authenticate(api_key(credentials))
+        await service.authenticate(api_key(request))
         return [
             ToolDescription(
                 name=contract.name,
@@ -84,7 +83,11 @@ def tools_router(catalogue: Catalogue) -> APIRouter:
             ),
             responses=tool_call_answers(NAMED_TOOL_CALL_PROBLEMS),
             response_class=SortedJSONResponse,
-            openapi_extra={"requestBody": model_body(contract.input_model)},
+            openapi_extra={
+                **BEARER,
+                "parameters": [key_header(KEY_HEADER_DOC)],
+                "requestBody": model_body(contract.input_model),
+            },
             operation_id=f"call_{contract.name}",
         )
 
@@ -93,36 +96,32 @@ def tools_router(catalogue: Catalogue) -> APIRouter:
         "/v1/tools/{tool}/calls",
         responses=tool_call_answers(TOOL_CALL_PROBLEMS),
         response_class=SortedJSONResponse,
-        openapi_extra={"requestBody": tool_arguments_body(catalogue)},
+        openapi_extra={
+            **BEARER,
+            "parameters": [key_header(KEY_HEADER_DOC)],
+            "requestBody": tool_arguments_body(catalogue),
+        },
     )
     async def call_tool(
         request: Request,
         tool: Annotated[str, Path(description="Tool name (see GET /v1/tools).")],
-        idempotency_key: IdempotencyKeyHeader = None,
-        credentials: Credentials = None,
     ) -> Response:
         """Call one tool as a one-step task; the body is the tool's arguments."""
-        return await _call(request, tool, credentials)
+        return await _call(request, tool)
 
     return router
 
 
 def _named_tool_endpoint(tool: str) -> Callable[..., Awaitable[Response]]:
-    async def call_named_tool(
-        request: Request,
-        idempotency_key: IdempotencyKeyHeader = None,
-        credentials: Credentials = None,
-    ) -> Response:
-        return await _call(request, tool, credentials)
+    async def call_named_tool(request: Request) -> Response:
+        return await _call(request, tool)
 
     return call_named_tool
 
 
-async def _call(
-    request: Request, tool: str, credentials: HTTPAuthorizationCredentials | None
-) -> Response:
+async def _call(request: Request, tool: str) -> Response:
     service = service_of(request)
-    principal = await service.authenticate(api_key(credentials))
+    principal = await service.authenticate(api_key(request))
     service.check_tool(principal, tool)
     key = sent_key(request)
     arguments = await read_json(request)

@@ -4,8 +4,7 @@ The routes read their bodies themselves (``_http_json``), so FastAPI cannot infe
 each route declares its body here (``model_body``, ``create_task_body``,
 ``tool_arguments_body``), and ``install_document`` publishes the schemas those refer to,
 each tool's arguments among them, with a task's steps and an open task's calls
-documented per tool. It then marks ``Idempotency-Key`` required where the contract
-requires it and lets ``_openapi.finish_document`` complete the answers. Field
+documented per tool. It then lets ``_openapi.finish_document`` complete the answers. Field
 docstrings reach the schemas through pydantic's ``use_attribute_docstrings``, on the
 models themselves.
 """
@@ -16,6 +15,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
+from onceflow.gateway._http_parameters import BEARER_SCHEME
 from onceflow.gateway._openapi import durations_in_seconds, finish_document
 from onceflow.gateway._requests import (
     ApproveRequest,
@@ -93,7 +93,9 @@ def _document(app: FastAPI, catalogue: Catalogue) -> dict[str, Any]:
         description=app.description,
         routes=app.routes,
     )
-    schemas = document.setdefault("components", {}).setdefault("schemas", {})
+    components = document.setdefault("components", {})
+    components["securitySchemes"] = BEARER_SCHEME
+    schemas = components.setdefault("schemas", {})
     published: list[type[BaseModel]] = [
         CreateTaskRequest,
         CreateOpenTaskRequest,
@@ -106,7 +108,6 @@ def _document(app: FastAPI, catalogue: Catalogue) -> dict[str, Any]:
     schemas["TaskStepRequest"] = _task_step_schema(catalogue)
     schemas["CallRequest"] = _call_schema(catalogue)
     durations_in_seconds(schemas, (model.__name__ for model in published))
-    _require_idempotency_keys(document)
     finish_document(document)
     return document
 
@@ -163,17 +164,3 @@ def _call_schema(catalogue: Catalogue) -> dict[str, Any]:
             for contract in catalogue
         ],
     }
-
-
-def _require_idempotency_keys(document: dict[str, Any]) -> None:
-    # Optional in the handler signature so that its absence is answered by the boundary
-    # (problem idempotency-key-missing), but required by the contract. Decisions are the
-    # exception: a key sent there is claimed like any other, but the task keeps one
-    # decision per step, so a decision without one is still safe to repeat.
-    for operations in document.get("paths", {}).values():
-        for operation in operations.values():
-            if "decisions" in operation.get("tags", []):
-                continue
-            for parameter in operation.get("parameters", []):
-                if parameter.get("name") == "Idempotency-Key":
-                    parameter["required"] = True

@@ -44,7 +44,11 @@ async def open_boundary(
         every=timedelta(seconds=gateway_settings.prune_interval_seconds),
     )
     async with (
-        build_pool(database_url, max_size=gateway_settings.db_pool_max_size) as pool,
+        # Every statement the boundary runs is its own transaction, or inside an
+        # explicit one: no connection needs switching out of implicit transactions.
+        build_pool(
+            database_url, max_size=gateway_settings.db_pool_max_size, autocommit=True
+        ) as pool,
         principal_cache(database_url) as cache,
     ):
         yield BoundaryService(

@@ -11,8 +11,15 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool, PoolClosed
 
 
-def build_pool(database_url: str, *, max_size: int = 10) -> "OnceflowPool":
+def build_pool(
+    database_url: str, *, max_size: int = 10, autocommit: bool = False
+) -> "OnceflowPool":
     """An unopened pool; open it with ``async with`` (psycopg never re-runs a statement).
+
+    ``autocommit`` hands out connections in autocommit mode, for code whose every
+    statement is its own transaction or inside an explicit ``transaction()`` (the
+    gateway's): its ``autocommit`` blocks then have nothing to switch. Default False:
+    a worker's activities rely on implicit transactions.
 
     Every connection is checked before it is handed out: after a PostgreSQL restart the
     pool still holds connections to the old server, and without the check each of them
@@ -35,7 +42,7 @@ def build_pool(database_url: str, *, max_size: int = 10) -> "OnceflowPool":
         max_size=max_size,
         open=False,
         timeout=10.0,
-        kwargs={"connect_timeout": 5},
+        kwargs={"connect_timeout": 5, "autocommit": autocommit},
         check=_check_connection,
         reconnect_timeout=RECONNECT_CHAIN,
     )
@@ -98,7 +105,12 @@ async def _check_connection(conn: AsyncConnection[Any]) -> None:
 async def autocommit(conn: AsyncConnection[Any]) -> AsyncIterator[None]:
     """Run single statements on a pooled connection as their own transactions: one round
     trip each instead of three (BEGIN, the statement, COMMIT). The pool's connections are
-    shared with code that relies on implicit transactions, so the mode is put back."""
+    shared with code that relies on implicit transactions, so the mode is put back; on a
+    connection already in autocommit (``build_pool(autocommit=True)``) nothing is
+    switched, which spares each statement two waits for the connection's lock."""
+    if conn.autocommit:
+        yield
+        return
     await conn.set_autocommit(True)
     try:
         yield

@@ -513,11 +513,13 @@ def sensitive_locations(value: Any) -> list[Finding]:
     found: list[Finding] = []
     for location, text, in_key, key_name in _texts(value):
         if looks_like_card_number(text):
-            found.append(Finding(location, "card number", in_key=in_key))
+            found.append(Finding(_shown(location), "card number", in_key=in_key))
         elif (what := secret_kind(text)) is not None:
-            found.append(Finding(location, "secret", what, in_key=in_key))
+            found.append(Finding(_shown(location), "secret", what, in_key=in_key))
         elif not in_key and key_name and _names_credential(key_name) and _is_assigned_value(text):
-            found.append(Finding(location, "secret", "value of a field named like a credential"))
+            found.append(
+                Finding(_shown(location), "secret", "value of a field named like a credential")
+            )
     return found
 
 
@@ -528,13 +530,18 @@ def unstorable_locations(value: Any) -> list[Finding]:
     for location, text, in_key, _ in _texts(value):
         if isinstance(text, str) and (char := _UNSTORABLE.search(text)) is not None:
             kind = "NUL byte" if char.group() == "\x00" else "unpaired surrogate"
-            found.append(Finding(location, kind, in_key=in_key))
+            found.append(Finding(_shown(location), kind, in_key=in_key))
     return found
 
 
 def _names_credential(key: str) -> bool:
     words = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", key).replace("-", "_")
     return len(words) <= 100 and _CREDENTIAL_KEY.fullmatch(words) is not None
+
+
+def _shown(location: list[str | int]) -> list[str | int]:
+    """A location as a finding names it: each key as ``_shown_key`` shows it."""
+    return [_shown_key(part) if isinstance(part, str) else part for part in location]
 
 
 def _shown_key(key: str) -> str:
@@ -547,7 +554,9 @@ def _shown_key(key: str) -> str:
 def _texts(value: Any) -> Iterator[tuple[list[str | int], str, bool, str]]:
     """Every string of a JSON-like value, keys included, and every integer's digits, in
     document order: ``(location, text, is a key, the key it is under)``. Iterative, so
-    nesting depth is bounded by memory, not by the recursion limit."""
+    nesting depth is bounded by memory, not by the recursion limit. The location holds
+    the keys as sent: only a finding's is scrubbed (``_shown``), since scrubbing every
+    key of every request was about half of what the scans cost."""
     # (location, item, the key it is under, whether the item is that key itself)
     stack: list[tuple[list[str | int], Any, str, bool]] = [([], value, "", False)]
     while stack:
@@ -559,8 +568,8 @@ def _texts(value: Any) -> Iterator[tuple[list[str | int], str, bool, str]]:
         elif isinstance(item, dict):
             for key, child in reversed(list(item.items())):
                 key = str(key)
-                shown = [*location, _shown_key(key)]
-                stack += [(shown, child, key, False), (shown, key, "", True)]
+                at = [*location, key]
+                stack += [(at, child, key, False), (at, key, "", True)]
         elif isinstance(item, list | tuple):
             items = [([*location, index], child, "", False) for index, child in enumerate(item)]
             stack.extend(reversed(items))

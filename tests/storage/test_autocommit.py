@@ -47,3 +47,13 @@ async def test_a_statement_in_autocommit_leaves_its_connection_as_it_was(databas
 
         assert not conn.autocommit
         assert not conn.closed
+
+
+async def test_a_connection_already_in_autocommit_is_left_in_it(database: str) -> None:
+    # The gateway's pool hands out such connections: nothing to switch, nothing to put back.
+    async with await psycopg.AsyncConnection.connect(database, autocommit=True) as conn:
+        async with autocommit(conn):
+            await conn.execute("SELECT 1")
+
+        assert conn.autocommit
+        assert not conn.closed
