@@ -191,12 +191,7 @@ def register(app: typer.Typer, operate: Operate) -> None:
             ),
         ] = False,
         key_quota: Annotated[
-            int | None,
-            typer.Option(
-                min=1,
-                help="New idempotency keys per quota window (never exceeded; from 128 on, "
-                "each gateway reserves them in blocks of up to 1/64).",
-            ),
+            int | None, typer.Option(min=1, help="New idempotency keys per quota window.")
         ] = None,
     ) -> None:
         """Create a principal and print its API key (shown this once, stored hashed)."""

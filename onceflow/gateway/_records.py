@@ -36,11 +36,9 @@ on the stored body so two refreshes never overwrite a final answer::
                                                       succeeded (200)
 
 A new key counts against its principal's quota of new keys per window, in 16 shards
-that each admit their share of it, so the shards together never admit more than the
-quota while concurrent claims of one principal count in different rows
-(``claim_idempotency_key``, migrations 10 and 13); a claim that counts reserves a block
-of keys the gateway spends on its next claims of that principal (``_quota_blocks``); a
-replay never counts, an over-quota claim writes nothing.
+that each admit their share of it, so the shards together admit exactly the quota while
+concurrent claims of one principal count in different rows (``claim_idempotency_key``,
+migration 10); a replay never counts, an over-quota claim writes nothing.
 
 Every time comparison uses the database clock, so gateways with skewed clocks agree on
 who owns a lease. Every write after the claim names the fencing token (or the task's
@@ -61,7 +59,6 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
 from onceflow.errors import QuotaExceeded
-from onceflow.gateway._quota_blocks import QuotaPool, SpareKeys
 from onceflow.storage import autocommit
 
 T = TypeVar("T")
@@ -154,16 +151,6 @@ class AlreadyClaimed:
     record: IdempotencyRecord
 
 
-@dataclass(frozen=True, kw_only=True)
-class _ClaimAnswer:
-    """What the claim statement answered: the outcome, and the quota window it counted
-    in with the spare keys it reserved there."""
-
-    outcome: Claimed | AlreadyClaimed
-    quota_window: datetime
-    spare_keys: int
-
-
 @dataclass(frozen=True)
 class PruneResult:
     """What one prune pass deleted."""
@@ -180,16 +167,15 @@ _COLUMNS = """
 """
 
 # One statement, run as its own transaction (autocommit): ``claim_idempotency_key``
-# (migration 13) inserts the record and, only when it inserted and holds no key reserved
-# in the current window, counts a block of keys in one of the principal's quota-window
-# shards; or returns the record that holds the key, so a replay reads it in the same
-# round trip and never counts. Over quota it raises ``_QUOTA_SPENT``, which undoes the
-# insert: an over-quota request reserves nothing.
+# (migration 10) inserts the record and, only when it inserted, counts the key in one of
+# the principal's quota-window shards; or returns the record that holds the key, so a
+# replay reads it in the same round trip and never counts. Over quota it raises
+# ``_QUOTA_SPENT``, which undoes the insert: an over-quota request reserves nothing.
 _CLAIM = """
 SELECT * FROM claim_idempotency_key(
     %(scope)s, %(idempotency_key)s, %(request_hash)s, %(owner_token)s, %(lease)s,
     %(tenant)s, %(principal_id)s, %(workflow_id)s, %(result_retention)s, %(quota)s,
-    %(window)s, %(block)s, %(reserved_window)s::timestamptz
+    %(window)s
 )
 """
 
@@ -309,7 +295,6 @@ class IdempotencyStore:
 
     def __init__(self, pool: AsyncConnectionPool) -> None:
         self._pool = pool
-        self._spare_keys = SpareKeys()
 
     async def claim(self, new: NewClaim) -> Claimed | AlreadyClaimed:
         """Claim ``(scope, key)`` atomically, or return the record that holds it.
@@ -318,8 +303,6 @@ class IdempotencyStore:
             QuotaExceeded: The key is new and the principal's window quota is spent;
                 nothing was written.
         """
-        quota = _quota_pool(new)
-        plan = self._spare_keys.plan(quota)
         params = {
             "scope": new.scope,
             "idempotency_key": new.idempotency_key,
@@ -332,45 +315,16 @@ class IdempotencyStore:
             "result_retention": new.result_retention,
             "quota": new.key_quota,
             "window": new.quota_window_seconds,
-            "block": plan.count,
-            "reserved_window": plan.reserved_window,
         }
-        answer: _ClaimAnswer | None = None
-        try:
-            # A claim that conflicts with a record pruned or released between the insert
-            # and the read finds nothing; claiming again settles it.
-            for _ in range(5):
-                try:
-                    answer = await _retry_serialization(lambda: self._insert_claim(params))
-                except QuotaExceeded:
-                    # Another claim of this process may have reserved keys meanwhile.
-                    params["reserved_window"] = self._spare_keys.spend_after_refusal(quota)
-                    if params["reserved_window"] is None:
-                        raise
-                    continue
-                if answer is None:
-                    continue
-                if (
-                    isinstance(answer.outcome, AlreadyClaimed)
-                    and params["reserved_window"] == answer.quota_window
-                ):
-                    # A replay spends no key: the one it brought is still this process's.
-                    self._spare_keys.give_back(quota, answer.quota_window)
-                return answer.outcome
-            raise RuntimeError("the idempotency record kept vanishing between claim and read")
-        finally:
-            self._spare_keys.settle(
-                quota,
-                plan,
-                window=answer.quota_window if answer is not None else None,
-                spare=answer.spare_keys if answer is not None else 0,
-            )
+        # A claim that conflicts with a record pruned or released between the insert and
+        # the read finds nothing; claiming again settles it.
+        for _ in range(5):
+            outcome = await _retry_serialization(lambda: self._insert_claim(params))
+            if outcome is not None:
+                return outcome
+        raise RuntimeError("the idempotency record kept vanishing between claim and read")
 
-    def spare_keys(self, new: NewClaim) -> int:
-        """How many keys of ``new``'s principal quota this process holds reserved."""
-        return self._spare_keys.held(_quota_pool(new))
-
-    async def _insert_claim(self, params: dict[str, Any]) -> "_ClaimAnswer | None":
+    async def _insert_claim(self, params: dict[str, Any]) -> Claimed | AlreadyClaimed | None:
         async with self._pool.connection() as conn, autocommit(conn):
             cursor = conn.cursor(row_factory=dict_row)
             try:
@@ -387,11 +341,7 @@ class IdempotencyStore:
         if row is None:
             return None
         record = _record(row)
-        return _ClaimAnswer(
-            outcome=Claimed(record) if row["claimed"] else AlreadyClaimed(record),
-            quota_window=row["quota_window"],
-            spare_keys=row["spare_keys"],
-        )
+        return Claimed(record) if row["claimed"] else AlreadyClaimed(record)
 
     async def get(self, scope: str, idempotency_key: str) -> IdempotencyRecord | None:
         """The record of ``(scope, key)``, read in its own statement."""
@@ -571,10 +521,6 @@ async def _retry_serialization(operation: Callable[[], Awaitable[T]]) -> T:
                 raise
             await asyncio.sleep(0.005 * 2**attempt)
     raise AssertionError("unreachable")
-
-
-def _quota_pool(new: NewClaim) -> QuotaPool:
-    return QuotaPool(new.principal_id, new.key_quota, new.quota_window_seconds)
 
 
 def _record(row: dict[str, Any]) -> IdempotencyRecord:

@@ -33,9 +33,7 @@ class GatewaySettings(FileBackedSettings):
     """Length of the fixed window in which each principal's new keys are counted. Default 60."""
     default_key_quota: int = Field(default=1000, ge=1)
     """New idempotency keys per principal per window, for principals created without their
-    own quota. Default 1000. Never exceeded across gateways; a quota of 128 or more is
-    reserved by each gateway in blocks of up to a sixty-fourth of it, so a window may end
-    with fewer than one and a half blocks per gateway unspent."""
+    own quota. Default 1000."""
     prune_interval_seconds: float = Field(default=3600.0, ge=1)
     """How often the prune schedule deletes expired terminal records. Default 3600."""
     db_pool_max_size: int = Field(default=20, ge=1, le=200)

@@ -4,9 +4,7 @@ The count is spread over up to 16 rows per principal and window so that concurre
 claims of one principal do not queue on one row lock; these tests prove the spreading
 changes nothing a caller can see: exactly ``quota`` new keys per window under
 concurrency (a quota smaller than the shard count included), a duplicate storm on one
-key counts once, a replay never counts, an over-quota claim writes nothing. A quota of
-128 keys or more is counted in blocks a gateway reserves and spends in process: one
-shard write per block, never more than the quota across gateways.
+key counts once, a replay never counts, an over-quota claim writes nothing.
 """
 
 import asyncio
@@ -28,7 +26,6 @@ from onceflow.gateway import (
     request_fingerprint,
 )
 from onceflow.gateway._principals import Principal
-from onceflow.gateway._quota_blocks import quota_block
 from onceflow.storage import build_pool
 from onceflow.tools import derive_task_workflow_id
 from tests.gateway.conftest import execute, rows
@@ -132,11 +129,7 @@ async def test_a_duplicate_storm_on_one_key_counts_once_and_replays_never(
     assert sum(isinstance(outcome, AlreadyClaimed) for outcome in storm) == 29
     assert all(isinstance(replay, AlreadyClaimed) for replay in replays)
     assert _records(database, principal) == 1
-    # At most one block counted (quota 1000: 15 keys), by whichever claim inserted; all
-    # but the one key spent are still spare.
-    counted = sum(keys for _, keys in _usage(database, principal))
-    assert counted <= quota_block(1000) == 15
-    assert counted - store.spare_keys(claim) == 1
+    assert sum(keys for _, keys in _usage(database, principal)) == 1
 
 
 async def test_a_claim_never_waits_for_uncommitted_claims_of_its_principal(
@@ -149,7 +142,7 @@ async def test_a_claim_never_waits_for_uncommitted_claims_of_its_principal(
     principal = await _principal(pool)
     claim = """
         SELECT claimed FROM claim_idempotency_key(%s, %s, %s, 'owner', '30 s', 'quota',
-            %s, %s, '1 day', 1000, %s, 15, NULL)
+            %s, %s, '1 day', 1000, %s)
     """
 
     def arguments(key: str) -> tuple[object, ...]:
@@ -174,8 +167,7 @@ async def test_a_claim_never_waits_for_uncommitted_claims_of_its_principal(
 
     assert row == (True,)
     assert _records(database, principal) == 2
-    # Two blocks of 15 keys (quota 1000): the first claim's and the free one's.
-    assert sum(keys for _, keys in _usage(database, principal)) == 30
+    assert sum(keys for _, keys in _usage(database, principal)) == 2
 
 
 async def test_an_over_quota_key_reserves_nothing_and_earlier_keys_still_replay(
@@ -223,84 +215,3 @@ async def test_pruning_deletes_old_windows_of_both_quota_tables(
     assert pruned.usage_windows == 2
     assert sum(keys for _, keys in _usage(database, principal)) == 1
     assert rows(database, "SELECT count(*) FROM principal_key_usage")[0][0] == 0
-
-
-async def test_a_large_quota_writes_one_shard_per_block_of_new_keys(
-    database: str, pool: AsyncConnectionPool
-) -> None:
-    principal = await _principal(pool)
-    store = IdempotencyStore(pool)
-    quota = 1024  # blocks of 16 keys
-
-    for number in range(40):
-        outcome = await store.claim(_claim(principal, f"k-{number}", quota))
-        assert isinstance(outcome, Claimed)
-    replayed = await store.claim(_claim(principal, "k-0", quota))
-
-    assert isinstance(replayed, AlreadyClaimed)
-    assert _records(database, principal) == 40
-    # The next block is reserved once half of the last one is spent: 16 + 16 + 16 keys
-    # counted for 40 claims, in three shard writes; the rest is spare, never lost.
-    usage = _usage(database, principal)
-    assert sorted(keys for _, keys in usage if keys) == [16, 16, 16]
-    assert store.spare_keys(_claim(principal, "any", quota)) == 48 - 40
-
-
-async def test_gateways_together_never_admit_more_than_the_quota(
-    database: str, pool: AsyncConnectionPool
-) -> None:
-    principal = await _principal(pool)
-    quota = 256  # blocks of 4 keys
-    gateways = [IdempotencyStore(pool), IdempotencyStore(pool)]
-    claims = [_claim(principal, f"k-{n}", quota) for n in range(quota + 60)]
-
-    outcomes = await asyncio.gather(
-        *(_outcome(gateways[n % 2], claim) for n, claim in enumerate(claims))
-    )
-
-    admitted = outcomes.count("Claimed")
-    spare = sum(gateway.spare_keys(claims[0]) for gateway in gateways)
-    assert outcomes.count("Claimed") + outcomes.count("QuotaExceeded") == len(claims)
-    assert _records(database, principal) == admitted
-    # Every key the shards counted was spent on a record or is still a gateway's spare.
-    assert sum(keys for _, keys in _usage(database, principal)) == admitted + spare == quota
-    # What the gateways held unspent when the window ran out: under 1.5 blocks each.
-    assert spare < 2 * 1.5 * quota_block(quota)
-
-
-async def test_a_key_reserved_in_a_window_that_passed_counts_anew(
-    database: str, pool: AsyncConnectionPool
-) -> None:
-    principal = await _principal(pool)
-    scope = f"quota:{principal.name}:issue_coupon:call"
-    claim = """
-        SELECT claimed, quota_window, spare_keys FROM claim_idempotency_key(%s, %s, %s,
-            'owner', '30 s', 'quota', %s, %s, '1 day', 1000, %s, 15, %s)
-    """
-
-    def arguments(key: str, reserved_window: object) -> tuple[object, ...]:
-        workflow_id = derive_task_workflow_id(tenant="quota", scope=scope, idempotency_key=key)
-        return (
-            scope,
-            key,
-            FINGERPRINT,
-            principal.principal_id,
-            workflow_id,
-            WINDOW_SECONDS,
-            reserved_window,
-        )
-
-    async with pool.connection() as conn:
-        first = await (await conn.execute(claim, arguments("first", None))).fetchone()
-        assert first is not None
-        claimed, window, spare = first
-        spent = await (await conn.execute(claim, arguments("spent", window))).fetchone()
-        void = await (
-            await conn.execute(claim, arguments("void", window - timedelta(days=1)))
-        ).fetchone()
-
-    assert (claimed, spare) == (True, 14)
-    assert spent == (True, window, 0)  # a key reserved in this window: nothing counted
-    assert void == (True, window, 14)  # the reserved window passed: a new block counted
-    assert sum(keys for _, keys in _usage(database, principal)) == 30
-    assert _records(database, principal) == 3
