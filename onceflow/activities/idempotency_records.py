@@ -13,7 +13,7 @@ from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel
 from temporalio import activity
 
-from onceflow.gateway import IdempotencyStore, stored_outcome
+from onceflow.gateway import REQUEST_HASH_MEMO, IdempotencyStore, Unrecorded, stored_outcome
 from onceflow.task_api import TaskClient
 from onceflow.workflows.pruning_models import PRUNE_IDEMPOTENCY_RECORDS, PruneInput, PruneResult
 from onceflow.workflows.task_models import RECORD_TASK_OUTCOME, TaskOutcomeInput
@@ -76,10 +76,19 @@ class IdempotencyRecordActivities:
 
     async def _settle_started(self, older_than: timedelta) -> int:
         settled = 0
-        waiting = await self._records.started_unrecorded(older_than=older_than)
-        for start in range(0, len(waiting), VISIBILITY_PAGE):
-            page = waiting[start : start + VISIBILITY_PAGE]
-            for workflow_id in await self._tasks.closed_among(page):
+        waiting = {
+            record.workflow_id: record
+            for record in await self._records.started_unrecorded(older_than=older_than)
+        }
+        ids = list(waiting)
+        for start in range(0, len(ids), VISIBILITY_PAGE):
+            for workflow_id in await self._tasks.closed_among(ids[start : start + VISIBILITY_PAGE]):
+                record = waiting[workflow_id]
+                # A claim its owner never marked: its key's task may be an older one, left
+                # from a pruned record of another request; only its own request's task
+                # (the fingerprint the starter put in the memo) answers it.
+                if not record.marked and not await self._started_for(record):
+                    continue
                 state, status_code, body, resource_id = stored_outcome(
                     await self._tasks.ended(workflow_id)
                 )
@@ -90,5 +99,10 @@ class IdempotencyRecordActivities:
                     status_code=status_code,
                     response_body=body,
                     resource_id=resource_id,
+                    request_hash=None if record.marked else record.request_hash,
                 )
         return settled
+
+    async def _started_for(self, record: Unrecorded) -> bool:
+        memo = await self._tasks.memo(record.workflow_id)
+        return memo is not None and memo.get(REQUEST_HASH_MEMO) == record.request_hash

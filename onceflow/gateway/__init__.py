@@ -36,6 +36,7 @@ from onceflow.gateway._records import (
     NewClaim,
     PruneResult,
     RecordState,
+    Unrecorded,
 )
 from onceflow.gateway._requests import (
     ApproveRequest,
@@ -106,6 +107,7 @@ __all__ = [
     "ToolNotAllowed",
     "Unauthenticated",
     "UnknownToolRequested",
+    "Unrecorded",
     "check_retention",
     "ensure_prune_schedule",
     "load_gateway_settings",

@@ -10,6 +10,12 @@ State machine of one record, keyed by ``(scope, idempotency_key)``::
 
     succeeded | failed ──result_expires_at passed──▶ pruned (a later retry is a new operation)
 
+A plan task's starter marks it started only once it ran for ``MARK_STARTED_AFTER``; one
+that ends sooner goes from processing[lease] to its outcome in one write, which marks it
+too. A claim whose owner died before marking it keeps its lease: a retry takes it over
+after the lease and joins the task (its workflow id is derived from the key), and the
+upkeep pass writes the outcome of an ended task started for the claim's request.
+
 A keyed decision (approve or reconcile of an existing task) starts nothing: its owner
 sends the decision and completes the record (``complete``) with the task's answer, a
 refusal included, or releases it (``release``) when no answer came. Its ``workflow_id``
@@ -152,6 +158,17 @@ class AlreadyClaimed:
 
 
 @dataclass(frozen=True)
+class Unrecorded:
+    """A record the upkeep pass may write its task's outcome into."""
+
+    workflow_id: str
+    request_hash: str
+    marked: bool
+    """Marked started by its owner. An unmarked one takes an ended task's outcome only if
+    the task was started for its request (the fingerprint in the task's memo)."""
+
+
+@dataclass(frozen=True)
 class PruneResult:
     """What one prune pass deleted."""
 
@@ -240,7 +257,8 @@ WHERE scope = %(scope)s AND idempotency_key = %(idempotency_key)s
 """
 
 # Fenced by the task itself: only the record naming this workflow id, still processing,
-# and not bound to another run of it, takes the result.
+# and not bound to another run of it (nor, when given, made for another request), takes
+# the result.
 _RECORD_OUTCOME = """
 UPDATE idempotency_records
 SET state = %(state)s, status_code = %(status_code)s, response_body = %(response_body)s,
@@ -252,14 +270,17 @@ SET state = %(state)s, status_code = %(status_code)s, response_body = %(response
     updated_at = statement_timestamp()
 WHERE workflow_id = %(workflow_id)s AND state = 'processing'
   AND (workflow_run_id IS NULL OR %(run_id)s::text IS NULL OR workflow_run_id = %(run_id)s)
+  AND (%(request_hash)s::text IS NULL OR request_hash = %(request_hash)s)
 """
 
-# Started tasks whose outcome no one has written yet. No index: one scan per upkeep pass
-# (hourly) costs less than an index every claim or start would have to keep up.
+# Tasks whose outcome no one has written yet: started ones, and claims left unmarked whose
+# lease ran out (their owner died before it marked the task started, or before it started
+# it). No index: one scan per upkeep pass (hourly) costs less than an index every claim or
+# start would have to keep up.
 _STARTED_UNRECORDED = """
-SELECT workflow_id FROM idempotency_records
-WHERE state = 'processing' AND workflow_started_at IS NOT NULL
-  AND workflow_started_at <= statement_timestamp() - %(older_than)s
+SELECT workflow_id, request_hash, workflow_started_at IS NOT NULL FROM idempotency_records
+WHERE state = 'processing'
+  AND coalesce(workflow_started_at, lease_expires_at) <= statement_timestamp() - %(older_than)s
 """
 
 _PRUNE_RECORDS = """
@@ -460,14 +481,17 @@ class IdempotencyStore:
         status_code: int,
         response_body: Any,
         resource_id: str | None,
+        request_hash: str | None = None,
     ) -> bool:
         """Store a task's terminal result in its record; False if no processing record
-        names this task (already recorded, released, or bound to another run)."""
+        names this task (already recorded, released, bound to another run, or, with
+        ``request_hash``, claimed for another request)."""
         if state is RecordState.PROCESSING:
             raise ValueError("an outcome is terminal: succeeded or failed")
         params = {
             "workflow_id": workflow_id,
             "run_id": run_id,
+            "request_hash": request_hash,
             "state": state.value,
             "status_code": status_code,
             "response_body": Jsonb(response_body),
@@ -481,13 +505,17 @@ class IdempotencyStore:
 
         return await _retry_serialization(write)
 
-    async def started_unrecorded(self, *, older_than: timedelta) -> list[str]:
-        """The workflow ids of tasks started at least ``older_than`` ago whose record
-        still waits for their outcome (tasks running, parked or awaiting a person, and
-        ended ones their starter left: a few thousand at most)."""
+    async def started_unrecorded(self, *, older_than: timedelta) -> list[Unrecorded]:
+        """Records still waiting for their task's outcome ``older_than`` after the task
+        was marked started, or after an unmarked claim's lease ran out (tasks running,
+        parked or awaiting a person, ended ones their starter left, and claims whose owner
+        died: a few thousand at most)."""
         async with self._pool.connection() as conn, autocommit(conn):
             cursor = await conn.execute(_STARTED_UNRECORDED, {"older_than": older_than})
-            return [row[0] for row in await cursor.fetchall()]
+            return [
+                Unrecorded(workflow_id=row[0], request_hash=row[1], marked=row[2])
+                for row in await cursor.fetchall()
+            ]
 
     async def prune(self, *, batch: int = 1000) -> PruneResult:
         """Delete terminal records whose result retention has passed, and old quota windows.

@@ -90,6 +90,14 @@ owner token): whether an answer is a replay depends on who started the task, not
 whether the task is still running when the gateway looks."""
 TOOL_CALL_STEP_ID = "1"
 """Step id of the single step of a one-step task (a tool call)."""
+MARK_STARTED_AFTER = 1.0
+"""Seconds a plan task this request started may run before its record is marked started
+(``mark_started``). Most one-step tasks end sooner, and their outcome's write marks the
+record in the same statement. Until the mark, a request with the same key polls the
+record (it ends, or the mark comes) instead of waiting on the task; a starter that dies
+before marking leaves a claim whose lease runs out: a retry then takes it over and joins
+the task (its id is derived from the key), and the upkeep pass writes an ended task's
+outcome (``IdempotencyStore.started_unrecorded``)."""
 _TASK_KINDS_KEPT = 10_000
 """Tasks whose tenant and kind one boundary process remembers (see ``_task_kinds``)."""
 
@@ -391,12 +399,19 @@ class TaskRequests:
             raise KeyReusedWithDifferentRequest(
                 KEY_REUSED_DETAIL, key_digest=key_digest(record.idempotency_key)
             )
+        if submission.task.open is None and start.here and not start.closed:
+            # A plan task this claim started: marked only if it is still running after
+            # ``MARK_STARTED_AFTER`` (``_answer_when_done``); one that ends sooner is marked
+            # by its outcome's write, one statement instead of two.
+            return await self._answer_when_done(
+                record, deadline, replayed=False, unmarked_run_id=start.run_id
+            )
         # An open task continues as new when it grows long, and then writes its outcome
         # from a later run: its record is not bound to the first run (the workflow id,
         # which is never reused, still fences it).
-        run_id = start.run_id if submission.task.open is None else None
-        if not await self._records.mark_started(record, run_id=run_id):
-            log.warning("claim on task %s was taken over while starting it", record.workflow_id)
+        await self._mark_started(
+            record, run_id=start.run_id if submission.task.open is None else None
+        )
         # A task another claim started (a retry after its record was pruned, or after
         # the first owner's lease ran out) answers with its result: this request executed
         # nothing. A task this claim started may already have ended: not a replay.
@@ -482,12 +497,34 @@ class TaskRequests:
             )
         return await self._store_ended(record, status, replayed=replayed)
 
+    async def _mark_started(self, record: IdempotencyRecord, *, run_id: str | None) -> None:
+        if not await self._records.mark_started(record, run_id=run_id):
+            log.warning("claim on task %s was taken over while starting it", record.workflow_id)
+
     async def _answer_when_done(
-        self, record: IdempotencyRecord, deadline: float, *, replayed: bool
+        self,
+        record: IdempotencyRecord,
+        deadline: float,
+        *,
+        replayed: bool,
+        unmarked_run_id: str | None = None,
     ) -> BoundaryAnswer:
-        left = max(deadline - asyncio.get_running_loop().time(), 0.0)
+        """The task's answer once it ended, or 202 and its view at ``deadline``.
+
+        ``unmarked_run_id``: the run this request started and has not marked in its record
+        yet; marked if the task still runs after ``MARK_STARTED_AFTER`` (always before the
+        request stops waiting), else by the outcome's write.
+        """
+        loop = asyncio.get_running_loop()
+        ending = asyncio.ensure_future(self._tasks.result(record.workflow_id))
         try:
-            status = await asyncio.wait_for(self._tasks.result(record.workflow_id), left)
+            if unmarked_run_id is not None:
+                await asyncio.wait(
+                    {ending}, timeout=min(MARK_STARTED_AFTER, max(deadline - loop.time(), 0.0))
+                )
+                if not ending.done():
+                    await self._mark_started(record, run_id=unmarked_run_id)
+            status = await asyncio.wait_for(ending, max(deadline - loop.time(), 0.0))
         except TimeoutError:
             current: TaskStatus | None
             try:
@@ -518,18 +555,26 @@ class TaskRequests:
             status = current
         except WorkflowFailureError as failure:
             status = await self._tasks.closed_abnormally(record.workflow_id, failure)
-        return await self._store_ended(record, status, replayed=replayed)
+        finally:
+            ending.cancel()  # only when this request stopped waiting for it
+        return await self._store_ended(record, status, replayed=replayed, run_id=unmarked_run_id)
 
     async def _store_ended(
-        self, record: IdempotencyRecord, status: TaskStatus, *, replayed: bool
+        self,
+        record: IdempotencyRecord,
+        status: TaskStatus,
+        *,
+        replayed: bool,
+        run_id: str | None = None,
     ) -> BoundaryAnswer:
         # The request that waits for a plan task writes its outcome (the task itself
         # writes it only when it asked people, or for an open task): one write, fenced
         # exactly like the workflow's; the record's own answer when it already holds one.
+        # ``run_id``: the run this request started, bound to the record if no mark did.
         state, status_code, body, resource_id = stored_outcome(status)
         written = await self._records.record_outcome(
             workflow_id=record.workflow_id,
-            run_id=None,
+            run_id=run_id,
             state=state,
             status_code=status_code,
             response_body=body,

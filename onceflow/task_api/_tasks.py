@@ -367,6 +367,16 @@ class TaskClient:
             return None
         return _summary(described)
 
+    async def memo(self, workflow_id: str) -> Mapping[str, Any] | None:
+        """The memo a task was started with; None when no such task exists."""
+        try:
+            described = await self._client.get_workflow_handle(workflow_id).describe()
+        except RPCError as error:
+            if error.status in (RPCStatusCode.NOT_FOUND, RPCStatusCode.INVALID_ARGUMENT):
+                return None
+            raise
+        return await described.memo()
+
     async def workers_polling(self) -> int:
         """How many workers Temporal saw polling the task queue lately (about the last
         minute: a worker that just died still counts for a while)."""
