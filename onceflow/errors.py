@@ -200,7 +200,7 @@ class KeyReusedWithDifferentRequest(OnceflowError):
 
 
 class RequestInProgress(OnceflowError):
-    """Another request holds this key's claim and has not started the task yet."""
+    """Another request holds this key's claim and has not marked its task started yet."""
 
     status = 409
     code = "request-in-progress"

@@ -28,7 +28,7 @@ class GatewaySettings(FileBackedSettings):
     only the window between claiming the key and starting the task. Default 30."""
     replay_wait_seconds: float = Field(default=10.0, ge=0, le=300)
     """How long a request waits for a running task's result before answering 202 (or 409
-    while the claim's owner has not started the task). Default 10."""
+    while the claim's owner has not marked the task started). Default 10."""
     quota_window_seconds: int = Field(default=60, ge=1, le=86_400)
     """Length of the fixed window in which each principal's new keys are counted. Default 60."""
     default_key_quota: int = Field(default=1000, ge=1)

@@ -6,7 +6,8 @@ and waits a bounded time for its result; a start that cannot reach Temporal rele
 claim, so a retry with the key starts (or joins) the task at once. The same fingerprint
 on a terminal record replays the stored status and body, flagged as a replay; on a running
 one it waits a bounded time, else answers in progress (202 and the task's URL; 409 while
-the claim's owner has not started the task yet). Another fingerprint is refused.
+the claim's owner has not marked the task started: ``MARK_STARTED_AFTER``). Another
+fingerprint is refused.
 
 The workflow writes its own terminal result into the record (``record_task_outcome``),
 so a replay works even when the gateway that started it died; if the record is still
