@@ -12,6 +12,7 @@ to the MCP stdio transport and to JSON command output).
 import json
 import logging
 import os
+import re
 import sys
 from datetime import UTC, datetime
 from typing import Any
@@ -26,15 +27,12 @@ _HANDLER_NAME = "onceflow"
 _CHATTY = ("httpx", "httpcore", "grpc", "urllib3")
 """Libraries whose INFO lines (one per HTTP request) carry no correlation id: WARNING only."""
 _TEMPORAL_EXTRAS = ("temporal_workflow", "temporal_activity")
+_HEX_ID = re.compile(r"[0-9a-f]{16}|[0-9a-f]{32}")
 
 
 def log_fields(record: logging.LogRecord) -> dict[str, Any]:
     """The structured fields of a record: trace, onceflow attempt fields, Temporal ids."""
     fields: dict[str, Any] = {}
-    trace_id = getattr(record, "trace_id", None)
-    if trace_id:
-        fields["trace_id"] = trace_id
-        fields["span_id"] = getattr(record, "span_id", None)
     onceflow = getattr(record, "onceflow", None)
     if isinstance(onceflow, dict):
         fields.update({str(name): value for name, value in onceflow.items()})
@@ -42,9 +40,24 @@ def log_fields(record: logging.LogRecord) -> dict[str, Any]:
         value = getattr(record, extra, None)
         if isinstance(value, dict):
             fields.update({f"{extra}.{name}": item for name, item in value.items()})
+    scrubbed = {name: _scrubbed(value) for name, value in fields.items()}
+    trace_id = getattr(record, "trace_id", None)
+    if not trace_id:
+        return scrubbed
+    ids = {"trace_id": trace_id, "span_id": getattr(record, "span_id", None)}
+    # Span-context ids (TraceContextFilter's hex) are ids, as they are in every span;
+    # anything else under these names is scrubbed like any field.
     return {
-        name: scrub(value) if isinstance(value, str) else value for name, value in fields.items()
+        **{
+            name: value if isinstance(value, str) and _HEX_ID.fullmatch(value) else _scrubbed(value)
+            for name, value in ids.items()
+        },
+        **scrubbed,
     }
+
+
+def _scrubbed(value: Any) -> Any:
+    return scrub(value) if isinstance(value, str) else value
 
 
 class TraceContextFilter(logging.Filter):

@@ -89,3 +89,18 @@ def test_log_records_carry_the_attempt_fields_and_lose_secrets() -> None:
     assert "4242" not in text and "sk_live" not in text
     assert "onceflow.attempt=2" in text
     assert log_fields(record)["onceflow.step"] == "pay"
+
+
+def test_trace_ids_pass_as_ids_and_anything_else_under_their_names_is_scrubbed() -> None:
+    record = logging.LogRecord("onceflow", logging.INFO, __file__, 1, "hello", (), None)
+    record.trace_id, record.span_id = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+    assert log_fields(record) == {
+        "trace_id": "0af7651916cd43dd8448eb211c80319c",
+        "span_id": "b7ad6b7169203331",
+    }
+    # A caller's own ``extra={"trace_id": ...}`` is text like any other field.
+    record.trace_id, record.span_id = "key sk_live_abcdef1234567890", "4242 4242 4242 4242"
+    assert log_fields(record) == {
+        "trace_id": "key [secret removed]",
+        "span_id": "[card number removed]",
+    }
