@@ -12,6 +12,9 @@ from typing import Any
 FINGERPRINT_VERSION = "v1"
 API_VERSION = "1"
 """Version of the HTTP/MCP contract; part of every fingerprint."""
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+"""The canonical form's encoder, built once (``json.dumps`` with options builds one per
+call)."""
 
 
 def request_fingerprint(
@@ -26,16 +29,13 @@ def request_fingerprint(
         body: The body after validation and defaults, as JSON-compatible data.
         api_version: The contract version the request was made under.
     """
-    canonical = json.dumps(
+    canonical = _CANONICAL.encode(
         {
             "api_version": api_version,
             "operation": operation,
             "scope": scope,
             "route": route,
             "body": body,
-        },
-        sort_keys=True,
-        separators=(",", ":"),
-        ensure_ascii=False,
+        }
     )
     return f"{FINGERPRINT_VERSION}:{hashlib.sha256(canonical.encode()).hexdigest()}"

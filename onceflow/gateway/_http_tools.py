@@ -3,12 +3,16 @@
 Each tool has a documented route of its own (``POST /v1/tools/{name}/calls``), so the
 document shows its exact argument schema; the generic route takes any name and answers
 an unknown one 404.
+
+The routes are the app's own, not an included router's: FastAPI matches an included
+router's routes twice per request (once to pick the router, again to pick the route
+inside it), and a tool call, replays included, is the gateway's most frequent request.
 """
 
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Request
+from fastapi import FastAPI, Path, Request
 from fastapi.responses import Response
 from pydantic import BaseModel
 
@@ -43,12 +47,12 @@ class ToolDescription(BaseModel):
     dedupe: str
 
 
-def tools_router(catalogue: Catalogue) -> APIRouter:
-    """The tool routes, one documented route per tool of ``catalogue``."""
-    router = APIRouter(tags=["tools"])
+def install_tool_routes(app: FastAPI, catalogue: Catalogue) -> None:
+    """Add the tool routes to ``app``, one documented route per tool of ``catalogue``."""
 
-    @router.get(
+    @app.get(
         "/v1/tools",
+        tags=["tools"],
         response_model=list[ToolDescription],
         responses=problem_answers(AUTHENTICATED),
         openapi_extra=BEARER,
@@ -71,10 +75,11 @@ def tools_router(catalogue: Catalogue) -> APIRouter:
 
     # One documented route per tool, so each shows its exact argument schema...
     for contract in catalogue:
-        router.add_api_route(
+        app.add_api_route(
             f"/v1/tools/{contract.name}/calls",
             _named_tool_endpoint(contract.name),
             methods=["POST"],
+            tags=["tools"],
             summary=f"Call {contract.name}",
             description=(
                 f"{contract.description} Effects: {contract.dedupe.value} dedupe"
@@ -92,8 +97,9 @@ def tools_router(catalogue: Catalogue) -> APIRouter:
         )
 
     # ...and the generic route for any name (unknown ones answer 404).
-    @router.post(
+    @app.post(
         "/v1/tools/{tool}/calls",
+        tags=["tools"],
         responses=tool_call_answers(TOOL_CALL_PROBLEMS),
         response_class=SortedJSONResponse,
         openapi_extra={
@@ -108,8 +114,6 @@ def tools_router(catalogue: Catalogue) -> APIRouter:
     ) -> Response:
         """Call one tool as a one-step task; the body is the tool's arguments."""
         return await _call(request, tool)
-
-    return router
 
 
 def _named_tool_endpoint(tool: str) -> Callable[..., Awaitable[Response]]:

@@ -31,7 +31,7 @@ from onceflow.gateway._http_operations import install_docs_pages
 from onceflow.gateway._http_operations import router as operation_routes
 from onceflow.gateway._http_parameters import service_of
 from onceflow.gateway._http_tasks import router as task_routes
-from onceflow.gateway._http_tools import tools_router
+from onceflow.gateway._http_tools import install_tool_routes
 from onceflow.gateway._openapi_document import install_document
 from onceflow.gateway._service import BoundaryService
 from onceflow.tools import CATALOGUE, Catalogue
@@ -97,7 +97,7 @@ def build_app(
         )
     # In this order, the order of the document's paths.
     app.include_router(operation_routes)
-    app.include_router(tools_router(catalogue))
+    install_tool_routes(app, catalogue)
     app.include_router(task_routes)
     app.include_router(decision_routes)
     install_document(app, catalogue)

@@ -53,7 +53,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
-from onceflow.tools import Redaction, loaded_families
+from onceflow.tools import Redaction, ToolFamily, loaded_families
 
 CARD_NUMBER_REMOVED = "[card number removed]"
 SECRET_REMOVED = "[secret removed]"
@@ -420,10 +420,7 @@ def _rule_matches(text: str) -> Iterator[_Found]:
 
 
 def _family_matches(text: str) -> Iterator[_Found]:
-    redactions = dict.fromkeys(
-        redaction for family in loaded_families() for redaction in family.redactions
-    )
-    pattern, what = _family_pattern(tuple(redactions))
+    pattern, what = _loaded_families_pattern()
     if pattern is None:
         return
     position = 0
@@ -436,6 +433,30 @@ def _family_matches(text: str) -> Iterator[_Found]:
 
 
 _VALUE_GROUP = re.compile(r"\(\?P<value>")
+
+_loaded_patterns: tuple[tuple[ToolFamily, ...], tuple[re.Pattern[str] | None, dict[str, str]]] = (
+    (),
+    (None, {}),
+)
+"""The families last seen loaded and their pattern, replaced in one assignment (a log
+line may be scrubbed on any thread)."""
+
+
+def _loaded_families_pattern() -> tuple[re.Pattern[str] | None, dict[str, str]]:
+    """The loaded families' pattern, collected again only when the families change: it
+    is asked for on every text scanned (each log line, each string of each request's
+    arguments), and collecting their redactions each time cost as much as matching."""
+    global _loaded_patterns
+    families = loaded_families()
+    seen, compiled = _loaded_patterns
+    # The same family objects compare by identity first: one pass over a short tuple.
+    if families != seen:
+        redactions = dict.fromkeys(
+            redaction for family in families for redaction in family.redactions
+        )
+        compiled = _family_pattern(tuple(redactions))
+        _loaded_patterns = (families, compiled)
+    return compiled
 
 
 @functools.lru_cache(maxsize=8)

@@ -17,6 +17,7 @@ its attempt's context as text (``W3CTraceContext``) in the row that hands it ove
 that process's span continues the task's trace from there.
 """
 
+import functools
 import os
 import re
 from collections.abc import Iterator
@@ -36,6 +37,7 @@ from opentelemetry.trace import (
     Status,
     StatusCode,
     TraceFlags,
+    Tracer,
     TraceState,
 )
 from opentelemetry.util.types import AttributeValue
@@ -47,6 +49,16 @@ _TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 """W3C Trace Context version 00, the only version onceflow writes."""
 _TRACESTATE_MAX_LENGTH = 512
 """W3C Trace Context: what every platform must propagate; longer ones may be dropped."""
+
+
+@functools.cache
+def _tracer(name: str) -> Tracer:
+    """The tracer ``name``, got once per process (not at import, which reads no
+    setting): getting one per span built a new one per request (and, under the SDK's
+    provider, a new instrumentation scope). Got before a provider is installed, it is
+    OpenTelemetry's proxy, which uses the global provider from the moment
+    ``configure_tracing`` (or anyone) installs it."""
+    return trace.get_tracer(name)
 
 
 def _exporter() -> SpanExporter | None:
@@ -194,8 +206,7 @@ def outbound_call(
     ``parent`` (default: the current context) is where a process continuing another's
     work starts (``W3CTraceContext.parent``).
     """
-    tracer = trace.get_tracer("onceflow.outbound")
-    with tracer.start_as_current_span(
+    with _tracer("onceflow.outbound").start_as_current_span(
         f"{system} {operation}",
         context=parent,
         kind=SpanKind.CLIENT,
@@ -221,8 +232,7 @@ def boundary_span(name: str, attributes: dict[str, AttributeValue]) -> Iterator[
     client's problem and leaves the span's status unset, as OpenTelemetry's HTTP
     conventions ask of server spans; anything else marks it failed by type only.
     """
-    tracer = trace.get_tracer("onceflow.gateway")
-    with tracer.start_as_current_span(
+    with _tracer("onceflow.gateway").start_as_current_span(
         name,
         kind=SpanKind.INTERNAL,
         attributes=attributes,

@@ -1,15 +1,18 @@
 """The boundary's pure parts: fingerprints, the error tree, records, views, MCP tools."""
 
+import json
 import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from fastapi import Request
 from hypothesis import given
 from hypothesis import strategies as st
 
 from onceflow import errors, gateway
 from onceflow.errors import OnceflowError
 from onceflow.gateway import IdempotencyRecord, RecordState, request_fingerprint
+from onceflow.gateway._http_json import SortedJSONResponse, read_json
 from onceflow.gateway._responses import stored_outcome, task_view
 from onceflow.gateway.mcp_server import IDEMPOTENCY_KEY_ARGUMENT, tool_definition
 from onceflow.retry_policy import RetryBudget
@@ -51,6 +54,73 @@ def test_a_fingerprint_is_versioned_and_covers_every_behaviour_affecting_input()
     fingerprints.add(request_fingerprint(**BASE, api_version="2"))  # type: ignore[arg-type]
     assert fingerprint not in fingerprints
     assert len(fingerprints) == len(variants) + 1
+
+
+def test_a_fingerprint_is_the_same_in_every_release() -> None:
+    """Records stored by an earlier gateway must match the same request sent again: the
+    canonical form is pinned, non-ASCII text and every JSON type included."""
+    assert request_fingerprint(**BASE) == (  # type: ignore[arg-type]
+        "v1:18b7a5f1300725aed148b0a2149e4f76bd17b1bb3f45b08158500afbd3b442f8"
+    )
+    body = {"user_id": "u-1", "coupon_id": "WELCOME", "note": "café ✓", "n": [1, 2.5, None, True]}
+    assert request_fingerprint(
+        operation="tools.call",
+        scope="acme:agent:issue_coupon:call",
+        route="POST /v1/tools/issue_coupon/calls",
+        body=body,
+    ) == ("v1:f093e75da9f2609d7d507150021dddb592518f330c4caf5c5088ed0128dd28f0")
+
+
+@given(body=st.dictionaries(st.text(max_size=6), json_values, max_size=5))
+def test_an_answer_is_written_as_compact_sorted_utf8_json(body: dict[str, object]) -> None:
+    """What a replay answers is what its first request answered, byte for byte."""
+    written = SortedJSONResponse(body).body
+    assert written == json.dumps(
+        body, ensure_ascii=False, sort_keys=True, separators=(",", ":")
+    ).encode("utf-8")
+    assert json.loads(written) == body
+
+
+async def _read(body: bytes) -> object:
+    async def receive() -> dict[str, object]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/",
+        "headers": [(b"content-type", b"application/json")],
+    }
+    return await read_json(Request(scope, receive))
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"a": 1, "b": [1.5, "x", null, true]}',
+        '{"note": "café ✓"}'.encode("utf-16"),
+        '{"note": "café"}'.encode("utf-8-sig"),
+        b'"\\ud800"',
+    ],
+)
+async def test_a_body_is_read_as_pythons_json_reads_it(body: bytes) -> None:
+    assert await _read(body) == json.loads(body)
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (b'{"a": 1, "a": 2}', "an object names the same member twice"),
+        (b'{"a": NaN}', "NaN is not a JSON value"),
+        (b'{"a": 1e999}', "a number too large for a double"),
+        (b'{"a": ', "Expecting value"),
+        (b'{"a": "\xff"}', "not UTF-8"),
+    ],
+)
+async def test_a_body_that_is_not_strict_json_is_refused(body: bytes, reason: str) -> None:
+    with pytest.raises(errors.InvalidRequest) as refused:
+        await _read(body)
+    assert refused.value.problem()["errors"] == [{"loc": [], "msg": reason}]
 
 
 @given(body=st.dictionaries(st.text(max_size=6), json_values, max_size=5))

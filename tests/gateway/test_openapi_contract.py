@@ -20,9 +20,11 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi.routing import APIRoute
 
 from onceflow.errors import ANSWERED_ERRORS
 from onceflow.gateway.http_api import build_app
+from onceflow.tools import CATALOGUE
 from tests.harness import eventually
 
 from .conftest import (
@@ -470,3 +472,16 @@ async def test_the_docs_pages_load_only_from_the_gateway(
     assert "openapi.json" in html.text
     document = await http.get(f"{contract_gateway.url}/openapi.json")
     assert document.json() == SPEC
+
+
+def test_tool_calls_are_routed_by_the_apps_own_routes() -> None:
+    """A tool call, the most frequent request (replays included), is matched once: its
+    routes are the app's own, where FastAPI matches an included router's routes twice."""
+    app = build_app(_no_service)
+    own = {route.path for route in app.router.routes if isinstance(route, APIRoute)}
+    calls = {f"/v1/tools/{contract.name}/calls" for contract in CATALOGUE}
+    assert calls, "the catalogue is empty"
+    assert {"/v1/tools", "/v1/tools/{tool}/calls", *calls} <= own
+    # ...in the document's order: after the operations, before the tasks.
+    paths = list(SPEC["paths"])
+    assert paths.index("/readyz") < paths.index("/v1/tools") < paths.index("/v1/tasks")

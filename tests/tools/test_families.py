@@ -37,6 +37,7 @@ from onceflow.tools import (
     load_families,
     loaded_families,
 )
+from onceflow.tools import _family as tools_family
 from tests.tool_configuration import configuration
 from tests.tools import sample_tools
 
@@ -157,6 +158,28 @@ def test_a_loaded_familys_redaction_is_scrubbed_and_refused_like_a_stripe_key() 
     ]
     # Matched where a token starts, as onceflow's own rules are: not inside a word.
     assert scrub(f"x{DESK_TOKEN}") == f"x{DESK_TOKEN}"
+
+
+def test_a_family_loaded_after_a_scan_is_scrubbed_and_refused_from_then_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The families' pattern is kept between scans: a family loaded later still counts."""
+    [desk] = load_families([FAMILY])
+    ledger_key = "ldg_k3Jf9sLq2Wz8Xv"
+    line = f"ledger key {ledger_key}"
+    assert scrub(line) == line
+    assert sensitive_locations({"key": ledger_key}) == []
+    later = replace(
+        desk,
+        name="ledger",
+        redactions=(Redaction(what="ledger key", pattern=r"ldg_[A-Za-z0-9]{12,}+"),),
+    )
+    # What ``remember_family`` does, undone after the test.
+    monkeypatch.setitem(tools_family._LOADED, later.name, later)
+    assert scrub(line) == "ledger key [secret removed]"
+    assert [finding.detail for finding in sensitive_locations({"key": ledger_key})] == [
+        "ledger key"
+    ]
 
 
 def test_a_loaded_familys_client_check_refuses_a_retrying_client_like_a_stripe_clients() -> None:
