@@ -109,7 +109,10 @@ class _Submission:
     scope: str
     idempotency_key: str = field(repr=False)
     fingerprint: str
-    task: AgentTaskInput = field(repr=False)
+    is_open: bool
+    build_task: Callable[[], AgentTaskInput] = field(repr=False)
+    """The task to start: built only by the request that owns the claim (a replay never
+    needs it)."""
 
 
 class TaskRequests:
@@ -169,7 +172,8 @@ class TaskRequests:
                 route=f"POST /v1/tools/{tool}/calls",
                 body=normalized,
             ),
-            task=AgentTaskInput(
+            is_open=False,
+            build_task=lambda: AgentTaskInput(
                 tenant=principal.tenant,
                 principal=principal.name,
                 steps=[StepInput(step_id=TOOL_CALL_STEP_ID, tool=tool, arguments=normalized)],
@@ -364,7 +368,7 @@ class TaskRequests:
             # Another request started the task: answer as it would have.
             if not record.task_started:
                 return None
-            if submission.task.open is not None:
+            if submission.is_open:
                 return await self._open_task_answer(record, replayed=True)
             return await self._answer_when_done(record, deadline, replayed=True)
 
@@ -384,7 +388,7 @@ class TaskRequests:
         if self._after_claim is not None:
             await self._after_claim()
         try:
-            start = await self._start(record, submission.task)
+            start = await self._start(record, submission.build_task())
         except RPCError as error:
             if error.status in TEMPORAL_UNREACHABLE:
                 # Whether or not the start reached Temporal, the claim may go: the workflow
@@ -400,7 +404,7 @@ class TaskRequests:
             raise KeyReusedWithDifferentRequest(
                 KEY_REUSED_DETAIL, key_digest=key_digest(record.idempotency_key)
             )
-        if submission.task.open is None and start.here and not start.closed:
+        if not submission.is_open and start.here and not start.closed:
             # A plan task this claim started: marked only if it is still running after
             # ``MARK_STARTED_AFTER`` (``_answer_when_done``); one that ends sooner is marked
             # by its outcome's write, one statement instead of two.
@@ -410,13 +414,11 @@ class TaskRequests:
         # An open task continues as new when it grows long, and then writes its outcome
         # from a later run: its record is not bound to the first run (the workflow id,
         # which is never reused, still fences it).
-        await self._mark_started(
-            record, run_id=start.run_id if submission.task.open is None else None
-        )
+        await self._mark_started(record, run_id=None if submission.is_open else start.run_id)
         # A task another claim started (a retry after its record was pruned, or after
         # the first owner's lease ran out) answers with its result: this request executed
         # nothing. A task this claim started may already have ended: not a replay.
-        if submission.task.open is not None:
+        if submission.is_open:
             if start.closed:
                 return await self._open_task_answer(record, replayed=True)
             self.remember_task(record.workflow_id, tenant=record.tenant, is_open=True)
@@ -613,7 +615,8 @@ def task_submission(
         fingerprint=request_fingerprint(
             operation="tasks.create", scope=scope, route="POST /v1/tasks", body=normalized
         ),
-        task=task,
+        is_open=task.open is not None,
+        build_task=lambda: task,
     )
 
 
