@@ -64,9 +64,20 @@ class Arm:
 
 
 def machine() -> str:
-    """What the numbers were measured on."""
+    """What the numbers were measured on: the processor's model where Linux names it
+    (sessions may run on different machines), cores and Python."""
     processor = platform.processor() or platform.machine()
-    return f"{processor}, {os.cpu_count()} cores, Python {platform.python_version()}"
+    return f"{processor}{_cpu_model()}, {os.cpu_count()} cores, Python {platform.python_version()}"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f" ({line.partition(':')[2].strip()})"
+    except OSError:
+        pass
+    return ""
 
 
 def command_line() -> str:
