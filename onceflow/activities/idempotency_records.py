@@ -1,10 +1,11 @@
 """The boundary's records, written from inside Temporal: task outcomes and upkeep.
 
 A plan task's outcome is written by the request that started it, which awaits its
-result; the workflow writes it itself (``record_task_outcome``) for open tasks and for
-tasks that asked people. The upkeep pass (``prune_idempotency_records``, run by the
-prune schedule) writes the outcome of every ended task whose starter died before it
-could, then deletes expired terminal records.
+result; the workflow writes it itself (``record_task_outcome``) for open tasks, for
+tasks that asked people and for tasks their starter stopped waiting for (a 202). The
+upkeep pass (``prune_idempotency_records``, run by the prune schedule) writes the outcome
+of every ended task whose starter died before it could, then deletes expired terminal
+records.
 """
 
 from datetime import timedelta

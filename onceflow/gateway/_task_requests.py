@@ -9,11 +9,13 @@ one it waits a bounded time, else answers in progress (202 and the task's URL; 4
 the claim's owner has not marked the task started: ``MARK_STARTED_AFTER``). Another
 fingerprint is refused.
 
-The workflow writes its own terminal result into the record (``record_task_outcome``),
-so a replay works even when the gateway that started it died; if the record is still
-processing when the workflow has closed, the workflow's result is used and stored. An open
-task is created the same way, but answered as soon as it runs (201): it ends only when it
-is closed.
+The request that started a plan task writes its outcome into the record when the task
+ends within its wait. When the wait ends first (202), the request tells the task, which
+then writes the outcome itself (``record_task_outcome``), as a task that asked people
+does. A record left processing after its task closed (its starter died) is answered
+from the workflow's result by the next repeat, which stores it, or by the upkeep pass.
+An open task is created the same way, but answered as soon as it runs (201): it ends only
+when it is closed.
 """
 
 import asyncio
@@ -504,6 +506,22 @@ class TaskRequests:
         if not await self._records.mark_started(record, run_id=run_id):
             log.warning("claim on task %s was taken over while starting it", record.workflow_id)
 
+    async def _stop_waiting(self, record: IdempotencyRecord) -> None:
+        """This request started the task and answers before it ends: the task writes its
+        own outcome. Signalled before the status is asked for, so a task that the status
+        shows running has the signal; one that ended is stored from that status here."""
+        try:
+            await asyncio.wait_for(
+                self._tasks.stop_waiting(record.workflow_id), STATUS_QUERY_TIMEOUT
+            )
+        except (TimeoutError, RPCError) as error:
+            # The next repeat with the key, or the upkeep pass, writes it instead.
+            log.warning(
+                "could not hand task %s its outcome's write (%s)",
+                record.workflow_id,
+                type(error).__name__,
+            )
+
     async def _answer_when_done(
         self,
         record: IdempotencyRecord,
@@ -529,6 +547,8 @@ class TaskRequests:
                     await self._mark_started(record, run_id=unmarked_run_id)
             status = await asyncio.wait_for(ending, max(deadline - loop.time(), 0.0))
         except TimeoutError:
+            if not replayed:
+                await self._stop_waiting(record)
             current: TaskStatus | None
             try:
                 current = await asyncio.wait_for(

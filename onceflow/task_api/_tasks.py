@@ -288,6 +288,16 @@ class TaskClient:
         handle = self._client.get_workflow_handle_for(AgentTaskWorkflow.run, workflow_id)
         return await handle.result()
 
+    async def stop_waiting(self, workflow_id: str) -> None:
+        """Tell a plan task its starter stopped waiting for it, so that it writes its
+        outcome into its record itself (a task that already closed is left as it is)."""
+        handle = self._client.get_workflow_handle_for(AgentTaskWorkflow.run, workflow_id)
+        try:
+            await handle.signal(AgentTaskWorkflow.starter_stopped_waiting)
+        except RPCError as error:
+            if error.status is not RPCStatusCode.NOT_FOUND:
+                raise
+
     async def ended(self, workflow_id: str) -> TaskStatus:
         """The final status of a task that ended: its result, or for a workflow Temporal
         closed without one (terminated, cancelled, timed out) its last status, failed."""

@@ -148,6 +148,8 @@ class TaskCore:
         self._waiting_since = self._memory.started_at
         self._asked_people = False
         """Whether a step ever waited for a person (an approval, a reconciliation)."""
+        self._starter_stopped_waiting = False
+        """Whether the request that started the plan answered before it ended."""
         # Open tasks only.
         self._open = task.open
         self._closing: str | None = None
@@ -289,10 +291,15 @@ class TaskCore:
     def _records_outcome(self) -> bool:
         """Whether this workflow writes the task's outcome into its idempotency record:
         always when asked to, unless the starter writes it and is still waiting (its
-        request is answered with a 202 once a step waits for a person)."""
+        request is answered with a 202 once a step waits for a person, or when its
+        bounded wait ends first: ``starter_stopped_waiting``)."""
         if not self._task.record_outcome:
             return False
-        return not self._task.starter_records_outcome or self._asked_people
+        return (
+            not self._task.starter_records_outcome
+            or self._asked_people
+            or self._starter_stopped_waiting
+        )
 
     def _decision_admitted(self) -> None:
         self._decision_admitted_at = workflow.info().get_current_history_length()

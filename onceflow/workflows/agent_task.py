@@ -162,6 +162,13 @@ class AgentTaskWorkflow(OpenTaskRuns, PeopleDecisions):
             return
         self._accept_approval(decision, via="signal")
 
+    @workflow.signal
+    def starter_stopped_waiting(self) -> None:
+        """The request that started this plan task answered before the task ended (202):
+        the task writes its outcome into its idempotency record itself, as one that asked
+        people does, instead of leaving it to the next repeat or the upkeep pass."""
+        self._starter_stopped_waiting = True
+
     @workflow.update
     async def reconcile(self, decision: ReconcileInput) -> DecisionResult:
         """Decide a parked step: happened, did_not_happen or abandon.

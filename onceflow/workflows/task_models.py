@@ -170,8 +170,9 @@ class AgentTaskInput(BaseModel):
     starter_records_outcome: bool = False
     """With ``record_outcome``: the request that started the task awaits its result and
     writes the record itself (the gateway's plan tasks), so the workflow writes it only
-    when the task asked people (that request was answered long before) and a task that
-    ends promptly ends without a write of its own. A record a dead starter left is
+    when the task asked people (that request was answered long before) or its starter
+    said it stopped waiting (``starter_stopped_waiting``), and a task that ends promptly
+    ends without a write of its own. A record a dead starter left is
     written by the next repeat or by the prune schedule's settling pass."""
     started_with_attributes: bool = False
     """The starter set the plan's search attributes (tools, state) with the start

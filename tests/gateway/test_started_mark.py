@@ -150,3 +150,41 @@ async def test_the_upkeep_pass_answers_an_unmarked_claim_only_with_its_own_reque
         ("processing", None)
     ]
     assert count(database, "orders") == 1
+
+
+async def test_a_task_its_starter_stopped_waiting_for_writes_its_own_outcome(
+    stack: Stack, agent: Caller, database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_task_requests, "MARK_STARTED_AFTER", 0.1)
+    # Nobody answers the status query after the wait either: no need to wait long.
+    monkeypatch.setattr(_task_requests, "STATUS_QUERY_TIMEOUT", 1.0)
+    # No worker polls this queue while the starter waits: its wait ends first (202).
+    idle = replace(stack, task_queue=f"{stack.task_queue}-late")
+    async with open_service(idle, replay_wait_seconds=1) as service:
+        answer = await service.call_tool(agent.principal, "create_order", ORDER, "order-mark-4")
+    assert answer.status_code == 202, answer.body
+    assert rows(database, "SELECT state FROM idempotency_records") == [("processing",)]
+
+    # A worker comes; nobody repeats the request, asks for the task or runs the upkeep.
+    async with (
+        build_pool(stack.postgres_url, max_size=2) as pool,
+        build_worker(
+            stack.client, pool, OnceflowSettings(task_queue=idle.task_queue), tools=builtin()
+        ),
+    ):
+        ended = await stack.client.get_workflow_handle(answer.task_id).result()
+    # The task wrote its outcome before it ended.
+    [(state, code, body)] = rows(
+        database, "SELECT state, status_code, response_body FROM idempotency_records"
+    )
+    assert (state, code) == ("succeeded", 200)
+    assert body["state"] == "succeeded"
+    assert ended["state"] == "succeeded"
+    assert count(database, "orders") == 1
+    history = await stack.client.get_workflow_handle(answer.task_id).fetch_history()
+    signals = [
+        event.workflow_execution_signaled_event_attributes.signal_name
+        for event in history.events
+        if event.HasField("workflow_execution_signaled_event_attributes")
+    ]
+    assert signals == ["starter_stopped_waiting"]

@@ -369,6 +369,14 @@ async def _record(
         ),
     )
     await save("plan_asked_people_records_its_outcome", asked)
+    # Its starter stopped waiting before it ended (a 202): it records its own outcome.
+    left = await start(
+        StepInput(step_id="a", tool="scripted_safe", arguments={"label": script.plan("sw", T, S)}),
+        record_outcome=True,
+        by_starter=True,
+    )
+    await left.signal(AgentTaskWorkflow.starter_stopped_waiting)
+    await save("plan_starter_stopped_waiting_records_its_outcome", left)
     recorded_open = await open_task(record_outcome=True)
     await recorded_open.execute_update(
         AgentTaskWorkflow.call, calling("c1", "scripted_safe", script.plan("fo", T, S))
