@@ -20,6 +20,7 @@ from onceflow.gateway import (
     IdempotencyStore,
     NewClaim,
     RequestInProgress,
+    _task_requests,
     request_fingerprint,
 )
 from onceflow.settings import OnceflowSettings
@@ -173,18 +174,30 @@ async def test_after_a_takeover_the_former_owner_can_no_longer_write(
     ]
 
 
-async def test_the_upkeep_pass_writes_the_outcome_a_starter_that_stopped_waiting_left(
-    stack: Stack, agent: Caller, database: str
+async def test_the_upkeep_pass_writes_the_outcome_a_starter_that_died_left(
+    stack: Stack, agent: Caller, database: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A task queue no worker polls yet: the task cannot finish before the gateway has
-    # answered 202 and stopped waiting, so it writes no outcome (the task does not either:
-    # its starter writes it); the prune schedule's upkeep pass must.
+    monkeypatch.setattr(_task_requests, "MARK_STARTED_AFTER", 0.1)
+    # A task queue no worker polls yet: the task cannot finish while its starter waits.
+    # The starter dies after marking the record (its request cancelled), so neither it
+    # nor the task writes the outcome (a starter that stopped waiting would have told the
+    # task to); the prune schedule's upkeep pass must.
     idle = replace(stack, task_queue=f"{stack.task_queue}-idle")
-    async with open_service(idle, replay_wait_seconds=0) as service:
-        answer = await service.call_tool(agent.principal, "create_order", ORDER, "order-async-1")
-        assert answer.status_code == 202
-        assert answer.body["state"] == "running"
-        assert rows(database, "SELECT state FROM idempotency_records") == [("processing",)]
+    async with open_service(idle, replay_wait_seconds=60) as service:
+        waiting = asyncio.create_task(
+            service.call_tool(agent.principal, "create_order", ORDER, "order-async-1")
+        )
+        [(workflow_id, _)] = await eventually(
+            lambda: rows(
+                database, "SELECT workflow_id, workflow_started_at FROM idempotency_records"
+            ),
+            until=lambda found: len(found) == 1 and found[0][1] is not None,
+            what="the record marked started while its starter waits",
+        )
+        assert not waiting.done(), "the starter still waits for the task"
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+        task_id = str(workflow_id)
 
         tasks = TaskClient(stack.client, task_queue=idle.task_queue)
         async with (
@@ -193,7 +206,7 @@ async def test_the_upkeep_pass_writes_the_outcome_a_starter_that_stopped_waiting
                 stack.client, pool, OnceflowSettings(task_queue=idle.task_queue), tools=builtin()
             ),
         ):
-            assert (await tasks.result(answer.task_id)).state is TaskState.SUCCEEDED
+            assert (await tasks.result(task_id)).state is TaskState.SUCCEEDED
             assert rows(database, "SELECT state FROM idempotency_records") == [("processing",)]
 
             async def upkeep() -> PruneResult:
