@@ -17,12 +17,13 @@ Placeholders are ``{{ ... }}``:
 - ``{{ run STEM }}``: how the run was made (command, N, concurrency, rounds, machine, load
   average, time, commit); ``{{ command STEM }}``, ``{{ n STEM }}``, ``{{ concurrency STEM
   }}``, ``{{ rounds STEM }}``: one of those, for the summary table.
-- ``{{ arms STEM }}``: the table of a two-arm benchmark; ``{{ claim_table }}``,
-  ``{{ memory_table STEM }}``, ``{{ memory_profile_table STEM }}``, ``{{ open_per_call
-  STEM }}``, ``{{ open_buckets STEM }}``, ``{{ chaos_tools STEM }}``, ``{{ chaos_figures
-  STEM }}``, ``{{ chaos_command STEM }}``, ``{{ chaos_differences STEM }}``, ``{{ cpu_table
-  STEM }}``, ``{{ profile_table STEM > part }}``, ``{{ profile_pair PROCESS | PROCESS }}``,
-  ``{{ saturation_steps PATH }}``: the tables of the other benchmarks.
+- ``{{ arms STEM }}``: the table of a two-arm benchmark; ``{{ claim_table }}``, ``{{
+  memory_table STEM }}``, ``{{ split_table STEM }}``, ``{{ memory_profile_table STEM }}``,
+  ``{{ open_per_call STEM }}``, ``{{ open_buckets STEM }}``, ``{{ chaos_tools STEM }}``,
+  ``{{ chaos_figures STEM }}``, ``{{ chaos_command STEM }}``, ``{{ chaos_differences STEM
+  }}``, ``{{ cpu_table STEM }}``, ``{{ profile_table STEM > part }}``, ``{{ profile_pair
+  PROCESS | PROCESS }}``, ``{{ saturation_steps PATH }}``: the tables of the other
+  benchmarks.
 """
 
 import argparse
@@ -247,6 +248,25 @@ def _claim_table(results: dict[str, Any]) -> str:
             "ratio p50",
             "ratio p99",
         ],
+        rows,
+    )
+
+
+def _split_table(result: dict[str, Any]) -> str:
+    """The claim built up part by part (``claim_cost_split``): each arm's rate, its cost
+    against the floor and what its part adds."""
+    rows = [
+        [
+            arm["arm"],
+            arm["adds"],
+            _format(arm["median_per_s"], "rate"),
+            _format(arm["cost_vs_floor"], "ratio"),
+            "" if index == 0 else f"+{arm['step']:.2f}",
+        ]
+        for index, arm in enumerate(result["arms"])
+    ]
+    return _table(
+        ["arm", "what it adds", "statements/s (median)", "cost vs the floor", "the part's share"],
         rows,
     )
 
@@ -793,6 +813,7 @@ def _fill(results: dict[str, Any], expression: str) -> str:
         "arms": _arms_table,
         "cpu_table": _cpu_table,
         "memory_table": _memory_table,
+        "split_table": _split_table,
         "memory_profile_table": _memory_profile_table,
         "open_per_call": _open_per_call,
         "open_buckets": _open_buckets,
