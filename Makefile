@@ -10,8 +10,11 @@ PYPROJECTS := pyproject.toml client/pyproject.toml devstack/pyproject.toml
 
 $(STAMP): $(PYPROJECTS)
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(VENV)/bin/python -m pip install --quiet -e './client[pydantic-ai,openai-agents]' -e '.[test]' -e ./devstack
+	$(VENV)/bin/python -m pip install --quiet uv==0.13.9
+	# uv installs the same pinned set as pip in a quarter of the time (CI's budget); pip
+	# stays in the virtualenv, upgraded, for the tests that build wheels with it.
+	$(VENV)/bin/uv pip install --python $(VENV)/bin/python --quiet --upgrade-package pip \
+		pip -e './client[pydantic-ai,openai-agents]' -e '.[test]' -e ./devstack
 	touch $(STAMP)
 
 demo: $(STAMP)
