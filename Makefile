@@ -27,7 +27,7 @@ demo-agent: $(STAMP)
 	$(VENV)/bin/onceflow demo --agent
 
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -n 2 --dist loadfile
+	$(VENV)/bin/python -m pytest -n 3 --dist loadfile
 
 dev: $(STAMP)
 	$(VENV)/bin/onceflow dev

@@ -30,14 +30,14 @@ CI_SIZE = ChaosConfig(
     settle_seconds=240.0,
     time_limit=660.0,
 )
-"""Sized for a 2-core CI machine: about a minute and a half here, a worker paused past the
-key window, Temporal and PostgreSQL each restarted once, a worker killed each time another
-12 tasks have ended (each kill waiting for a ready worker), and 16 open tasks (about 80
-calls). Every fault is paced by the tasks that end, so a machine half as fast meets the
-same faults per task; the settle time and the time limit are safety nets (the run goes
-on as soon as its tasks have ended), several times what a slow machine needs, and the
-limit reports where the run stood. The large run (BENCHMARKS.md) is where kills come by
-the hundred."""
+"""Sized for a 2-core CI machine: two to three minutes here beside the other tests, a
+worker paused past the key window, Temporal and PostgreSQL each restarted once, a worker
+killed each time another 12 tasks have ended (each kill waiting for a ready worker), and
+16 open tasks (about 80 calls). Every fault is paced by the tasks that end, so a machine
+half as fast meets the same faults per task; the settle time and the time limit are
+safety nets (the run goes on as soon as its tasks have ended), several times what a slow
+machine needs, and the limit reports where the run stood. The large run (BENCHMARKS.md)
+is where kills come by the hundred."""
 
 
 KEPT = Path(tempfile.gettempdir()) / "onceflow-chaos-runs"
