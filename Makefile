@@ -1,6 +1,7 @@
 # Two entry points: `make demo` and `make test`. Each (re)creates the local virtualenv
-# when it is missing or older than one of the three distributions' pyproject.toml:
-# the server (.), the Python client (client/) and the embedded dev stack (devstack/).
+# when it is missing or older than this Makefile (how it installs) or one of the three
+# distributions' pyproject.toml: the server (.), the Python client (client/) and the
+# embedded dev stack (devstack/).
 PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed-from-pyproject
@@ -8,7 +9,7 @@ PYPROJECTS := pyproject.toml client/pyproject.toml devstack/pyproject.toml
 
 .PHONY: demo demo-agent test lint dev docs
 
-$(STAMP): $(PYPROJECTS)
+$(STAMP): $(PYPROJECTS) Makefile
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install --quiet uv==0.13.9
 	# uv installs the same pinned set as pip in half the time (CI's budget); pip stays in the
