@@ -2,8 +2,10 @@
 ends, continue-as-new."""
 
 import asyncio
+from datetime import datetime
 
 from temporalio import workflow
+from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from pydantic import ValidationError
@@ -50,6 +52,7 @@ class OpenTaskRuns(StepRuns):
     async def _run_open(self, task: AgentTaskInput) -> TaskStatus:
         options = task.open
         assert options is not None
+        self._take_release_of_start()
         self._state = self._open_state()
         self._published_tools = sorted({call.tool for call in self._memory.calls.values()})
         workflow.upsert_search_attributes(
@@ -70,6 +73,8 @@ class OpenTaskRuns(StepRuns):
             self._publish_state(self._open_state())
             workflow.set_current_details(self._open_details())
             unfinished = self._unfinished_calls()
+            if self._started_on_0_1_0:
+                self._close_by_the_clock_as_0_1_0(lifetime_ends, bool(unfinished))
             if self._closing is not None and not unfinished:
                 break
             if self._closing is None and not unfinished and self._should_continue_as_new():
@@ -93,6 +98,8 @@ class OpenTaskRuns(StepRuns):
                     timeout_summary=ClearText("idle timeout or maximum lifetime"),
                 )
             except TimeoutError:
+                if self._started_on_0_1_0:
+                    continue  # the clock decides, at the top of the loop
                 if not self._changed and not self._unfinished_calls():
                     self._closing = (
                         f"its maximum lifetime ({options.max_lifetime}) ended"
@@ -107,6 +114,35 @@ class OpenTaskRuns(StepRuns):
             await self._record_outcome()
         await workflow.wait_condition(workflow.all_handlers_finished)
         return self._status()
+
+    def _close_by_the_clock_as_0_1_0(self, lifetime_ends: datetime, unfinished: bool) -> None:
+        """0.1.0 decided an open task's idle and lifetime ends by comparing the clock at
+        each turn of its loop; its tasks still do (a timer firing decides for the rest)."""
+        options = self._open
+        assert options is not None
+        now = workflow.now()
+        if self._closing is None and now >= lifetime_ends:
+            self._closing = f"its maximum lifetime ({options.max_lifetime}) ended"
+        elif self._closing is None and not unfinished:
+            if now >= self._memory.last_call_at + options.idle_timeout:
+                self._closing = f"idle for {options.idle_timeout}"
+
+    async def _take_call_as_0_1_0(self, request: CallInput) -> None:
+        """Take a call as 0.1.0 did, for its tasks: the tool pinned and the task's tools
+        published from the Update handler, before the call is accepted."""
+        if self._known_call(request.call_id):
+            return
+        await self._pin_tool(request.tool)
+        problem = self._call_state_problem(request)
+        if problem:
+            raise ApplicationError(problem, type="CallRefused", non_retryable=True)
+        if self._known_call(request.call_id):
+            return  # another Update with this call id was accepted while pinning
+        self._accept_call(request)
+        tools = sorted({call.tool for call in self._memory.calls.values()})
+        if tools != self._published_tools:
+            workflow.upsert_search_attributes([TASK_TOOLS.value_set(tools)])
+            self._published_tools = tools
 
     def _call_problem(self, request: CallInput) -> str | None:
         """Why a call cannot run, checked by the validator before anything is written;

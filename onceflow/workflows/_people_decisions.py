@@ -12,6 +12,7 @@ with workflow.unsafe.imports_passed_through():
         KeyUnusable,
         ToolAttemptResult,
     )
+    from onceflow.workflows.patches import UNVERIFIED_RECORDED
     from onceflow.workflows.task_models import (
         ApproveInput,
         DecisionRecord,
@@ -79,6 +80,8 @@ class PeopleDecisions(StepRuns):
             and not policy.lookup_verifies_resource_ids
         ):
             return DecisionCheck(verified=False)
+        if self._started_on_0_1_0 and decision.unverified:
+            workflow.deprecate_patch(UNVERIFIED_RECORDED)
         claimed = decision.resource_id
         happened = decision.decision is ReconcileDecision.HAPPENED
         self._checking.add(decision.step_id)
@@ -133,6 +136,8 @@ class PeopleDecisions(StepRuns):
             )
         if decision.unverified:
             return DecisionCheck(verified=False, finding=finding)
+        if self._started_on_0_1_0:
+            return DecisionCheck(finding=finding)  # 0.1.0 took any miss, and its tasks do
         if answer is not None and answer.miss_proves_absence:
             # Past an eventual look-up's lag too: the activity judged it, and its answer
             # is in history (a clock read here might not replay).

@@ -28,6 +28,12 @@ with workflow.unsafe.imports_passed_through():
         ToolCallInput,
         ToolPolicy,
     )
+    from onceflow.workflows.patches import (
+        DATABASE_WAITS,
+        KEY_GENERATIONS,
+        OLD_KEY_SETTLES,
+        UNREGISTERED_ACTIVITY_IS_TRANSIENT,
+    )
     from onceflow.workflows.task_models import (
         AttemptRecord,
         ReconcileDecision,
@@ -132,8 +138,9 @@ class StepRuns(TaskCore):
                 # The retry takes its place in the task-wide budget now, not when it is
                 # made: calls running side by side decide one at a time, each seeing the
                 # retries the others have decided, so N calls spend at most N + B.
-                self._memory.budgeted_attempts += 1
-                reserved = True
+                if not self._started_on_0_1_0:  # 0.1.0 counted each attempt as it ended
+                    self._memory.budgeted_attempts += 1
+                    reserved = True
                 status.state = StepState.BACKING_OFF
                 # The backoff ends early when the key's window closes meanwhile: the
                 # step then looks up and parks at once rather than after the backoff.
@@ -143,9 +150,14 @@ class StepRuns(TaskCore):
                         timeout=decision.delay,
                         timeout_summary=ClearText(f"backoff before retrying step {step.step_id}"),
                     )
-                closed = self._key_window_closed(policy, status)
+                closed = (
+                    self._send_by_passed_on_0_1_0(policy, status)
+                    if self._started_on_0_1_0
+                    else self._key_window_closed(policy, status)
+                )
                 if closed is not None:
-                    self._memory.budgeted_attempts -= 1  # the reserved retry is not made
+                    if reserved:
+                        self._memory.budgeted_attempts -= 1  # the reserved retry is not made
                     reserved = False
                     # The key's window closed during the backoff (its timer fired first).
                     if await self._look_up_or_park(
@@ -190,9 +202,13 @@ class StepRuns(TaskCore):
             # Sending the old key again could not make progress (the provider replays
             # its stored failure) or could make a second effect (it may have forgotten
             # the key): the operator's attempt goes out under a new key.
+            if self._started_on_0_1_0:
+                workflow.deprecate_patch(KEY_GENERATIONS)
             if why_unusable is not KeyUnusable.STORED_FAILURE:
                 # A stored failure proves the provider finished with the old key; past
                 # its send-by, its last request may still be held there and commit.
+                if self._started_on_0_1_0:
+                    workflow.deprecate_patch(OLD_KEY_SETTLES)
                 late = await self._old_key_settled(step, policy, status)
                 if late is not None:
                     status.evidence["found_after_decision"] = "true"
@@ -225,17 +241,19 @@ class StepRuns(TaskCore):
         if not ended:
             return None
         settled_at = max(ended) + policy.settle_time
-        status.state = StepState.BACKING_OFF
-        status.evidence["old_key_settles_at"] = settled_at.isoformat()
         # Always a timer, however little is left: whether any is left reads the clock,
-        # which a replay may read otherwise; the timer's length is no decision.
-        await workflow.sleep(
-            max(settled_at - workflow.now(), MIN_TIMER),
-            summary=ClearText(
-                f"let step {step.step_id}'s last request under its old key settle at "
-                "the provider before a new key is sent"
-            ),
-        )
+        # which a replay may read otherwise; the timer's length is no decision. (0.1.0
+        # compared the clock, and its tasks still do.)
+        if not self._started_on_0_1_0 or workflow.now() < settled_at:
+            status.state = StepState.BACKING_OFF
+            status.evidence["old_key_settles_at"] = settled_at.isoformat()
+            await workflow.sleep(
+                max(settled_at - workflow.now(), MIN_TIMER),
+                summary=ClearText(
+                    f"let step {step.step_id}'s last request under its old key settle at "
+                    "the provider before a new key is sent"
+                ),
+            )
         return await self._look_up(
             step, policy, status, why="once the old key's requests have settled"
         )
@@ -293,6 +311,8 @@ class StepRuns(TaskCore):
         current = self._key_windows.get(status.step_id)
         if window is None or (current is not None and current.generation == status.key_generation):
             return
+        if self._started_on_0_1_0:
+            return  # 0.1.0 compared the clock with the key's send-by instead
         self._stop_key_window(status.step_id)
         self._key_windows[status.step_id] = KeyWindow(
             generation=status.key_generation,
@@ -324,7 +344,10 @@ class StepRuns(TaskCore):
         it fired, else at most the whole window (a retry whose backoff outlasts what is
         left finds the timer fired after it, and looks up instead of sending)."""
         key_age = timedelta(0)
-        if not self._key_window_open(status) and policy.send_window is not None:
+        if self._started_on_0_1_0:
+            first = self._first_attempt_of_key(status) or status.attempts[0]
+            key_age = workflow.now() - first.started_at
+        elif not self._key_window_open(status) and policy.send_window is not None:
             key_age = policy.send_window
         return policy.safe_repeat_window(key_age)
 
@@ -333,7 +356,10 @@ class StepRuns(TaskCore):
         its window closed (while the step waited for a person, say)."""
         if status.step_id in self._unusable_keys:
             return True
-        return self._key_window_closed(self._policy(status.tool), status) is not None
+        policy = self._policy(status.tool)
+        if self._started_on_0_1_0:
+            return self._send_by_passed_on_0_1_0(policy, status) is not None
+        return self._key_window_closed(policy, status) is not None
 
     def _key_window_closed(self, policy: ToolPolicy, status: StepStatus) -> str | None:
         """Why nothing may be sent under the step's key any more, once its window closed."""
@@ -345,6 +371,19 @@ class StepRuns(TaskCore):
             f"the send window of the step's key closed (first attempt + retention "
             f"{policy.key_retention} - margin {policy.retention_margin}{when}): the provider "
             "may have forgotten the key, so nothing more is sent under it"
+        )
+
+    def _send_by_passed_on_0_1_0(self, policy: ToolPolicy, status: StepStatus) -> str | None:
+        """0.1.0's check of the key's send-by, by the clock (its tasks keep it)."""
+        send_by = self._send_by(policy, status)
+        if send_by is None or workflow.now() < send_by:
+            return None
+        return (
+            f"the send-by deadline of the step's key ({send_by.isoformat(timespec='seconds')}: "
+            f"first attempt + retention {policy.key_retention} - margin "
+            f"{policy.retention_margin}) passed while the retry waited (its backoff, or a "
+            "stopped or backlogged worker): the provider may have forgotten the key, so "
+            "nothing was sent again"
         )
 
     def _require_tool(self, step: StepInput) -> None:
@@ -417,6 +456,8 @@ class StepRuns(TaskCore):
                     key_unusable=KeyUnusable.SEND_BY_PASSED,
                 )
             elif not_registered(failure):
+                if self._started_on_0_1_0:
+                    workflow.deprecate_patch(UNREGISTERED_ACTIVITY_IS_TRANSIENT)
                 result = ToolAttemptResult(
                     outcome=OutcomeClass.TRANSIENT,
                     reason=(
@@ -426,6 +467,8 @@ class StepRuns(TaskCore):
                 )
         count_event("onceflow_attempts", tool=step.tool, outcome=result.outcome.value)
         waited_for_database = result.database_unavailable
+        if waited_for_database and self._started_on_0_1_0:
+            workflow.deprecate_patch(DATABASE_WAITS)
         if operator_authorised:
             self._memory.operator_authorised_attempts += 1
         elif reserved:

@@ -27,7 +27,7 @@ with workflow.unsafe.imports_passed_through():
         ToolAttemptResult,
     )
     from onceflow.tools import arguments_digest as digest_arguments
-    from onceflow.workflows.patches import OUTCOME_AFTER_DURABLE_DECISION
+    from onceflow.workflows.patches import OUTCOME_AFTER_DURABLE_DECISION, START_PATCHES_FOLDED
     from onceflow.workflows.task_models import (
         RECORD_TASK_OUTCOME,
         AgentTaskInput,
@@ -164,6 +164,20 @@ class TaskCore:
         self._decision_admitted_at = 0
         """History length of the workflow task that admitted the last decision Update
         (approve, reconcile, close): see ``_end_durably``."""
+        self._started_on_0_1_0 = False
+        """This run was started by release 0.1.0: it issues the commands 0.1.0 did where
+        a later release changed them (``_take_release_of_start``)."""
+
+    def _take_release_of_start(self) -> None:
+        """Learn whether release 0.1.0 started this run: its first workflow task recorded
+        ``START_PATCHES_FOLDED`` here (a plan's after its search attributes, an open
+        task's first thing). Asked only on replay, where ``patched`` answers whether
+        history holds the marker and adds a command only to match it: a run live from
+        its start records nothing. A 0.1.0 task's first workflow task is always a replay
+        on a later release, since 0.1.0's worker ran it."""
+        self._started_on_0_1_0 = workflow.unsafe.is_replaying() and workflow.patched(
+            START_PATCHES_FOLDED
+        )
 
     def _finish_step(
         self, status: StepStatus, resource_id: str | None, result: dict[str, Any]

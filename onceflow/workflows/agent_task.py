@@ -110,6 +110,7 @@ class AgentTaskWorkflow(OpenTaskRuns, PeopleDecisions):
                     TASK_STATE.value_set(self._state.value),
                 ]
             )
+        self._take_release_of_start()
         pinned_at = None
         if task.policies is not None:
             self._memory.policies = dict(task.policies)
@@ -217,7 +218,9 @@ class AgentTaskWorkflow(OpenTaskRuns, PeopleDecisions):
         """
         self._memory.last_call_at = workflow.now()
         self._changed = True
-        if not self._known_call(request.call_id):
+        if self._started_on_0_1_0:
+            await self._take_call_as_0_1_0(request)
+        elif not self._known_call(request.call_id):
             # The validator checked the same on a live worker; replay has no validator
             # and decides again from history alone (this handler issues no command).
             problem = self._call_state_problem(request)

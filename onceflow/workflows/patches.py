@@ -9,14 +9,19 @@ patch retires in two releases, each only once the condition holds (docs/producti
 task that started without the marker is open, then the call goes once none that recorded
 it through ``patched`` is open either.
 
-0.1.0 is the baseline: the patches of its pre-release development were folded into it
-(no user's task ran before it).
+Releases are listed in CHANGELOG.md. 0.1.0 (f891336) recorded the ids of
+``RELEASE_0_1_0_PATCHES``; its tasks (parked, awaiting approval, open: they wait for
+weeks) are run by the rules of 0.1.0 wherever a later release changed the commands a
+task issues (``TaskCore._started_on_0_1_0``), and the ids it recorded stay in the code,
+deprecated, until no task it started is open.
 """
 
 from dataclasses import dataclass
+from typing import Literal
 
-BASELINE = "0.1.0"
-"""The release whose workflow code every saved history without a patch marker replays."""
+CURRENT_RELEASE = "0.2.0"
+"""The release this code is (CHANGELOG.md); its saved histories are
+``tests/workflows/histories/*.json``, an earlier release's ``histories/releases/V/``."""
 
 
 @dataclass(frozen=True)
@@ -28,14 +33,79 @@ class Patch:
     """What the new branch does differently, in one sentence."""
     since: str
     """The first release that records it."""
+    stage: Literal["patched", "deprecated"]
+    """``patched``: the code branches on it; ``deprecated``: the code only accepts the
+    marker where a task of an earlier release recorded it."""
     retire_when: str
     """The condition under which the next step of its retirement may ship."""
 
 
 OUTCOME_AFTER_DURABLE_DECISION = "outcome-after-durable-decision"
 
+START_PATCHES_FOLDED = "start-patches-folded-outcome-recorded-locally"
+KEY_GENERATIONS = "key-generations"
+OLD_KEY_SETTLES = "new-key-after-old-key-settles"
+DATABASE_WAITS = "database-outage-attempts-are-free"
+UNVERIFIED_RECORDED = "unverified-happened-recorded"
+UNREGISTERED_ACTIVITY_IS_TRANSIENT = "unregistered-activity-is-transient"
+
+_RETIRE_0_1_0 = (
+    "remove once no task started on 0.1.0 is open (docs/production.md, the count query "
+    "with StartTime before the deploy of 0.2.0)"
+)
 
 PATCHES: tuple[Patch, ...] = (
+    Patch(
+        id=START_PATCHES_FOLDED,
+        change=(
+            "Recorded by every task 0.1.0 started, first thing: how a task is known to run "
+            "by the rules of 0.1.0."
+        ),
+        since="0.1.0",
+        stage="deprecated",
+        retire_when=_RETIRE_0_1_0,
+    ),
+    Patch(
+        id=KEY_GENERATIONS,
+        change=(
+            "did_not_happen on a step whose key can no longer be sent authorises an attempt "
+            "under the next key generation."
+        ),
+        since="0.1.0",
+        stage="deprecated",
+        retire_when=_RETIRE_0_1_0,
+    ),
+    Patch(
+        id=OLD_KEY_SETTLES,
+        change=(
+            "A new key generation past the old key's send-by waits for the old key's "
+            "requests to settle and looks the effect up again."
+        ),
+        since="0.1.0",
+        stage="deprecated",
+        retire_when=_RETIRE_0_1_0,
+    ),
+    Patch(
+        id=DATABASE_WAITS,
+        change="An attempt that ended because onceflow's database was down is not charged.",
+        since="0.1.0",
+        stage="deprecated",
+        retire_when=_RETIRE_0_1_0,
+    ),
+    Patch(
+        id=UNVERIFIED_RECORDED,
+        change="A happened accepted unverified is handed to the look-up, which records it.",
+        since="0.1.0",
+        stage="deprecated",
+        retire_when=_RETIRE_0_1_0,
+    ),
+    Patch(
+        id=UNREGISTERED_ACTIVITY_IS_TRANSIENT,
+        change="An attempt no worker could run (its activity not registered) ran nothing.",
+        since="0.1.0",
+        stage="deprecated",
+        retire_when=_RETIRE_0_1_0,
+    ),
     Patch(
         id=OUTCOME_AFTER_DURABLE_DECISION,
         change=(
@@ -44,6 +114,7 @@ PATCHES: tuple[Patch, ...] = (
             "record is never written for a decision history does not hold yet."
         ),
         since="0.2.0",
+        stage="patched",
         retire_when=(
             "deprecate once no task started before 0.2.0 is open; remove once none started "
             "before the release that deprecated it is open"
@@ -51,4 +122,6 @@ PATCHES: tuple[Patch, ...] = (
     ),
 )
 """The patches in the workflow code, oldest first. The replay test checks that every
-``workflow.patched`` id is registered and has saved histories on both of its sides."""
+``workflow.patched`` and ``deprecate_patch`` id is registered, that a patched one has
+saved histories on both of its sides, and that every marker a supported release's saved
+histories hold is still accepted by the code."""

@@ -1,9 +1,15 @@
 """Replays saved histories: a change that breaks determinism for running tasks fails here.
 
-``histories/*.json`` must replay: one per path of the baseline release, and for every
-registered patch (``onceflow.workflows.patches``) histories on both of its sides. The
-negative control, ``histories/nondeterministic/*.json``, must fail: it proves the check
-can fail at all.
+``histories/*.json`` are the current release's: one per path, and for every patch the
+code branches on (``onceflow.workflows.patches``) histories on both of its sides.
+``histories/releases/V/*.json`` were recorded by release V's own code (CHANGELOG.md) and
+must replay as long as V is supported: its tasks may still be open, parked or awaiting a
+person after the upgrade. A marker such a history holds must stay accepted by the code
+(``patched`` or ``deprecate_patch``): removing it would strand V's open tasks.
+
+The negative controls must fail: ``histories/nondeterministic/*.json`` proves the check can
+fail at all, and 0.1.0's histories replayed without the rules of 0.1.0 prove those rules
+are what keeps its tasks running.
 """
 
 import ast
@@ -12,10 +18,12 @@ import importlib
 import inspect
 import json
 import pkgutil
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from temporalio import workflow
 from temporalio.client import WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
@@ -23,7 +31,8 @@ from temporalio.workflow import NondeterminismError
 
 import onceflow.workflows as workflows_package
 from onceflow.workflows import AgentTaskWorkflow
-from onceflow.workflows.patches import PATCHES
+from onceflow.workflows.patches import CURRENT_RELEASE, PATCHES, START_PATCHES_FOLDED
+from onceflow.workflows.task_models import AgentTaskInput, TaskStatus
 from tests.harness._replay_all import SANDBOX_REFUSED, replay_histories
 from tests.telemetry.replay_spans import spans_emitted_by_replay
 
@@ -31,14 +40,36 @@ from .clock_reading_release import ClockReadingRelease
 from .scripted_tools import register_scripted_tools
 
 FOLDER = Path(__file__).parent / "histories"
-HISTORIES = sorted(FOLDER.glob("*.json"))
+CURRENT = sorted(FOLDER.glob("*.json"))
+RELEASES = FOLDER / "releases"
+EARLIER = sorted(RELEASES.glob("*/*.json"))
+HISTORIES = CURRENT + EARLIER
 NONDETERMINISTIC = sorted((FOLDER / "nondeterministic").glob("*.json"))
+CHANGELOG = Path(__file__).parents[2] / "CHANGELOG.md"
 
 
-async def replay_failure(path: Path) -> Exception | None:
+def history_id(path: Path) -> str:
+    return path.stem if path.parent == FOLDER else f"{path.parent.name}/{path.stem}"
+
+
+@workflow.defn(name="AgentTaskWorkflow", sandboxed=False)
+class WithoutTheRulesOf010(AgentTaskWorkflow):
+    """The current code taking 0.1.0's first marker but not its rules: what a release
+    that only deprecated 0.1.0's patch ids would run."""
+
+    @workflow.run
+    async def run(self, task: AgentTaskInput) -> TaskStatus:
+        return await super().run(task)
+
+    def _take_release_of_start(self) -> None:
+        workflow.deprecate_patch(START_PATCHES_FOLDED)
+        self._started_on_0_1_0 = False
+
+
+async def replay_failure(path: Path, release: type = AgentTaskWorkflow) -> Exception | None:
     """What went wrong replaying ``path``, or None when it replayed deterministically."""
     register_scripted_tools()
-    replayer = Replayer(workflows=[AgentTaskWorkflow], data_converter=pydantic_data_converter)
+    replayer = Replayer(workflows=[release], data_converter=pydantic_data_converter)
     history = WorkflowHistory.from_json(path.stem, path.read_text())
     result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
     return result.replay_failure
@@ -76,18 +107,66 @@ def patch_ids_in_code() -> set[str]:
 
 
 def test_every_patch_is_registered_with_histories_on_both_of_its_sides() -> None:
-    assert len(HISTORIES) >= 10 and NONDETERMINISTIC
+    assert len(CURRENT) >= 10 and NONDETERMINISTIC
     registered = {patch.id for patch in PATCHES}
     assert patch_ids_in_code() <= registered, "register every patch in onceflow.workflows.patches"
     for patch in PATCHES:
         assert patch.retire_when and patch.since, patch
-        with_patch = [path for path in HISTORIES if patch.id in patches_in(path)]
-        assert with_patch and len(with_patch) < len(HISTORIES), patch.id
+        if patch.stage == "patched":
+            with_patch = [path for path in CURRENT if patch.id in patches_in(path)]
+            assert with_patch and len(with_patch) < len(CURRENT), patch.id
+        else:
+            assert patch.since in supported_releases(), patch
 
 
-@pytest.mark.parametrize("path", HISTORIES, ids=[path.stem for path in HISTORIES])
+def test_every_marker_a_supported_release_recorded_is_still_accepted() -> None:
+    # A patch id leaves the code only once no task that recorded it can be open: its
+    # release's saved histories go first (docs/production.md, "Ship a workflow change").
+    accepted = patch_ids_in_code()
+    for path in HISTORIES:
+        assert patches_in(path) <= accepted, (history_id(path), patches_in(path) - accepted)
+
+
+def supported_releases() -> set[str]:
+    """The releases whose tasks this code still runs: the current one and every earlier
+    one with saved histories, each in CHANGELOG.md."""
+    earlier = {folder.name for folder in RELEASES.iterdir() if folder.is_dir()}
+    return earlier | {CURRENT_RELEASE}
+
+
+def test_each_supported_release_is_in_the_changelog_with_its_commit() -> None:
+    entry = r"^## (\d+\.\d+\.\d+) .*?commit `([0-9a-f]{7,40})`"
+    entries = dict(re.findall(entry, CHANGELOG.read_text(), re.M))
+    earlier = supported_releases() - {CURRENT_RELEASE}
+    assert earlier and earlier <= set(entries), (earlier, entries)
+    for release in earlier:
+        assert len(list((RELEASES / release).glob("*.json"))) >= 10, release
+
+
+@pytest.mark.parametrize("path", HISTORIES, ids=[history_id(path) for path in HISTORIES])
 async def test_saved_history_replays_deterministically(path: Path) -> None:
     assert await replay_failure(path) is None
+
+
+WITHOUT_THE_RULES_OF_010 = [
+    RELEASES / "0.1.0" / f"{name}.json"
+    for name in (
+        "open_task_calls_repeat_park_close",
+        "open_task_continued_as_new",
+        "pinned_provider_key_retry_within_window",
+        "pinned_send_by_refused_then_lookup_and_park",
+        "key_generation_after_stored_failure",
+        "database_outage_waited_out",
+    )
+]
+
+
+@pytest.mark.parametrize(
+    "path", WITHOUT_THE_RULES_OF_010, ids=[path.stem for path in WITHOUT_THE_RULES_OF_010]
+)
+async def test_a_0_1_0_task_does_not_replay_without_the_rules_of_0_1_0(path: Path) -> None:
+    failure = await replay_failure(path, WithoutTheRulesOf010)
+    assert isinstance(failure, NondeterminismError), failure
 
 
 @pytest.mark.parametrize("path", NONDETERMINISTIC, ids=[path.stem for path in NONDETERMINISTIC])
@@ -96,7 +175,7 @@ async def test_a_nondeterministic_history_fails_replay(path: Path) -> None:
     assert isinstance(failure, NondeterminismError), failure
 
 
-@pytest.mark.parametrize("path", HISTORIES, ids=[path.stem for path in HISTORIES])
+@pytest.mark.parametrize("path", HISTORIES, ids=[history_id(path) for path in HISTORIES])
 async def test_a_replay_emits_no_workflow_spans(path: Path) -> None:
     register_scripted_tools()
     history = WorkflowHistory.from_json(path.stem, path.read_text())
