@@ -287,7 +287,13 @@ class TaskRequests:
             except RPCError as error:
                 if error.status in (RPCStatusCode.NOT_FOUND, RPCStatusCode.INVALID_ARGUMENT):
                     raise TaskNotFound("no such task") from None
-                raise
+                if error.status in TEMPORAL_UNREACHABLE:
+                    raise
+                # E.g. FAILED_PRECONDITION while its workflow task fails: Temporal holds
+                # the task, no worker can answer for it now.
+                raise await self.unanswered(
+                    task_id, tenant=principal.tenant, failure=f"{error.status.name}: {error}"
+                ) from None
             except WorkflowQueryFailedError as failed:
                 raise await self.unanswered(
                     task_id, tenant=principal.tenant, failure=str(failed)
@@ -307,6 +313,14 @@ class TaskRequests:
         if summary is None or (tenant is not None and summary.tenant != tenant):
             return TaskNotFound("no such task")
         exists = f"task {task_id} exists ({summary.state}) but"
+        if summary.workflow_task_attempts > 1:
+            return TaskUnanswered(
+                f"{exists} its workflow task fails (attempt {summary.workflow_task_attempts}, "
+                "retried by Temporal), so no worker answers for it: see the failure in the "
+                "task's history in the Temporal UI (a worker without one of its tools, or a "
+                "release whose change to the workflow shipped without its patch)"
+                + (f"; the status query said: {failure}" if failure else "")
+            )
         if failure is not None:
             return TaskUnanswered(
                 f"{exists} its status query failed: {failure} (its workflow task fails: "

@@ -6,7 +6,7 @@ is the boundary's fingerprint check), it only starts idempotently by workflow id
 
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -82,6 +82,9 @@ class TaskSummary:
     started_at: datetime
     kind: str = "plan"
     """``open`` (an agent's open task) or ``plan`` (fixed steps)."""
+    workflow_task_attempts: int = 0
+    """Attempts of its pending workflow task (from a description only): above 1, that
+    workflow task failed and Temporal retries it."""
 
 
 class TaskClient:
@@ -375,7 +378,12 @@ class TaskClient:
             raise
         if described.workflow_type != "AgentTaskWorkflow":
             return None
-        return _summary(described)
+        summary = _summary(described)
+        pending = described.raw_description
+        if pending.HasField("pending_workflow_task"):
+            attempts = pending.pending_workflow_task.attempt
+            summary = replace(summary, workflow_task_attempts=attempts)
+        return summary
 
     async def memo(self, workflow_id: str) -> Mapping[str, Any] | None:
         """The memo a task was started with; None when no such task exists."""

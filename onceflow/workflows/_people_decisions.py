@@ -61,6 +61,22 @@ class PeopleDecisions(StepRuns):
             )
         return None
 
+    async def _decision_check(self, decision: ReconcileInput) -> DecisionCheck:
+        """A handler's check of its reconcile decision, run by the parked step's own
+        coroutine (``_wait_for_reconciliation``): the look-up is a command, and commands
+        from handlers interleave with other Updates' acceptances in an order a replay
+        does not reproduce. A task started on 0.1.0 checks in the handler, as it did."""
+        if self._started_on_0_1_0:
+            return await self._check_reconciliation(decision)
+        step_id = decision.step_id
+        self._checking.add(step_id)
+        try:
+            self._check_requests[step_id] = decision
+            await workflow.wait_condition(lambda: step_id in self._check_verdicts)
+            return self._check_verdicts.pop(step_id)
+        finally:
+            self._checking.discard(step_id)
+
     async def _check_reconciliation(self, decision: ReconcileInput) -> "DecisionCheck":
         """Check a decision against the provider before it acts (invariant 16).
 

@@ -48,6 +48,7 @@ from onceflow.workflows._task_core import (
     ONE_ATTEMPT,
     PIN_TIMEOUT,
     RETRYABLE,
+    DecisionCheck,
     KeyWindow,
     TaskCore,
     ToolNotOnThisWorker,
@@ -90,7 +91,6 @@ class StepRuns(TaskCore):
         the first attempt's start, or the wait for approval, counts from it instead.
         """
         status = self._memory.calls[step.step_id]
-        self._require_tool(step)
         policy = self._policy(step.tool)
         if policy.needs_approval(step.arguments):
             await self._await_approval(status, now=pinned_at)
@@ -387,13 +387,21 @@ class StepRuns(TaskCore):
         )
 
     def _require_tool(self, step: StepInput) -> None:
-        """Fail the workflow task while this worker lacks the step's tool: Temporal
-        retries it (the UI shows why) until a worker with the tool takes it. Always, on
-        every replay too: a failed workflow task records nothing, so nothing can differ."""
+        """Fail the workflow task when it would send an attempt of a tool this worker
+        lacks: Temporal retries it (the UI shows why) until a worker with the tool takes
+        it, and no attempt is spent on a worker that cannot run it.
+
+        Asked only live, right before an attempt is scheduled: everything else (a replay,
+        the status query, decisions, look-ups) reads history and the pinned policy, never
+        this worker's catalogue, so a worker without the tool still replays and decides
+        for the tasks that used it. A failed workflow task records nothing, so asking
+        only live cannot make a replay differ."""
         if step.tool not in CATALOGUE:
             raise ToolNotOnThisWorker(
-                f"tool {step.tool!r} is not registered on this worker; load it on every "
-                "worker of the task queue (ONCEFLOW_TOOLS)"
+                f"this worker cannot run step {step.step_id}'s next attempt: tool "
+                f"{step.tool!r} is not registered on it. Deploy a worker that serves it "
+                "(the same ONCEFLOW_BUILTIN_TOOLS, ONCEFLOW_TOOLS and tool settings on every "
+                "worker of the task queue); the task goes on as soon as one takes it"
             )
 
     async def _attempt(
@@ -430,6 +438,8 @@ class StepRuns(TaskCore):
             policy=self._memory.policies.get(step.tool),
             key_generation=status.key_generation,
         )
+        if not workflow.unsafe.is_replaying():
+            self._require_tool(step)
         try:
             result: ToolAttemptResult = await workflow.execute_activity(
                 step.tool,
@@ -571,6 +581,7 @@ class StepRuns(TaskCore):
         await workflow.wait_condition(lambda: status.step_id in self._approvals)
         self._end_waiting_for_people()
         approval = self._approvals[status.step_id]
+        await self._act_durably()
         self._show_details("")
         if not approval.approved:
             self._stop_step(
@@ -592,9 +603,10 @@ class StepRuns(TaskCore):
         count_event("onceflow_tasks_parked", tool=status.tool)
         self._show_details(park_details(status))
         self._begin_waiting_for_people()
-        await workflow.wait_condition(lambda: status.step_id in self._reconciliations)
+        await self._wait_for_reconciliation(status.step_id)
         self._end_waiting_for_people()
         finding = self._reconciliations.pop(status.step_id)
+        await self._act_durably()
         # Decided: no longer parked, even while a look-up or a settle wait follows.
         status.state = StepState.RUNNING
         status.park_reason = None
@@ -602,3 +614,19 @@ class StepRuns(TaskCore):
         self._show_details("")
         self._set_state(TaskState.RUNNING)
         return finding
+
+    async def _wait_for_reconciliation(self, step_id: str) -> None:
+        """Wait, parked, for a reconciliation to be accepted; meanwhile check each
+        decision sent (its look-up runs here, in the step's coroutine: an Update or
+        signal handler issues no command) and hand the verdict back to its handler."""
+        while step_id not in self._reconciliations:
+            await workflow.wait_condition(
+                lambda: step_id in self._reconciliations or step_id in self._check_requests
+            )
+            decision = self._check_requests.pop(step_id, None)
+            if decision is not None:
+                self._check_verdicts[step_id] = await self._check_reconciliation(decision)
+
+    async def _check_reconciliation(self, decision: ReconcileInput) -> DecisionCheck:
+        """Check a decision with the tool's look-up (``PeopleDecisions``)."""
+        raise NotImplementedError

@@ -27,7 +27,11 @@ with workflow.unsafe.imports_passed_through():
         ToolAttemptResult,
     )
     from onceflow.tools import arguments_digest as digest_arguments
-    from onceflow.workflows.patches import OUTCOME_AFTER_DURABLE_DECISION, START_PATCHES_FOLDED
+    from onceflow.workflows.patches import (
+        DECISION_DURABLE_BEFORE_ACTING,
+        OUTCOME_AFTER_DURABLE_DECISION,
+        START_PATCHES_FOLDED,
+    )
     from onceflow.workflows.task_models import (
         RECORD_TASK_OUTCOME,
         AgentTaskInput,
@@ -138,6 +142,10 @@ class TaskCore:
         self._reconciliations: dict[str, ReconcileInput] = {}
         self._checking: set[str] = set()
         """Steps whose reconcile decision is being checked: others wait for the answer."""
+        self._check_requests: dict[str, ReconcileInput] = {}
+        """Per parked step: a decision its handler asks the step's coroutine to check."""
+        self._check_verdicts: dict[str, DecisionCheck] = {}
+        """Per parked step: the check of that decision, for its handler to take."""
         self._verified: dict[str, ToolAttemptResult] = {}
         """Per step: what the look-up found when it verified an accepted ``happened``."""
         self._unusable_keys: dict[str, KeyUnusable] = {}
@@ -331,6 +339,19 @@ class TaskCore:
         """
         if self._decision_admitted_at == workflow.info().get_current_history_length():
             if workflow.patched(OUTCOME_AFTER_DURABLE_DECISION):
+                await workflow.sleep(MIN_TIMER, summary=ClearText("make the decision durable"))
+
+    async def _act_durably(self) -> None:
+        """Before a step acts on a decision Update accepted in this workflow task: make
+        sure the decision and the Update's answer are in history first.
+
+        What the step does next may fail the workflow task (an attempt of a tool this
+        worker lacks: ``_require_tool``), which would drop the Update's answer with it and
+        leave the operator's command waiting. A timer completes this workflow task first;
+        the step acts in the next one.
+        """
+        if self._decision_admitted_at == workflow.info().get_current_history_length():
+            if workflow.patched(DECISION_DURABLE_BEFORE_ACTING):
                 await workflow.sleep(MIN_TIMER, summary=ClearText("make the decision durable"))
 
     async def _record_outcome(self) -> None:

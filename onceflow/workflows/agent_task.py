@@ -179,9 +179,10 @@ class AgentTaskWorkflow(OpenTaskRuns, PeopleDecisions):
         nothing is recorded but the look-up's evidence.
         """
         self._decision_admitted()
-        check = await self._check_reconciliation(decision)
+        check = await self._decision_check(decision)
         if check.refusal is not None:
             raise ApplicationError(check.refusal, type="DecisionRefused", non_retryable=True)
+        self._decision_admitted()  # accepted in this workflow task (see _act_durably)
         return self._accept_reconciliation(decision, via="update", check=check)
 
     @reconcile.validator
@@ -198,7 +199,7 @@ class AgentTaskWorkflow(OpenTaskRuns, PeopleDecisions):
         if problem:
             self._record_rejected("reconcile", decision, decision.decision.value, problem)
             return
-        check = await self._check_reconciliation(decision)
+        check = await self._decision_check(decision)
         if check.refusal is not None:
             self._record_rejected(
                 "reconcile", decision, decision.decision.value, check.refusal, check.finding

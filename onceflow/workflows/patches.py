@@ -41,6 +41,7 @@ class Patch:
 
 
 OUTCOME_AFTER_DURABLE_DECISION = "outcome-after-durable-decision"
+DECISION_DURABLE_BEFORE_ACTING = "decision-durable-before-acting"
 
 START_PATCHES_FOLDED = "start-patches-folded-outcome-recorded-locally"
 KEY_GENERATIONS = "key-generations"
@@ -112,6 +113,21 @@ PATCHES: tuple[Patch, ...] = (
             "A task ended by a decision Update (approve, reconcile, close) in the workflow "
             "task that admitted it starts a 1 ms timer before recording its outcome, so the "
             "record is never written for a decision history does not hold yet."
+        ),
+        since="0.2.0",
+        stage="patched",
+        retire_when=(
+            "deprecate once no task started before 0.2.0 is open; remove once none started "
+            "before the release that deprecated it is open"
+        ),
+    ),
+    Patch(
+        id=DECISION_DURABLE_BEFORE_ACTING,
+        change=(
+            "A step resumed by an approval or reconciliation Update accepted in the current "
+            "workflow task starts a 1 ms timer before it acts, so the decision and its answer "
+            "are in history before anything that may fail the workflow task (an attempt of a "
+            "tool this worker lacks)."
         ),
         since="0.2.0",
         stage="patched",

@@ -462,6 +462,57 @@ async def _record(
     await parallel.execute_update(AgentTaskWorkflow.close)
     await save("by_hand_open_task_parallel_first_calls", parallel)
 
+    # A step resumed by a decision Update acts only once the decision is in history: a
+    # timer first (patch decision-durable-before-acting, whose old side is
+    # checked_did_not_happen_looked_up_first and approved).
+    await parks_then(
+        "did_not_happen_acts_after_durable_decision",
+        script.plan("dad", KeyUnusable.STORED_FAILURE, S),
+        ReconcileDecision.DID_NOT_HAPPEN,
+    )
+    approved_late = await start(
+        StepInput(step_id="g", tool="scripted_approval", arguments={"label": "aad", "amount": 900})
+    )
+    awaiting = await _until(env, approved_late, TaskState.AWAITING_APPROVAL)
+    await approved_late.execute_update(
+        AgentTaskWorkflow.approve,
+        ApproveInput(
+            step_id="g",
+            approved=True,
+            approver="cfo",
+            reason="ok",
+            arguments_digest=awaiting.step("g").arguments_digest,
+        ),
+    )
+    await save("approved_acts_after_durable_decision", approved_late)
+
+    # Two parked calls of an open task decided side by side: each decision's look-up runs in
+    # its call's coroutine, never in the Update handler.
+    twice = await open_task()
+    for call_id, label in (("c1", "two-1"), ("c2", "two-2")):
+        await twice.execute_update(
+            AgentTaskWorkflow.call,
+            calling(
+                call_id, "scripted_provider", script.plan(label, KeyUnusable.STORED_FAILURE, S)
+            ),
+        )
+    await asyncio.gather(
+        *(
+            twice.execute_update(
+                AgentTaskWorkflow.reconcile,
+                ReconcileInput(
+                    step_id=call_id,
+                    decision=ReconcileDecision.DID_NOT_HAPPEN,
+                    operator="ops",
+                    reason="checked",
+                ),
+            )
+            for call_id in ("c1", "c2")
+        )
+    )
+    await twice.execute_update(AgentTaskWorkflow.close)
+    await save("open_task_two_parked_calls_reconciled", twice)
+
 
 def _renamed_activity(name: str, old: str, new: str) -> None:
     """The negative control: ``name`` with its first attempt's activity renamed, as if
