@@ -175,6 +175,7 @@ class TaskCore:
         self._started_on_0_1_0 = False
         """This run was started by release 0.1.0: it issues the commands 0.1.0 did where
         a later release changed them (``_take_release_of_start``)."""
+        self._release_known = False
 
     def _take_release_of_start(self) -> None:
         """Learn whether release 0.1.0 started this run: its first workflow task recorded
@@ -182,7 +183,12 @@ class TaskCore:
         task's first thing). Asked only on replay, where ``patched`` answers whether
         history holds the marker and adds a command only to match it: a run live from
         its start records nothing. A 0.1.0 task's first workflow task is always a replay
-        on a later release, since 0.1.0's worker ran it."""
+        on a later release, since 0.1.0's worker ran it. Once per run, by whichever
+        asks first: an open task's first call can come with its start (Update-with-Start),
+        and its handler runs before ``run``."""
+        if self._release_known:
+            return
+        self._release_known = True
         self._started_on_0_1_0 = workflow.unsafe.is_replaying() and workflow.patched(
             START_PATCHES_FOLDED
         )

@@ -217,6 +217,7 @@ class AgentTaskWorkflow(OpenTaskRuns, PeopleDecisions):
         identical to an earlier one that has not failed is answered by that one
         (``repeat_of``) unless it is a ``deliberate_repeat``.
         """
+        self._take_release_of_start()
         self._memory.last_call_at = workflow.now()
         self._changed = True
         if self._started_on_0_1_0:
