@@ -266,9 +266,9 @@ async def test_tasks_the_previous_release_left_in_flight_finish_on_this_one(
     dev_server: WorkflowEnvironment, postgres_url: str, task_queue: str, tmp_path: Path
 ) -> None:
     archive = archive_path(RELEASE)
-    assert archived_commit(archive).startswith(released_commits()[RELEASE]), (
+    assert archive.exists() and archived_commit(archive).startswith(released_commits()[RELEASE]), (
         f"{archive.name} is not the commit CHANGELOG.md names for {RELEASE}: run "
-        f"`python -m tests.upgrade.release_archive {RELEASE}`"
+        f"`python -m tests.upgrade.release_archive {RELEASE}` and commit it"
     )
     extracted = tmp_path / f"onceflow-{RELEASE}"
     with tarfile.open(archive) as opened:
