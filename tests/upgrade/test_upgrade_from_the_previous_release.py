@@ -108,7 +108,8 @@ class Service:
 
     @property
     def identity(self) -> str:
-        """How Temporal names it in a history (the SDK's default ``pid@host``)."""
+        """How the identity Temporal records for it in a history starts (the SDK's default
+        is ``pid@host``)."""
         return f"{self.process.pid}@"
 
     def url(self) -> str:
