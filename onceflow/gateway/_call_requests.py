@@ -54,6 +54,11 @@ from onceflow.workflows.task_models import (
     TaskStatus,
 )
 
+FINGERPRINTED_CALL_FIELDS = ("call_id", "tool", "arguments", "deliberate_repeat")
+"""The fields of a call's ``CallInput`` its fingerprint covers: those 0.1.0 hashed (its
+``CallInput`` less ``wait_until_ended``), so a key that release claimed is answered from its
+record. Never add one: every key claimed before would then answer 422."""
+
 KNOWN_ANSWER_WAIT = 0.5
 """The least a call waits for its answer once the task has taken it: enough to read one
 Temporal already returned with the call (the task refused it), no more."""
@@ -165,9 +170,11 @@ class CallRequests:
             deliberate_repeat=request.deliberate_repeat,
             wait_until_ended=wait_until_ended,
         )
-        # How long to wait for the answer is not part of what the call does: the same
-        # call sent again with ``?wait=ended`` is the same request.
-        normalized = call.model_dump(mode="json", exclude={"wait_until_ended"})
+        # What the caller asked for, and only that: how long to wait for the answer is not
+        # part of it (the same call sent again with ``?wait=ended`` is the same request),
+        # nor is a field the task's input gains (``policy``, filled in at admission):
+        # either would make a retry of a call another release admitted a 422.
+        normalized = call.model_dump(mode="json", include=set(FINGERPRINTED_CALL_FIELDS))
         claim = self._claims.new(
             principal,
             scope=scope,
