@@ -39,11 +39,15 @@ def released_commits() -> dict[str, str]:
 
 
 def previous_release() -> str:
-    """The release the current code upgrades from: the newest entry with a commit."""
-    releases = released_commits()
+    """The release the current code upgrades from: the newest entry with a commit that is
+    not the current version (once the current release's entry names its commit, it stays
+    the previous release's job until the version moves on)."""
+    from onceflow import __version__
+
+    releases = [version for version in released_commits() if version != __version__]
     if not releases:
-        raise LookupError(f"{CHANGELOG.name} names no release's commit")
-    return next(iter(releases))
+        raise LookupError(f"{CHANGELOG.name} names no earlier release's commit")
+    return releases[0]
 
 
 def archive_path(version: str) -> Path:
