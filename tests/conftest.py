@@ -36,6 +36,8 @@ BUSINESS_TABLES = (
     "orders",
     "coupon_issuances",
     "operations",
+    "intents",
+    "intent_deliberate_repeats",
     # the boundary's
     "idempotency_records",
     "principal_key_usage",

@@ -59,6 +59,7 @@ TOOLS = [
     "FindingKind",
     "IDEMPOTENCY_KEY_MAX_LENGTH",
     "Implementation",
+    "IntentIdentity",
     "KEY_GENERATION",
     "KeyUnusable",
     "KeyWindowClosed",

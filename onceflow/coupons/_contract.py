@@ -24,6 +24,9 @@ ISSUE_COUPON_CONTRACT = ToolContract(
     input_model=IssueCouponInput,
     effects=EffectFlags(idempotent=True, open_world=False),
     dedupe=DedupeStrategy.NATURAL_KEY,
+    # The coupon table's unique (tenant, user, coupon) already is the intent, enforced
+    # for every writer: a second call is answered ``already_issued``.
+    intent=None,
     start_to_close_timeout=timedelta(seconds=15),
 )
 """The ``issue_coupon`` contract; it depends on no setting."""

@@ -15,7 +15,13 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from onceflow.payments._settings import PaymentToolSettings
-from onceflow.tools import ApprovalThreshold, DedupeStrategy, EffectFlags, ToolContract
+from onceflow.tools import (
+    ApprovalThreshold,
+    DedupeStrategy,
+    EffectFlags,
+    IntentIdentity,
+    ToolContract,
+)
 
 _IDENTIFIER = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 _STRIPE_ID = r"^[a-z]{2,6}_[A-Za-z0-9_]{1,200}$"
@@ -79,6 +85,9 @@ def charge_payment_contract(
         # Not destructive: a charge adds money movement, it destroys nothing.
         effects=EffectFlags(idempotent=True, destructive=False, open_world=True),
         dedupe=DedupeStrategy.PROVIDER_IDEMPOTENCY_KEY,
+        # One charge per order, amount and currency in a tenant, whatever key, task or
+        # surface asks for it (a new order id is a new charge).
+        intent=IntentIdentity(arguments=("order_id", "amount", "currency")),
         start_to_close_timeout=settings.attempt_timeout,
         provider_key_retention=settings.key_retention,
         retention_margin=settings.retention_margin,
@@ -103,6 +112,12 @@ def refund_payment_contract(
         # it undoes a payment. Approval is a separate question from idempotency.
         effects=EffectFlags(idempotent=True, destructive=True, open_world=True),
         dedupe=DedupeStrategy.PROVIDER_IDEMPOTENCY_KEY,
+        # One refund of an amount of one charge; a refund of "this task's charge step"
+        # names a charge inside its task, so only that task shares it.
+        intent=IntentIdentity(
+            arguments=("payment_intent", "charge_step", "amount"),
+            task_relative=("charge_step",),
+        ),
         start_to_close_timeout=settings.attempt_timeout,
         requires_approval=True,
         approval_threshold=ApprovalThreshold(

@@ -456,4 +456,41 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
             );
         """,
     ),
+    (
+        14,
+        "intents: one business intent, one effect, across tasks, surfaces and processes",
+        """
+        -- One row per intent (a tool's identifying arguments in a tenant): the step that
+        -- holds it. Of any number of calls of one intent, only the holder sends; another
+        -- takes it over only once the holder's attempts all ended without effect, or its
+        -- window passed (tools/_intent_claims.py).
+        CREATE TABLE intents (
+            tenant        text NOT NULL,
+            tool          text NOT NULL,
+            intent_digest text NOT NULL CHECK (intent_digest ~ '^sha256:[0-9a-f]{64}$'),
+            workflow_id   text NOT NULL,
+            step_id       text NOT NULL,
+            state         text NOT NULL
+                          CHECK (state IN ('running', 'unknown', 'succeeded', 'no_effect')),
+            maybe_effect  boolean NOT NULL DEFAULT false,
+            resource_id   text,
+            result        jsonb,
+            claimed_at    timestamptz NOT NULL DEFAULT now(),
+            expires_at    timestamptz NOT NULL,
+            PRIMARY KEY (tenant, tool, intent_digest),
+            -- A free intent was never one whose effect may exist.
+            CHECK (state <> 'no_effect' OR NOT maybe_effect)
+        );
+        -- A second identical effect made on purpose, with the step that made it.
+        CREATE TABLE intent_deliberate_repeats (
+            tenant        text NOT NULL,
+            tool          text NOT NULL,
+            intent_digest text NOT NULL,
+            workflow_id   text NOT NULL,
+            step_id       text NOT NULL,
+            recorded_at   timestamptz NOT NULL DEFAULT now(),
+            PRIMARY KEY (workflow_id, step_id)
+        );
+        """,
+    ),
 )

@@ -133,6 +133,7 @@ from onceflow.tools._identity import (
     derive_task_workflow_id,
     key_digest,
 )
+from onceflow.tools._intent import IntentIdentity
 from onceflow.tools._lease import Lease, LeaseLost
 from onceflow.tools._loading import (
     ENTRY_POINT_GROUP,
@@ -184,6 +185,7 @@ __all__ = [
     "EffectTotal",
     "FindingKind",
     "Implementation",
+    "IntentIdentity",
     "KeyUnusable",
     "KeyWindowClosed",
     "key_digest",

@@ -7,6 +7,12 @@ sure every attempt ends as one classified ``ToolAttemptResult``: an exception be
 with ``KeyUnusable.SEND_BY_PASSED``, which the workflow answers with a look-up and a park,
 and ``DatabaseUnavailable`` becomes ``transient`` marked ``database_unavailable``, which
 the workflow retries without charging the attempt caps.
+
+Before an attempt sends anything, it takes its step's business intent (``IntentIdentity``,
+kept in PostgreSQL by ``_intent_claims``): an intent another step holds is answered with
+that step's effect once it is known, retried shortly while that step is sending, and
+refused, naming that step, while its effect is in doubt. After the attempt, the record
+learns its outcome; a look-up that finds the effect records it too.
 """
 
 import asyncio
@@ -23,7 +29,16 @@ from onceflow.errors import describe_validation
 from onceflow.retry_policy import OutcomeClass
 from onceflow.tools._attempts import KeyUnusable, ToolAttemptResult, ToolCallInput
 from onceflow.tools._call import ToolCall
+from onceflow.tools._child_operation import is_unreachable
 from onceflow.tools._classify import DatabaseUnavailable, KeyWindowClosed, NothingSent
+from onceflow.tools._intent import IntentState, intent_digest, state_after
+from onceflow.tools._intent_claims import (
+    IntentHolder,
+    IntentKey,
+    claim_intent,
+    record_deliberate_repeat,
+    settle_intent,
+)
 from onceflow.tools._tool import Implementation, Tool, lookup_activity_name
 
 _log = logging.getLogger(__name__)
@@ -34,7 +49,7 @@ def tool_activities(tool: Tool, pool: AsyncConnectionPool, client: Any) -> list[
 
     @activity.defn(name=tool.name)
     async def perform(identity: ToolCallInput) -> ToolAttemptResult:
-        return await _run(tool, tool.perform, identity, pool, client)
+        return await _run(tool, tool.perform, identity, pool, client, sends=True)
 
     activities: list[Callable[..., Any]] = [perform]
     look_up = tool.look_up
@@ -42,7 +57,7 @@ def tool_activities(tool: Tool, pool: AsyncConnectionPool, client: Any) -> list[
 
         @activity.defn(name=lookup_activity_name(tool.name))
         async def run_look_up(identity: ToolCallInput) -> ToolAttemptResult:
-            return await _run(tool, look_up, identity, pool, client)
+            return await _run(tool, look_up, identity, pool, client, sends=False)
 
         activities.append(run_look_up)
     return activities
@@ -54,7 +69,10 @@ async def _run(
     identity: ToolCallInput,
     pool: AsyncConnectionPool,
     client: Any,
+    *,
+    sends: bool,
 ) -> ToolAttemptResult:
+    """One attempt (``sends``) or look-up, ended as one classified result."""
     contract = tool.registered_contract
     try:
         args = contract.input_model.model_validate(identity.arguments)
@@ -63,7 +81,110 @@ async def _run(
             outcome=OutcomeClass.REJECTED,
             reason=f"invalid arguments: {describe_validation(invalid, whole='arguments')}",
         )
+    intent = _intent_key(tool, args, identity)
+    if intent is not None and sends:
+        try:
+            held = await _take_intent(pool, intent, identity, tool)
+        except Exception as error:
+            return _nothing_sent(error, "the intent's record")
+        if held is not None:
+            return _answered_by(held, tool.name)
     call = ToolCall(args=args, identity=identity, client=client, contract=contract, pool=pool)
+    result = await _attempt(tool, implementation, call, identity)
+    if intent is not None and (sends or result.outcome is OutcomeClass.SUCCEEDED):
+        await _settle(pool, intent, result)
+    return result
+
+
+def _intent_key(tool: Tool, args: Any, identity: ToolCallInput) -> IntentKey | None:
+    rule = tool.registered_contract.intent
+    if rule is None or tool.registered_contract.effects.read_only:
+        return None
+    return IntentKey(
+        tenant=identity.tenant,
+        tool=tool.name,
+        digest=intent_digest(tool.name, rule, args, workflow_id=identity.workflow_id),
+        workflow_id=identity.workflow_id,
+        step_id=identity.step_id,
+    )
+
+
+async def _take_intent(
+    pool: AsyncConnectionPool, intent: IntentKey, identity: ToolCallInput, tool: Tool
+) -> IntentHolder | None:
+    """Take the step's intent; the step that holds it instead, if another does. A
+    deliberate repeat takes nothing and is recorded."""
+    rule = tool.registered_contract.intent
+    assert rule is not None
+    async with pool.connection() as conn:
+        if identity.deliberate_repeat and tool.registered_contract.deliberate_repeats:
+            await record_deliberate_repeat(conn, intent)
+            return None
+        return await claim_intent(conn, intent, rule.window)
+
+
+def _answered_by(held: IntentHolder, tool: str) -> ToolAttemptResult:
+    """The answer to a call whose intent another step holds: nothing was sent."""
+    evidence = {"repeat_of_task": held.workflow_id, "repeat_of_step": held.step_id}
+    repeat_of = {"task_id": held.workflow_id, "step_id": held.step_id}
+    if held.state is IntentState.SUCCEEDED:
+        return ToolAttemptResult(
+            outcome=OutcomeClass.SUCCEEDED,
+            resource_id=held.resource_id,
+            result={**held.result, "repeat_of": repeat_of},
+            evidence=evidence,
+        )
+    where = f"task {held.workflow_id}, step {held.step_id}"
+    if held.state is IntentState.RUNNING:
+        # Most likely ends within a retry: this call then answers with its effect.
+        return ToolAttemptResult(
+            outcome=OutcomeClass.TRANSIENT,
+            reason=f"nothing sent: the same {tool} intent is being made by {where}",
+            evidence=evidence,
+        )
+    return ToolAttemptResult(
+        outcome=OutcomeClass.REJECTED,
+        reason=(
+            f"nothing sent: the same {tool} intent is held by {where}, whose effect may "
+            "have happened (it retries, or waits for a person to reconcile it); that "
+            "call's outcome answers this one. To make a second effect on purpose, call "
+            "again with deliberate_repeat"
+        ),
+        evidence=evidence,
+    )
+
+
+async def _settle(pool: AsyncConnectionPool, intent: IntentKey, result: ToolAttemptResult) -> None:
+    """Record the outcome in the intent's record. If that fails the record still says
+    ``running``: other calls of the intent wait or are refused, never sent."""
+    try:
+        async with pool.connection() as conn:
+            await settle_intent(
+                conn,
+                intent,
+                state_after(result.outcome),
+                resource_id=result.resource_id,
+                result=result.result if result.outcome is OutcomeClass.SUCCEEDED else None,
+            )
+    except Exception as error:
+        _log.warning(
+            "could not record the outcome of step %s of %s in its intent (%s)",
+            intent.step_id,
+            intent.workflow_id,
+            type(error).__name__,
+        )
+
+
+def _nothing_sent(error: Exception, what: str) -> ToolAttemptResult:
+    reason = f"nothing sent: could not read or write {what} ({type(error).__name__})"
+    return ToolAttemptResult(
+        outcome=OutcomeClass.TRANSIENT, reason=reason, database_unavailable=is_unreachable(error)
+    )
+
+
+async def _attempt(
+    tool: Tool, implementation: Implementation, call: ToolCall[Any], identity: ToolCallInput
+) -> ToolAttemptResult:
     try:
         result = await implementation(call)
     except KeyWindowClosed as closed:

@@ -51,6 +51,9 @@ class ToolCallInput(BaseModel):
     """Only with ``claimed_resource_id``: the operator accepted the resource unverified
     (a charge made by hand carries no operation id); the look-up records it as the
     step's effect whatever it finds, so later steps that read the record find it."""
+    deliberate_repeat: bool = False
+    """The call asked for a second effect identical to an earlier one on purpose
+    (``CallInput.deliberate_repeat``): it claims no intent, and is recorded."""
     last_attempt_ended_at: datetime | None = None
     """Only in a look-up: when the step's last attempt ended. An eventual look-up's miss
     proves absence once ``miss_proves_absence_after`` has passed since then (never

@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from onceflow.tools._dedupe import DedupeStrategy
+from onceflow.tools._intent import IntentIdentity
 from onceflow.tools._policy import ToolPolicy
 
 __all__ = ["ApprovalThreshold", "DedupeStrategy", "EffectFlags", "ToolContract"]
@@ -92,6 +93,12 @@ class ToolContract:
     """Whether a call of an open task may ask for a second effect identical to an
     earlier call's (``CallInput.deliberate_repeat``); with False such a call is refused
     and only the repeat guard's answer is given. Default True."""
+    intent: IntentIdentity | None = field(default_factory=IntentIdentity)
+    """What identifies one business intent of this tool (``IntentIdentity``): while one
+    call holds it, an identical intent from any key, task, surface or process sends
+    nothing and is answered with the first. Default: all the validated arguments, for
+    24 h. None: no intent rule (a read-only tool, or one whose own table's unique key
+    already is the intent, as ``issue_coupon``'s)."""
     version: str = "1"
     """The contract's version, pinned with the rest of its policy by every task that
     starts with it; bump it when the tool's behaviour changes. Default ``"1"``."""

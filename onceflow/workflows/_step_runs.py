@@ -437,6 +437,7 @@ class StepRuns(TaskCore):
             evidence=status.evidence,
             policy=self._memory.policies.get(step.tool),
             key_generation=status.key_generation,
+            deliberate_repeat=status.deliberate_repeat,
         )
         if not workflow.unsafe.is_replaying():
             self._require_tool(step)
@@ -581,7 +582,6 @@ class StepRuns(TaskCore):
         await workflow.wait_condition(lambda: status.step_id in self._approvals)
         self._end_waiting_for_people()
         approval = self._approvals[status.step_id]
-        await self._act_durably()
         self._show_details("")
         if not approval.approved:
             self._stop_step(
@@ -589,7 +589,9 @@ class StepRuns(TaskCore):
                 StepState.DENIED,
                 f"step {status.step_id} denied by {approval.approver}: {approval.reason}",
             )
+        status.state = StepState.RUNNING  # approved: what a call asking now is told
         self._set_state(TaskState.RUNNING)
+        await self._act_durably()
 
     async def _park(self, status: StepStatus, reason: str) -> ReconcileInput:
         workflow_id = workflow.info().workflow_id
@@ -606,13 +608,13 @@ class StepRuns(TaskCore):
         await self._wait_for_reconciliation(status.step_id)
         self._end_waiting_for_people()
         finding = self._reconciliations.pop(status.step_id)
-        await self._act_durably()
         # Decided: no longer parked, even while a look-up or a settle wait follows.
         status.state = StepState.RUNNING
         status.park_reason = None
         status.reconcile_command = None
         self._show_details("")
         self._set_state(TaskState.RUNNING)
+        await self._act_durably()
         return finding
 
     async def _wait_for_reconciliation(self, step_id: str) -> None:

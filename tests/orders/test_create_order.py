@@ -1,5 +1,6 @@
 """``create_order`` on its own against PostgreSQL: the order and its record commit together,
-a repeat of the step returns the first order, a race of two attempts makes one."""
+a repeat of the step, or the same order asked by another step, returns the first order, a
+race of two attempts makes one."""
 
 import asyncio
 
@@ -39,19 +40,28 @@ async def test_a_repeated_create_order_attempt_returns_the_first_order(database:
         env = attempt_environment()
         first = await env.run(perform, call(ARGUMENTS))
         repeat = await env.run(perform, call(ARGUMENTS))
-        other_step = await env.run(perform, call(ARGUMENTS, step_id="t"))
+        # The same order asked by another step (another task, key or surface alike) is
+        # the same intent: answered by the first, nothing written.
+        other_step = await env.run(perform, call(ARGUMENTS, workflow_id="wf-2"))
+        # A second identical order on purpose is a deliberate repeat.
+        deliberate = await env.run(
+            perform,
+            call(ARGUMENTS, workflow_id="wf-3").model_copy(update={"deliberate_repeat": True}),
+        )
 
-    assert first.outcome is repeat.outcome is OutcomeClass.SUCCEEDED
+    assert first.outcome is repeat.outcome is other_step.outcome is OutcomeClass.SUCCEEDED
     assert repeat.resource_id == first.resource_id
     assert (first.result["replayed"], repeat.result["replayed"]) == (False, True)
-    assert other_step.resource_id != first.resource_id
+    assert other_step.resource_id == first.resource_id
+    assert other_step.result["repeat_of"] == {"task_id": "wf-1", "step_id": "s"}
+    assert deliberate.resource_id not in (None, first.resource_id)
     assert first.evidence["child_key_digest"].startswith("sha256:")
     with psycopg.connect(database) as conn:
         assert conn.execute("SELECT count(*) FROM orders").fetchone() == (2,)
         assert conn.execute(
             "SELECT state, resource_id FROM operations"
             " WHERE tool = 'create_order' ORDER BY created_at"
-        ).fetchall() == [("succeeded", first.resource_id), ("succeeded", other_step.resource_id)]
+        ).fetchall() == [("succeeded", first.resource_id), ("succeeded", deliberate.resource_id)]
 
 
 async def test_two_attempts_racing_make_one_order_and_report_the_same_one(database: str) -> None:

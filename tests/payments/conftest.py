@@ -67,6 +67,14 @@ VISA_CHARGE: dict[str, Any] = {
     "payment_method": "pm_card_visa",
     "order_id": "ord-1001",
 }
+
+
+def one_order(workflow_id: str) -> dict[str, Any]:
+    """``VISA_CHARGE`` for an order of its own: each task's charge is its own intent
+    (the same order, amount and currency would be one intent, charged once)."""
+    return {**VISA_CHARGE, "order_id": f"ord-{workflow_id}"[:64]}
+
+
 FAST_BUDGET = RetryBudget(
     max_attempts_per_task=6,
     max_attempts_per_step=3,
@@ -320,7 +328,9 @@ async def charge(
     async def run(workflow_id: str, **arguments: Any) -> str:
         done = await attempt_environment().run(
             perform,
-            step_call(workflow_id, "pay", "charge_payment", {**VISA_CHARGE, **arguments}),
+            step_call(
+                workflow_id, "pay", "charge_payment", {**one_order(workflow_id), **arguments}
+            ),
         )
         assert done.outcome is OutcomeClass.SUCCEEDED, done.reason
         return str(done.resource_id)

@@ -115,7 +115,7 @@ async def test_happened_naming_an_unknown_or_foreign_id_is_refused_unless_unveri
     worker: Worker, tasks: TaskClient, control: ProviderControl, database: str
 ) -> None:
     workflow_id = await park_a_charge_that_happened(control, tasks)
-    other = await start_task(tasks, ("pay", "charge_payment", VISA_CHARGE))
+    other = await start_task(tasks, ("pay", "charge_payment", {**VISA_CHARGE, "order_id": "o-2"}))
     await control.clear_faults()
     foreign = (await tasks.result(other)).step("pay").resource_id
     assert foreign is not None

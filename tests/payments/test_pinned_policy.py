@@ -86,7 +86,7 @@ async def test_a_task_finishes_by_the_settings_it_started_with_on_a_differently_
     # approval.
     fresh = await start_task(
         admitting(**LAX),
-        ("pay", "charge_payment", VISA_CHARGE),
+        ("pay", "charge_payment", {**VISA_CHARGE, "order_id": "ord-fresh"}),
         ("refund", "refund_payment", REFUND),
     )
     fresh_result = await tasks.result(fresh)

@@ -28,7 +28,7 @@ def attempt(*, step_id: str = "s1", number: int = 1) -> ToolCallInput:
         workflow_id="wf-local",
         step_id=step_id,
         tool="write_note",
-        arguments={"text": "x"},
+        arguments={"text": f"note of {step_id}"},  # each step its own intent
         attempt=number,
     )
 

@@ -80,7 +80,9 @@ async def test_an_exception_is_unknown_and_nothing_sent_is_transient(database: s
         [crash] = tool_activities(crashing, pool, None)
         [refuse] = tool_activities(refusing, pool, None)
         crashed = await env.run(crash, attempt({"text": "x"}))
-        refused = await env.run(refuse, attempt({"text": "x"}, step_id="s2"))
+        # Another note: the same text would be the crashed step's intent, held while its
+        # effect is in doubt, and refused before the tool ran.
+        refused = await env.run(refuse, attempt({"text": "y"}, step_id="s2"))
 
     assert crashed.outcome is OutcomeClass.UNKNOWN
     assert crashed.reason == "write_note raised KeyError; the effect may have happened"

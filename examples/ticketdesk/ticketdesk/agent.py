@@ -170,7 +170,12 @@ async def run_plan(
     )
     for step, incident in enumerate(INCIDENTS, start=1):
         key = f"{plan_id}.{step}"  # one key per logical call, reused by each of its retries
-        arguments = {"title": incident.title, "description": incident.description}
+        # The run is part of the ticket: onceflow answers an identical ticket asked again
+        # within a day (another run, key or agent) with the first one (its intent rule).
+        arguments = {
+            "title": incident.title,
+            "description": f"{incident.description} (triage {plan_id})",
+        }
         run.outcomes[key] = await _call_until_answered(
             channel, run, tool, arguments, key, incident, max_attempts, out
         )
