@@ -41,7 +41,13 @@ REMEMBERED_FOR = 30.0
 """Seconds a remembered principal is trusted without a notification (the bound when the
 channel fails silently)."""
 RECONNECT_PAUSE = 1.0
-"""Seconds between attempts to listen again after the connection was lost."""
+"""Seconds before the first attempt to listen again after the connection was lost; each
+failed attempt doubles the pause, up to ``RECONNECT_PAUSE_MAX``."""
+RECONNECT_PAUSE_MAX = 5.0
+"""The longest pause between attempts to listen again: attempts never stop."""
+LISTEN_TIMEOUT = 10.0
+"""Seconds one attempt to connect and ``LISTEN`` may take: an attempt that hangs (a
+server that accepts and never answers) must not end the attempts."""
 APPLICATION_NAME = "onceflow-principal-changes"
 """How the listening connection names itself in ``pg_stat_activity``."""
 
@@ -91,11 +97,21 @@ class PrincipalCache:
             self._remembered[key_hash] = _Remembered(principal, time.monotonic() + REMEMBERED_FOR)
 
     async def keep_listening(self) -> None:
-        """Listen, and listen again whenever the connection is lost (runs until
-        cancelled)."""
+        """Listen, and listen again whenever the connection is lost, for as long as it
+        runs (until cancelled): attempts go on with a capped backoff, never give up."""
+        pause = RECONNECT_PAUSE
+        lost_since: float | None = None
         while True:
             try:
-                await self._listen()
+                async with asyncio.timeout(LISTEN_TIMEOUT):
+                    await self._listen()
+                if lost_since is not None:
+                    log.warning(
+                        "principal changes: listening again, %.1f s after the connection was lost",
+                        time.monotonic() - lost_since,
+                    )
+                    lost_since = None
+                pause = RECONNECT_PAUSE
                 await self._lost.wait()
             except Exception as error:
                 # Never the end of listening: without it nothing is remembered, which is
@@ -103,7 +119,10 @@ class PrincipalCache:
                 log.warning("principal changes: cannot listen (%s)", type(error).__name__)
             finally:
                 await self._stop_listening()
-            await asyncio.sleep(RECONNECT_PAUSE)
+            if lost_since is None:
+                lost_since = time.monotonic()
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, RECONNECT_PAUSE_MAX)
 
     async def _listen(self) -> None:
         connection = await psycopg.AsyncConnection.connect(

