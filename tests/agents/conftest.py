@@ -41,7 +41,7 @@ from tests.gateway.conftest import (
     start_gateway,
     stripe_tools,
 )
-from tests.harness import eventually
+from tests.harness import HANG_SECONDS, eventually
 
 AGENT_TOOLS = ("issue_coupon", "create_order", "charge_payment", "refund_payment", "send_email")
 """What the agents of these tests may call."""
@@ -220,4 +220,4 @@ async def _relay(database_url: str, sink: RunningSink) -> AsyncIterator[OutboxRe
         finally:
             stop.set()
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(running, timeout=10)
+                await asyncio.wait_for(running, timeout=HANG_SECONDS)

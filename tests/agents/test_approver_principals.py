@@ -12,6 +12,7 @@ from onceflow_client import OnceflowClient, OpenTask, PermissionDenied
 from onceflow_devstack.stripe_provider import Fault, ProviderControl
 
 from tests.gateway.conftest import Caller
+from tests.harness import HANG_SECONDS
 
 from .conftest import FAST_BUDGET, AgentStack, new_order_id
 
@@ -86,7 +87,7 @@ async def test_an_approver_approves_a_refund_but_may_not_reconcile_and_an_agent_
             reason="the customer returned everything",
             arguments_digest=waiting.body["arguments_digest"],
         )
-        ended = await task.wait(waiting, timeout=60)
+        ended = await task.wait(waiting, timeout=HANG_SECONDS)
         decided = await task.status()
 
     assert agents_approval.value.problem_type == "decisions-not-allowed"

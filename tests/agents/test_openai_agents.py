@@ -36,6 +36,7 @@ from onceflow_client.openai_agents import OnceflowRun
 from onceflow_devstack.stripe_provider import Fault, ProviderControl
 
 from tests.gateway.conftest import Caller
+from tests.harness import HANG_SECONDS
 
 from .conftest import AgentStack, new_order_id, new_recipient
 
@@ -289,7 +290,7 @@ async def test_a_parked_refund_pauses_the_run_until_the_operator_reconciles_it(
     rejected = paused.to_state()
     rejected.reject(interruption)
     with pytest.raises(ValueError, match="parked, not awaiting approval"):
-        await run.wait_for_decisions(rejected, timeout=30)
+        await run.wait_for_decisions(rejected, timeout=HANG_SECONDS)
     # The paused run is saved and its process goes away while a person looks.
     saved = paused.to_state().to_string()
     operator = await agent_stack.operator(agent)
@@ -307,7 +308,7 @@ async def test_a_parked_refund_pauses_the_run_until_the_operator_reconciles_it(
         assert resumed.task_id == run.task_id
         agent_again = support_agent(model, resumed)
         state = await RunState.from_string(agent_again, saved)
-        [decided] = await resumed.wait_for_decisions(state, timeout=30)
+        [decided] = await resumed.wait_for_decisions(state, timeout=HANG_SECONDS)
         finished = await Runner.run(agent_again, state, run_config=NO_TRACES)
         status = await onceflow.status(resumed.task_id)
 
@@ -355,7 +356,7 @@ async def test_a_refund_awaiting_approval_pauses_the_run_and_a_denial_reaches_th
             arguments_digest=waiting.body["arguments_digest"],
         )
         state = paused.to_state()
-        [decided] = await run.wait_for_decisions(state, timeout=30)
+        [decided] = await run.wait_for_decisions(state, timeout=HANG_SECONDS)
         finished = await Runner.run(support, state, run_config=NO_TRACES)
 
     assert decided.state == "denied"
@@ -389,7 +390,7 @@ async def test_the_apps_state_approve_approves_a_refund_at_onceflow(
         state = paused.to_state()
         state.approve(item)
         if handed_over:
-            [decided] = await run.wait_for_decisions(state, timeout=30)
+            [decided] = await run.wait_for_decisions(state, timeout=HANG_SECONDS)
             assert decided.succeeded
         finished = await Runner.run(support, state, run_config=NO_TRACES)
         status = await onceflow.status(run.task_id)
@@ -427,7 +428,7 @@ async def test_the_apps_state_reject_denies_a_refund_at_onceflow(
         [item] = run.approvals(paused.interruptions)
         state = paused.to_state()
         state.reject(item, rejection_message="refund the shipping only")
-        [decided] = await run.wait_for_decisions(state, timeout=30)
+        [decided] = await run.wait_for_decisions(state, timeout=HANG_SECONDS)
         finished = await Runner.run(support, state, run_config=NO_TRACES)
         status = await onceflow.status(run.task_id)
 

@@ -37,6 +37,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.usage import RunUsage
 
 from tests.gateway.conftest import Caller
+from tests.harness import HANG_SECONDS
 
 from .conftest import (
     AGENT_TOOLS,
@@ -337,7 +338,7 @@ async def test_a_parked_refund_ends_the_run_deferred_and_the_operator_resumes_it
         resource_id=refunded.object_id,
         reason="the refund is in the Stripe dashboard",
     )
-    decided = await toolset.wait_for_decisions(paused.output, timeout=60)
+    decided = await toolset.wait_for_decisions(paused.output, timeout=HANG_SECONDS)
     resumed = await pydantic_agent.run(
         message_history=paused.all_messages(), deferred_tool_results=decided
     )
@@ -404,7 +405,7 @@ async def test_a_refund_awaiting_approval_defers_and_a_denial_is_told_not_retrie
         reason="over the goodwill limit",
         arguments_digest=waiting.arguments_digest,
     )
-    decided = await toolset.wait_for_decisions(paused.output, timeout=60)
+    decided = await toolset.wait_for_decisions(paused.output, timeout=HANG_SECONDS)
     resumed = await pydantic_agent.run(
         message_history=paused.all_messages(), deferred_tool_results=decided
     )
@@ -496,7 +497,7 @@ async def test_an_answer_that_never_arrives_defers_the_call_instead_of_inviting_
         assert waiting.state == "unanswered" and not waiting.needs_person
         assert "mail" not in tool_returns(paused.all_messages()), "no 'try again' for the model"
 
-        decided = await toolset.wait_for_decisions(paused.output, timeout=60)
+        decided = await toolset.wait_for_decisions(paused.output, timeout=HANG_SECONDS)
         resumed = await pydantic_agent.run(
             message_history=paused.all_messages(), deferred_tool_results=decided
         )

@@ -12,7 +12,7 @@ from onceflow.task_api import DecisionRefused, TaskClient
 from onceflow.tools import arguments_digest
 from onceflow.workflows import AgentTaskWorkflow
 from onceflow.workflows.task_models import ApproveInput, StepState, TaskState, TaskStatus
-from tests.harness import workflow_idle
+from tests.harness import HANG_SECONDS, workflow_idle
 
 from .conftest import RELEASE, deployment_id, deployment_rows, start_deployment, wait_for, writes
 
@@ -56,7 +56,7 @@ async def test_nothing_is_deployed_until_the_exact_arguments_are_approved(
     assert target.state.writes == [] and deployment_rows(database) == []
 
     await tasks.approve(workflow_id, decision(step.arguments_digest))
-    result = await asyncio.wait_for(tasks.result(workflow_id), timeout=20)
+    result = await asyncio.wait_for(tasks.result(workflow_id), timeout=HANG_SECONDS)
 
     deployment = deployment_id(workflow_id)
     assert result.state is TaskState.SUCCEEDED
@@ -86,7 +86,7 @@ async def test_a_denied_deployment_never_starts(
     await tasks.approve(
         workflow_id, decision(waiting.step("deploy").arguments_digest, approved=False)
     )
-    result = await asyncio.wait_for(tasks.result(workflow_id), timeout=20)
+    result = await asyncio.wait_for(tasks.result(workflow_id), timeout=HANG_SECONDS)
     await workflow_idle(dev_server.client, workflow_id)  # every attempt has reported back
 
     assert result.state is TaskState.FAILED

@@ -17,6 +17,7 @@ from temporalio.worker import Worker
 
 from onceflow.email import EmailSettings, OutboxRelay
 from onceflow.task_api import TaskClient
+from tests.harness import HANG_SECONDS
 
 from .conftest import deployment_rows
 
@@ -30,7 +31,7 @@ async def sink_with_relay(pool: AsyncConnectionPool) -> AsyncIterator[RunningSin
         yield sink
         stop.set()
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(task, timeout=10)
+            await asyncio.wait_for(task, timeout=HANG_SECONDS)
 
 
 async def test_the_demo_delivers_an_email_and_an_approved_deployment(

@@ -19,7 +19,7 @@ from onceflow.deployments import (
 from onceflow.retry_policy import OutcomeClass
 from onceflow.storage._schema import MIGRATIONS
 from onceflow.tools import ToolAttemptResult, ToolCallInput, tool_activities
-from tests.harness import attempt_environment
+from tests.harness import HANG_SECONDS, attempt_environment
 
 from .conftest import RELEASE, deployment_id, deployment_rows, writes
 
@@ -59,15 +59,15 @@ async def test_a_stale_owner_is_refused_by_the_target_and_by_the_local_commit(
     deployment = deployment_id("wf-fencing")
     hold = target.state.hold_next("activate")
     first = run(perform, 1)
-    await asyncio.wait_for(hold.arrived.wait(), timeout=10)
+    await asyncio.wait_for(hold.arrived.wait(), timeout=HANG_SECONDS)
     # The first owner stalls past its lease (as if paused): the lease lapses.
     with psycopg.connect(database, autocommit=True) as conn:
         conn.execute("UPDATE operations SET lease_expires_at = now() - interval '1 second'")
 
-    second = await asyncio.wait_for(run(perform, 2), timeout=10)
+    second = await asyncio.wait_for(run(perform, 2), timeout=HANG_SECONDS)
     hold.release()
-    stale = await asyncio.wait_for(first, timeout=10)
-    replay = await asyncio.wait_for(run(perform, 3), timeout=10)
+    stale = await asyncio.wait_for(first, timeout=HANG_SECONDS)
+    replay = await asyncio.wait_for(run(perform, 3), timeout=HANG_SECONDS)
 
     assert second.outcome is OutcomeClass.SUCCEEDED
     assert second.result["fencing_token"] == 2 and second.result["replayed"] is False

@@ -175,7 +175,7 @@ def test_two_dev_stacks_run_side_by_side_each_on_its_own_ports_and_state(
     for stack in stacks:
         stack.send_signal(signal.SIGINT)  # as Ctrl-C
     for stack in stacks:
-        output = stop(stack, timeout=90)
+        output = stop(stack)
         assert stack.returncode == 0, output
         assert "stopped cleanly" in output
     assert not unused_default.exists()

@@ -23,7 +23,7 @@ from onceflow.task_api import TaskClient
 from onceflow.tools import derive_task_workflow_id
 from onceflow.worker import build_worker
 from onceflow.workflows.task_models import AgentTaskInput, StepInput, TaskState
-from tests.harness import parked, passed_marker, wait_for  # noqa: F401 - re-exported
+from tests.harness import HANG_SECONDS, parked, passed_marker, wait_for  # noqa: F401 - re-exported
 
 TENANT = "acme"
 FAST_BUDGET = RetryBudget(
@@ -83,7 +83,7 @@ async def relay(pool: AsyncConnectionPool, settings: EmailSettings) -> AsyncIter
     yield running
     stop.set()
     with contextlib.suppress(Exception):
-        await asyncio.wait_for(task, timeout=10)
+        await asyncio.wait_for(task, timeout=HANG_SECONDS)
 
 
 @pytest.fixture

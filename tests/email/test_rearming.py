@@ -10,6 +10,7 @@ from onceflow.email import OutboxRelay
 from onceflow.retry_policy import OutcomeClass
 from onceflow.task_api import TaskClient
 from onceflow.workflows.task_models import TaskState
+from tests.harness import HANG_SECONDS
 
 from .conftest import deliveries, outbox_row, start_email, welcome_email
 
@@ -19,7 +20,7 @@ async def test_a_deferred_email_is_armed_again_by_the_workflow_and_delivered_onc
 ) -> None:
     sink.sink.add_fault(SinkFault.DEFER_RCPT)
     workflow_id = await start_email(tasks, welcome_email())
-    result = await asyncio.wait_for(tasks.result(workflow_id), timeout=20)
+    result = await asyncio.wait_for(tasks.result(workflow_id), timeout=HANG_SECONDS)
 
     step = result.step("mail")
     message_id = step.resource_id or ""
@@ -42,7 +43,7 @@ async def test_a_rejected_email_is_tried_once(
 ) -> None:
     sink.sink.add_fault(SinkFault.REJECT_RCPT)
     workflow_id = await start_email(tasks, welcome_email())
-    result = await asyncio.wait_for(tasks.result(workflow_id), timeout=20)
+    result = await asyncio.wait_for(tasks.result(workflow_id), timeout=HANG_SECONDS)
 
     step = result.step("mail")
     message_id = step.evidence["message_id"]

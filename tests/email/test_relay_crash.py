@@ -24,7 +24,15 @@ from onceflow.workflows.task_models import (
     TaskState,
     TaskStatus,
 )
-from tests.harness import eventually, onceflow_command, spawn, stop, wait_for_line, workflow_idle
+from tests.harness import (
+    HANG_SECONDS,
+    eventually,
+    onceflow_command,
+    spawn,
+    stop,
+    wait_for_line,
+    workflow_idle,
+)
 
 from .conftest import (
     deliveries,
@@ -54,7 +62,7 @@ def relays(sink: RunningSink, database: str) -> Iterator[list[subprocess.Popen[s
     started = [spawn(onceflow_command("relay"), env=environment) for _ in range(3)]
     yield started
     for process in started:
-        stop(process, timeout=10)
+        stop(process)
 
 
 def sending_rows(database: str) -> list[tuple[str, str]]:
@@ -98,7 +106,6 @@ async def test_a_relay_killed_mid_batch_loses_no_email_and_resends_none(
     victim, in_flight, rows = await eventually(
         caught_mid_batch,
         what="a relay is caught mid-batch, the sink holding its applied message's reply",
-        timeout=8,
         interval=0.02,
     )
     victim_id = next(claimed for claimed, message in rows if message == in_flight)
@@ -110,7 +117,7 @@ async def test_a_relay_killed_mid_batch_loses_no_email_and_resends_none(
         return status.state in (TaskState.SUCCEEDED, TaskState.PARKED)
 
     statuses = await asyncio.gather(
-        *(wait_for(tasks, workflow_id, settled, timeout=60) for workflow_id in workflow_ids)
+        *(wait_for(tasks, workflow_id, settled) for workflow_id in workflow_ids)
     )
 
     message_ids = [status.step("mail").evidence["message_id"] for status in statuses]
@@ -156,7 +163,7 @@ async def test_a_relay_killed_mid_batch_loses_no_email_and_resends_none(
             resource_id=in_flight,
         ),
     )
-    result = await asyncio.wait_for(tasks.result(parked_id), timeout=20)
+    result = await asyncio.wait_for(tasks.result(parked_id), timeout=HANG_SECONDS)
     assert result.state is TaskState.SUCCEEDED
     assert result.step("mail").result == {"reconciled": True}
     await workflow_idle(dev_server.client, parked_id)

@@ -17,7 +17,7 @@ from onceflow.storage import build_pool
 from onceflow.task_api import TaskClient
 from onceflow.workflows.task_models import TaskState
 from tests.gateway.outages import database_proxy
-from tests.harness import eventually
+from tests.harness import HANG_SECONDS, eventually
 
 from .conftest import deliveries, outbox_row, start_email, welcome_email
 
@@ -40,18 +40,16 @@ async def test_a_relay_cut_off_from_its_database_delivers_once_it_is_back(
         running = asyncio.create_task(relay.run(stop))
         try:
             await proxy.stop()
-            await eventually(
-                lambda: pool.unreachable, what="the relay's pool gave up a round", timeout=30
-            )
+            await eventually(lambda: pool.unreachable, what="the relay's pool gave up a round")
             workflow_id = await start_email(tasks, welcome_email())
             await eventually(lambda: pending_emails(database), what="the worker armed the email")
             assert not running.done()  # the relay rides the outage out
 
             await proxy.start(proxy.port)
-            result = await asyncio.wait_for(tasks.result(workflow_id), timeout=60)
+            result = await asyncio.wait_for(tasks.result(workflow_id), timeout=HANG_SECONDS)
         finally:
             stop.set()
-            await asyncio.wait_for(running, timeout=10)
+            await asyncio.wait_for(running, timeout=HANG_SECONDS)
             await proxy.stop()
 
     step = result.step("mail")

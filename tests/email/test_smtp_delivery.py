@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from onceflow_devstack.smtp_sink import RunningSink, SinkFault
 
 from onceflow.email import DeliveryOutcome, DeliveryReport, EmailSettings, OutgoingMessage, deliver
+from tests.harness import HANG_SECONDS
 
 MESSAGE = OutgoingMessage(
     message_id="<ofv1_test@onceflow.local>",
@@ -19,7 +20,7 @@ MESSAGE = OutgoingMessage(
 )
 
 
-async def send(smtp_url: str, *, timeout: float = 2.0) -> DeliveryReport:
+async def send(smtp_url: str, *, timeout: float = HANG_SECONDS) -> DeliveryReport:
     server = EmailSettings(smtp_url=smtp_url).smtp_server
     return await asyncio.to_thread(deliver, server, MESSAGE, timeout=timeout)
 

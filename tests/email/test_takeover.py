@@ -21,7 +21,7 @@ from onceflow.email import Claim, EmailOutbox, EmailSettings, OutboxRelay
 from onceflow.retry_policy import OutcomeClass
 from onceflow.task_api import TaskClient
 from onceflow.workflows.task_models import ReconcileDecision, ReconcileInput, TaskState
-from tests.harness import eventually, workflow_idle
+from tests.harness import HANG_SECONDS, eventually, workflow_idle
 
 from .conftest import (
     deliveries,
@@ -48,7 +48,7 @@ async def running_relay(
         yield relay
     finally:
         stop.set()
-        await asyncio.wait_for(task, timeout=10)
+        await asyncio.wait_for(task, timeout=HANG_SECONDS)
 
 
 async def dead_relay_claims(pool: AsyncConnectionPool) -> tuple[EmailOutbox, Claim, int]:
@@ -110,7 +110,7 @@ async def test_a_takeover_after_the_message_began_sending_parks_until_did_not_ha
                 unverified=True,
             ),
         )
-        result = await asyncio.wait_for(tasks.result(workflow_id), timeout=20)
+        result = await asyncio.wait_for(tasks.result(workflow_id), timeout=HANG_SECONDS)
         await workflow_idle(dev_server.client, workflow_id)
         await relay_caught_up(tasks, sink)
 
@@ -144,7 +144,7 @@ async def test_a_takeover_before_the_message_was_sent_delivers_it_once(
     message_id = claim.message.message_id
 
     async with running_relay(pool, settings) as relay:
-        result = await asyncio.wait_for(tasks.result(workflow_id), timeout=20)
+        result = await asyncio.wait_for(tasks.result(workflow_id), timeout=HANG_SECONDS)
         await workflow_idle(dev_server.client, workflow_id)
         await relay_caught_up(tasks, sink)
 

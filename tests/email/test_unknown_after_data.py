@@ -12,7 +12,7 @@ from onceflow.email import OutboxRelay
 from onceflow.retry_policy import OutcomeClass
 from onceflow.task_api import DecisionRefused, TaskClient
 from onceflow.workflows.task_models import ReconcileDecision, ReconcileInput, StepState, TaskState
-from tests.harness import workflow_idle
+from tests.harness import HANG_SECONDS, workflow_idle
 
 from .conftest import (
     deliveries,
@@ -85,7 +85,7 @@ async def test_did_not_happen_authorises_exactly_one_more_delivery(
     assert sink.sink.applications(message_id) == 0
     # ... until the operator, who looked in the mailbox, takes it on their word.
     await tasks.reconcile(workflow_id, decision.model_copy(update={"unverified": True}))
-    result = await asyncio.wait_for(tasks.result(workflow_id), timeout=20)
+    result = await asyncio.wait_for(tasks.result(workflow_id), timeout=HANG_SECONDS)
     await quiet(dev_server, tasks, sink, workflow_id)
 
     step = result.step("mail")
@@ -127,7 +127,7 @@ async def test_happened_sends_nothing_more(
             resource_id=message_id,
         ),
     )
-    result = await asyncio.wait_for(tasks.result(workflow_id), timeout=20)
+    result = await asyncio.wait_for(tasks.result(workflow_id), timeout=HANG_SECONDS)
     await quiet(dev_server, tasks, sink, workflow_id)
 
     step = result.step("mail")

@@ -22,6 +22,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from onceflow.encryption import ENCRYPTED_ENCODING, KEY_ID_METADATA
 from onceflow.gateway._codec_endpoint import SESSION_COOKIE
 from tests.gateway.conftest import Caller, make_caller, new_tenant
+from tests.harness import HANG_SECONDS
 
 from .conftest import KEY_ID, UI_ORIGIN, EncryptedStack, readable_text
 
@@ -31,7 +32,9 @@ FOREIGN_ORIGIN = "https://agents.example.net"
 
 @pytest.fixture
 async def http(stack: EncryptedStack) -> Any:
-    async with httpx.AsyncClient(base_url=stack.codec_endpoint + "/", timeout=30) as client:
+    async with httpx.AsyncClient(
+        base_url=stack.codec_endpoint + "/", timeout=HANG_SECONDS
+    ) as client:
         yield client
 
 

@@ -31,7 +31,7 @@ from onceflow.gateway import REQUEST_HASH_MEMO
 from onceflow.workflows import AgentTaskWorkflow
 from onceflow.workflows.task_models import TaskState
 from tests.gateway.conftest import Caller, make_caller, new_tenant
-from tests.harness import REPO, wait_for
+from tests.harness import HANG_SECONDS, REPO, wait_for
 from tests.payments.conftest import FAST_BUDGET
 
 from .conftest import KEY, KEY_ID, KEYS, EncryptedStack, order_task, readable_text
@@ -51,7 +51,7 @@ async def test_an_encrypted_task_runs_is_approved_and_replays_only_with_the_key(
         database, tenant=tenant, tools=("create_order", "charge_payment", "refund_payment")
     )
     operator = await make_caller(database, tenant=tenant, name="ops", may_decide=True)
-    async with httpx.AsyncClient(base_url=stack.gateway_url, timeout=30) as http:
+    async with httpx.AsyncClient(base_url=stack.gateway_url, timeout=HANG_SECONDS) as http:
         started = await http.post(
             "/v1/tasks",
             json={

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from tests.harness import REPO, eventually_blocking
+from tests.harness import HANG_SECONDS, REPO, eventually_blocking
 
 
 def install_example(example: Path, into: Path) -> Path:
@@ -83,6 +83,6 @@ def stop_all(processes: Iterable[subprocess.Popen[bytes]]) -> None:
         process.terminate()
     for process in started:
         try:
-            process.wait(timeout=15)
+            process.wait(timeout=HANG_SECONDS)
         except subprocess.TimeoutExpired:
             process.kill()

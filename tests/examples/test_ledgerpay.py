@@ -34,6 +34,7 @@ from onceflow_client import OnceflowClient, TaskResult
 from temporalio.testing import WorkflowEnvironment
 
 from tests.harness import (
+    HANG_SECONDS,
     REPO,
     eventually,
     key_window_closed,
@@ -79,7 +80,7 @@ class Ledgerpay:
 
     def ledger(self) -> dict[str, list[dict[str, Any]]]:
         """Every charge, refund and creating request the service has seen."""
-        response = httpx.get(f"{self.url}/_ledger", timeout=10)
+        response = httpx.get(f"{self.url}/_ledger", timeout=HANG_SECONDS)
         response.raise_for_status()
         ledger: dict[str, list[dict[str, Any]]] = response.json()
         return ledger
@@ -95,18 +96,18 @@ class Ledgerpay:
         return [row for row in self.ledger()["requests"] if row["reference"] == reference]
 
     def arm(self, **faults: int) -> None:
-        httpx.post(f"{self.url}/_faults", json=faults, timeout=10).raise_for_status()
+        httpx.post(f"{self.url}/_faults", json=faults, timeout=HANG_SECONDS).raise_for_status()
 
     def faults(self) -> dict[str, int]:
-        armed: dict[str, int] = httpx.get(f"{self.url}/_faults", timeout=10).json()
+        armed: dict[str, int] = httpx.get(f"{self.url}/_faults", timeout=HANG_SECONDS).json()
         return armed
 
     def release(self) -> None:
-        httpx.post(f"{self.url}/_release", timeout=10).raise_for_status()
+        httpx.post(f"{self.url}/_release", timeout=HANG_SECONDS).raise_for_status()
 
     def advance_clock(self, seconds: float) -> None:
         payload = {"advance_seconds": seconds}
-        httpx.post(f"{self.url}/_clock", json=payload, timeout=10).raise_for_status()
+        httpx.post(f"{self.url}/_clock", json=payload, timeout=HANG_SECONDS).raise_for_status()
 
 
 @dataclass(frozen=True)
@@ -287,7 +288,7 @@ async def test_service_keeps_keys_an_hour_stores_no_500s_and_reads_references_co
         "reference": reference,
     }
     key = {"Idempotency-Key": f"k-{reference}"}
-    async with httpx.AsyncClient(base_url=ledgerpay.url, timeout=30) as http:
+    async with httpx.AsyncClient(base_url=ledgerpay.url, timeout=HANG_SECONDS) as http:
         first = await http.post("/charges", json=body, headers=key)
         # Read-after-write: the reference finds the charge the moment it committed.
         found = (await http.get("/charges", params={"reference": reference})).json()["charges"]

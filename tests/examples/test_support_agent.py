@@ -38,6 +38,7 @@ from onceflow.storage import build_pool
 from tests.email.conftest import email_settings
 from tests.gateway.conftest import Caller, make_caller, new_tenant
 from tests.harness import (
+    HANG_SECONDS,
     REPO,
     eventually,
     log_line,
@@ -179,11 +180,11 @@ async def shop(
                 process.terminate()
             for process in processes:
                 try:
-                    process.wait(timeout=15)
+                    process.wait(timeout=HANG_SECONDS)
                 except subprocess.TimeoutExpired:
                     process.kill()
             stop_relay.set()
-            await asyncio.wait_for(relaying, timeout=10)
+            await asyncio.wait_for(relaying, timeout=HANG_SECONDS)
 
 
 async def test_the_scripted_agent_parks_is_reconciled_and_refunds_and_emails_once(
@@ -261,7 +262,7 @@ async def test_the_scripted_agent_parks_is_reconciled_and_refunds_and_emails_onc
         assert reconcile.returncode == 0, decided.decode()
 
         events += await _events_until(agent, "final")
-        await asyncio.wait_for(agent.wait(), timeout=30)
+        await asyncio.wait_for(agent.wait(), timeout=HANG_SECONDS)
     finally:
         if agent.returncode is None:
             agent.kill()

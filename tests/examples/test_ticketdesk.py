@@ -22,7 +22,7 @@ import httpx
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from tests.harness import REPO, onceflow_command, replay_tools_from
+from tests.harness import HANG_SECONDS, REPO, onceflow_command, replay_tools_from
 
 from .installation import install_example, start, stop_all, wait_for
 
@@ -43,7 +43,7 @@ class Desk:
 
     def ledger(self, **metadata: str) -> list[dict[str, Any]]:
         """Every ticket the service ever created (optionally those with this metadata)."""
-        response = httpx.get(f"{self.service_url}/tickets", params=metadata, timeout=10)
+        response = httpx.get(f"{self.service_url}/tickets", params=metadata, timeout=HANG_SECONDS)
         response.raise_for_status()
         tickets: list[dict[str, Any]] = response.json()["tickets"]
         return tickets
@@ -198,13 +198,13 @@ def test_service_dedupes_keyed_requests_and_not_legacy_ones(desk: Desk) -> None:
 
 
 def test_the_gateway_documents_the_configured_tools_with_their_contracts(desk: Desk) -> None:
-    document = httpx.get(f"{desk.gateway_url}/openapi.json", timeout=10).json()
+    document = httpx.get(f"{desk.gateway_url}/openapi.json", timeout=HANG_SECONDS).json()
     assert "/v1/tools/create_ticket/calls" in document["paths"]
     assert "CreateTicketInput" in document["components"]["schemas"]
     tools = httpx.get(
         f"{desk.gateway_url}/v1/tools",
         headers={"Authorization": f"Bearer {desk.api_key}"},
-        timeout=10,
+        timeout=HANG_SECONDS,
     ).json()
     by_name = {tool["name"]: tool for tool in tools}
     assert by_name["create_ticket"]["dedupe"] == "provider_idempotency_key"

@@ -44,7 +44,7 @@ from onceflow.task_api import TaskClient
 from onceflow.tools import Tool
 from onceflow.worker import build_worker
 from onceflow.workflows.task_models import AgentTaskInput, StepInput
-from tests.harness import log_line_blocking, settled_count
+from tests.harness import HANG_SECONDS, log_line_blocking, settled_count
 from tests.tool_configuration import builtin
 
 from ..conftest import BUSINESS_TABLES, repo_root
@@ -96,14 +96,14 @@ class GatewayProcess:
     def kill(self) -> None:
         """SIGKILL: no shutdown code runs, as in a crash."""
         self.process.send_signal(signal.SIGKILL)
-        self.process.wait(timeout=10)
+        self.process.wait(timeout=HANG_SECONDS)
 
     def stop(self) -> None:
         """SIGTERM and wait for a clean exit."""
         if self.process.poll() is None:
             self.process.terminate()
             try:
-                self.process.wait(timeout=15)
+                self.process.wait(timeout=HANG_SECONDS)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()

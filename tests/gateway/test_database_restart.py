@@ -25,7 +25,7 @@ from onceflow.storage import apply_migrations, build_pool
 from onceflow.task_api import TaskClient
 from onceflow.worker import build_worker
 from onceflow.workflows.task_models import AgentTaskInput, StepInput, TaskState
-from tests.harness import wait_for
+from tests.harness import HANG_SECONDS, wait_for
 from tests.tool_configuration import builtin
 
 from .conftest import Stack, make_caller, new_tenant, start_gateway
@@ -140,7 +140,7 @@ async def test_a_task_waits_out_its_databases_outage_without_spending_its_budget
             timeout=60,
         )
         postgres.start()
-        result = await asyncio.wait_for(tasks.result(workflow_id), timeout=60)
+        result = await asyncio.wait_for(tasks.result(workflow_id), timeout=HANG_SECONDS)
 
     assert result.state is TaskState.SUCCEEDED, result.failure_reason
     attempts = result.step("1").attempts
@@ -192,9 +192,16 @@ async def test_after_a_long_outage_the_gateway_answers_as_soon_as_the_server_is_
             back: list[float] = []
 
             async def agent_loop() -> None:
-                while not back or time.monotonic() - back[0] < 8:
+                # Until this agent had answers after the server's return, the last five
+                # of them 200s (only a hang stops it sooner, and fails below).
+                mine: list[int] = []
+                while not back or mine[-5:] != [200] * 5:
+                    if back and time.monotonic() - back[0] > HANG_SECONDS:
+                        return
                     response = await http.post(url, json=ORDER, headers=headers)
                     answers.append((time.monotonic(), response.status_code))
+                    if back and answers[-1][0] > back[0]:
+                        mine.append(response.status_code)
 
             postgres.stop()
             stopped = time.monotonic()
@@ -211,13 +218,14 @@ async def test_after_a_long_outage_the_gateway_answers_as_soon_as_the_server_is_
             assert during and set(during) == {503}, during
             after = sorted((at - back[0], code) for at, code in answers if at > back[0])
             first = next((i for i, (_, code) in enumerate(after) if code == 200), -1)
-            # Answered within the pool's reconnection interval of the server's return
-            # (a request waiting since the outage gets the first new connection), and
-            # nothing fails after it.
-            assert first >= 0 and after[first][0] < 3, after
+            # Answered before a caller's wait (the pool's 10 s) could have ended since the
+            # server's return: the pool reconnected by itself, a request did not have to
+            # wait a chain out (reconnection attempts are about 1 s apart; a loaded core
+            # only slows them). Nothing fails after it.
+            assert first >= 0 and after[first][0] < 10, after
             assert {code for _, code in after[first:]} == {200}, after
 
-            result = await asyncio.wait_for(tasks.result(workflow_id), timeout=60)
+            result = await asyncio.wait_for(tasks.result(workflow_id), timeout=HANG_SECONDS)
     finally:
         gateway.stop()
 

@@ -38,7 +38,7 @@ from onceflow.workflows.task_models import (
     TaskState,
     TaskStatus,
 )
-from tests.harness import wait_for
+from tests.harness import HANG_SECONDS, wait_for
 
 from .conftest import Caller, GatewayProcess, Stack, count, make_caller, new_tenant, rows
 
@@ -352,7 +352,7 @@ async def test_a_hung_owner_is_taken_over_after_its_lease_and_cannot_change_the_
         owner = asyncio.create_task(
             hung.approve(operator.principal, task_id, deny(digest), "deny-held")
         )
-        await asyncio.wait_for(held.holding.wait(), timeout=20)
+        await asyncio.wait_for(held.holding.wait(), timeout=HANG_SECONDS)
         assert rows(database, RECORD)[0][1] == "processing"
 
         # Waits while the lease runs, then takes the claim over and sends the decision.
@@ -364,7 +364,7 @@ async def test_a_hung_owner_is_taken_over_after_its_lease_and_cannot_change_the_
         # The hung owner wakes up: the task answers its resend with the one decision, and
         # its write to the record is fenced off.
         held.release.set()
-        late = await asyncio.wait_for(owner, timeout=20)
+        late = await asyncio.wait_for(owner, timeout=HANG_SECONDS)
         assert late.replayed and late.answer.replayed
         again = await healthy.approve(operator.principal, task_id, deny(digest), "deny-held")
 

@@ -16,6 +16,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
+from tests.harness import HANG_SECONDS
+
 from .conftest import Caller, GatewayProcess, rows
 
 COUPON = b'{"user_id": "u-fuzz", "coupon_id": "WELCOME10"}'
@@ -110,7 +112,7 @@ def exchange(url: str, header_lines: list[bytes], body: bytes) -> bytes:
         + body
     )
     received = b""
-    with socket.create_connection((parts.hostname, parts.port), timeout=5) as conn:
+    with socket.create_connection((parts.hostname, parts.port), timeout=HANG_SECONDS) as conn:
         conn.sendall(request)
         try:
             while chunk := conn.recv(65536):

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from onceflow.tools import key_digest
+from tests.harness import HANG_SECONDS
 
 from .conftest import Caller, GatewayProcess, Stack, count, make_caller, new_tenant, rows
 
@@ -189,7 +190,7 @@ def raw_post(url: str, path: str, header_lines: list[bytes], body: bytes) -> byt
         + b"\r\nConnection: close\r\n\r\n"
         + body
     )
-    with socket.create_connection((parts.hostname, parts.port), timeout=10) as conn:
+    with socket.create_connection((parts.hostname, parts.port), timeout=HANG_SECONDS) as conn:
         conn.sendall(request)
         received = b""
         while chunk := conn.recv(65536):

@@ -20,7 +20,7 @@ from mcp.shared.exceptions import MCPError
 
 from onceflow.gateway.mcp_server import REPLAYED_META, TASK_STATUS_TOOL
 from onceflow.tools import CATALOGUE
-from tests.harness import eventually, log_line_blocking
+from tests.harness import HANG_SECONDS, eventually, log_line_blocking
 
 from ..conftest import repo_root
 from .conftest import Caller, Stack, count, rows
@@ -155,7 +155,7 @@ async def test_streamable_http_authenticates_each_request_with_its_bearer_key(
 ) -> None:
     process, url = start_mcp_http(stack, tmp_path / "mcp.log")
     try:
-        async with httpx2.AsyncClient(headers=agent.headers, timeout=30) as http:
+        async with httpx2.AsyncClient(headers=agent.headers, timeout=HANG_SECONDS) as http:
             async with streamable_http_client(url, http_client=http) as (read, write):
                 async with ClientSession(read, write) as session:
                     await session.initialize()
@@ -164,7 +164,7 @@ async def test_streamable_http_authenticates_each_request_with_its_bearer_key(
                         {"user_id": "u-mcp", "coupon_id": "C1", "idempotency_key": "mcp-http"},
                     )
         # Without a key not even initialize reaches the SDK (test_mcp_auth.py has the rest).
-        async with httpx2.AsyncClient(timeout=30) as http:
+        async with httpx2.AsyncClient(timeout=HANG_SECONDS) as http:
             nobody = await http.post(
                 url,
                 json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}},
@@ -172,7 +172,7 @@ async def test_streamable_http_authenticates_each_request_with_its_bearer_key(
             )
     finally:
         process.terminate()
-        process.wait(timeout=15)
+        process.wait(timeout=HANG_SECONDS)
 
     assert not result.is_error
     assert result.structured_content["state"] == "succeeded"

@@ -28,6 +28,7 @@ from onceflow.gateway.mcp_server import (
     build_mcp_server,
 )
 from onceflow.tools import CATALOGUE
+from tests.harness import HANG_SECONDS
 
 from ..conftest import repo_root
 from .conftest import Caller, Stack, count, execute, make_caller, new_tenant, open_service, rows
@@ -64,7 +65,7 @@ async def mcp_http(stack: Stack) -> AsyncIterator[str]:
 @asynccontextmanager
 async def mcp_session(url: str, headers: dict[str, str]) -> AsyncIterator[ClientSession]:
     async with (
-        httpx2.AsyncClient(headers=headers, timeout=30) as http,
+        httpx2.AsyncClient(headers=headers, timeout=HANG_SECONDS) as http,
         streamable_http_client(url, http_client=http) as (read, write),
         ClientSession(read, write) as session,
     ):
@@ -88,7 +89,7 @@ def written(database: str) -> tuple[int, int]:
 async def test_initialize_without_a_valid_key_is_401_and_opens_nothing(
     stack: Stack, agent: Caller, database: str
 ) -> None:
-    async with mcp_http(stack) as url, httpx.AsyncClient(timeout=30) as http:
+    async with mcp_http(stack) as url, httpx.AsyncClient(timeout=HANG_SECONDS) as http:
         refused = {
             "no key": await http.post(url, json=INITIALIZE, headers=MCP_ACCEPT),
             "unknown key": await http.post(
@@ -128,7 +129,7 @@ async def test_initialize_without_a_valid_key_is_401_and_opens_nothing(
 async def test_a_session_id_is_no_credential_and_a_revoked_key_is_refused_mid_session(
     stack: Stack, agent: Caller, database: str
 ) -> None:
-    async with mcp_http(stack) as url, httpx.AsyncClient(timeout=30) as http:
+    async with mcp_http(stack) as url, httpx.AsyncClient(timeout=HANG_SECONDS) as http:
         async with mcp_session(url, agent.headers) as session:
             assert (await session.list_tools()).tools
             session_id = await _session_id(http, url, agent)
@@ -175,7 +176,7 @@ async def test_tools_list_shows_only_the_tools_the_principal_may_call(
             all_listed = {tool.name for tool in (await session.list_tools()).tools}
         # The 2026-07-28 protocol (no session) goes through the same gate and filter.
         async with (
-            httpx2.AsyncClient(headers=agent.headers, timeout=30) as http,
+            httpx2.AsyncClient(headers=agent.headers, timeout=HANG_SECONDS) as http,
             Client(streamable_http_client(url, http_client=http)) as client,
         ):
             stateless = {tool.name for tool in (await client.list_tools()).tools}

@@ -32,6 +32,7 @@ from mcp_types import INVALID_PARAMS
 
 from onceflow.gateway.mcp_server import IDEMPOTENCY_KEY_ARGUMENT, TASK_STATUS_TOOL
 from onceflow.tools import CATALOGUE
+from tests.harness import HANG_SECONDS
 
 from .conftest import Caller, Stack, make_caller, new_tenant
 from .test_mcp import start_mcp_http, stdio_session
@@ -57,7 +58,7 @@ async def http_session(
                     yield session
     finally:
         process.terminate()
-        process.wait(timeout=30)
+        process.wait(timeout=HANG_SECONDS)
 
 
 def judge(

@@ -9,6 +9,7 @@ from onceflow_client import IdempotencyKeyReused, OnceflowClient, new_idempotenc
 
 from onceflow.gateway import PrincipalStore
 from onceflow.storage import build_pool
+from tests.harness import HANG_SECONDS
 
 from ..conftest import repo_root
 from .conftest import Caller, GatewayProcess, count, new_tenant, rows
@@ -75,7 +76,7 @@ async def test_tasks_waiting_and_refusals(
             ],
             idempotency_key=key,
         )
-        finished = await onceflow.wait(task, timeout=30)
+        finished = await onceflow.wait(task, timeout=HANG_SECONDS)
         with pytest.raises(IdempotencyKeyReused) as reused:
             await onceflow.start_task(
                 [

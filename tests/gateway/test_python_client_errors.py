@@ -45,7 +45,7 @@ from onceflow_client._errors import parse_retry_after
 
 from onceflow.gateway.http_api import build_app
 from onceflow.gateway.http_server import HttpServer
-from tests.harness import eventually
+from tests.harness import HANG_SECONDS, eventually
 
 from .conftest import Caller, Stack, count, make_caller, new_tenant, open_service, rows
 
@@ -213,7 +213,7 @@ async def test_a_request_in_progress_is_a_409_with_a_numeric_retry_after_and_one
             await onceflow.call_tool("issue_coupon", COUPON, idempotency_key=key, retries=0)
         held.release.set()
         # replay_wait_seconds=0: the owner answers as soon as the task started, too.
-        task = await onceflow.wait(await first, poll_interval=0.1, timeout=20)
+        task = await onceflow.wait(await first, poll_interval=0.1, timeout=HANG_SECONDS)
 
     assert isinstance(busy.value, Conflict)
     assert busy.value.status == 409

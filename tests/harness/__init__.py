@@ -5,7 +5,9 @@ Nothing here sleeps to synchronise. What must happen is waited for with
 shown the system went quiet (``workflow_idle``, ``settled_count``, ``passed_marker``, or
 a far side's own record, such as the Stripe-compatible provider's ledger). Processes are
 started and waited on until they print that they are ready (``spawn`` with
-``wait_for_line``, or ``log_line`` for a process writing to a log file).
+``wait_for_line``, or ``log_line`` for a process writing to a log file). Every such wait
+is bounded by ``HANG_SECONDS``, which tells a hang from slow progress, never the work's
+pace on a quiet machine.
 
 A ``sleep`` left in a test is part of its scenario (a slow far side, a tool that works
 for a while, an agent's retry cadence) and says so on its line; ``env.sleep(...)`` on
@@ -13,7 +15,7 @@ Temporal's time-skipping server advances its clock and is a scenario step too.
 """
 
 from ._attempts import attempt_environment
-from ._eventually import eventually, eventually_blocking
+from ._eventually import HANG_SECONDS, eventually, eventually_blocking
 from ._processes import (
     REPO,
     log_line,
@@ -40,6 +42,7 @@ from ._replay_all import (
 from ._tasks import parked, wait_for
 
 __all__ = [
+    "HANG_SECONDS",
     "OTHER_RELEASES",
     "REPO",
     "ReplayReport",

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from ._eventually import eventually, eventually_blocking
+from ._eventually import HANG_SECONDS, eventually, eventually_blocking
 
 REPO = Path(__file__).resolve().parent.parent.parent
 
@@ -40,7 +40,9 @@ def spawn(arguments: list[str], *, env: dict[str, str], cwd: Path = REPO) -> sub
     )
 
 
-def wait_for_line(process: subprocess.Popen[str], needle: str, *, timeout: float = 60) -> list[str]:
+def wait_for_line(
+    process: subprocess.Popen[str], needle: str, *, timeout: float = HANG_SECONDS
+) -> list[str]:
     """Read the process's output until a line contains ``needle``; returns the lines read.
 
     Reads the raw descriptor: ``select`` on a buffered text stream misses lines that
@@ -71,8 +73,11 @@ def wait_for_line(process: subprocess.Popen[str], needle: str, *, timeout: float
     raise AssertionError(f"no line with {needle!r} within {timeout}s:\n" + "\n".join(seen))
 
 
-def stop(process: subprocess.Popen[str], *, timeout: float = 30) -> str:
-    """SIGTERM the process, wait for it, and return the rest of its output."""
+def stop(process: subprocess.Popen[str], *, timeout: float = HANG_SECONDS) -> str:
+    """SIGTERM the process, wait for it, and return the rest of its output.
+
+    A process still running after ``timeout`` (a hang) is killed.
+    """
     if process.poll() is None:
         process.terminate()
     try:
@@ -84,7 +89,9 @@ def stop(process: subprocess.Popen[str], *, timeout: float = 30) -> str:
     return unread.decode(errors="replace") + (output or "")
 
 
-async def log_line(process: Process, log_path: Path, needle: str, *, timeout: float = 60) -> str:
+async def log_line(
+    process: Process, log_path: Path, needle: str, *, timeout: float = HANG_SECONDS
+) -> str:
     """Wait until the process's log file has a line containing ``needle``; returns it.
 
     Raises:
@@ -98,7 +105,9 @@ async def log_line(process: Process, log_path: Path, needle: str, *, timeout: fl
     )
 
 
-def log_line_blocking(process: Process, log_path: Path, needle: str, *, timeout: float = 60) -> str:
+def log_line_blocking(
+    process: Process, log_path: Path, needle: str, *, timeout: float = HANG_SECONDS
+) -> str:
     """:func:`log_line` for code without an event loop (sync fixtures)."""
     return eventually_blocking(
         lambda: _find_line(process, log_path, needle),

@@ -22,7 +22,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowHandle
 
-from ._eventually import eventually
+from ._eventually import HANG_SECONDS, eventually
 
 M = TypeVar("M")
 
@@ -36,7 +36,7 @@ KEY_WINDOW_SUMMARY = b"send window of step"
 no longer be sent); it sends nothing, so it does not keep a workflow from being idle."""
 
 
-async def workflow_idle(client: Client, workflow_id: str, *, timeout: float = 20.0) -> None:
+async def workflow_idle(client: Client, workflow_id: str, *, timeout: float = HANG_SECONDS) -> None:
     """Wait until the workflow can cause nothing more by itself.
 
     Idle: the workflow is closed, or running with no workflow task, activity, timer
@@ -96,7 +96,9 @@ def is_key_window_timer(event: HistoryEvent) -> bool:
     return KEY_WINDOW_SUMMARY in event.user_metadata.summary.data
 
 
-async def key_window_closed(client: Client, workflow_id: str, *, timeout: float = 20.0) -> None:
+async def key_window_closed(
+    client: Client, workflow_id: str, *, timeout: float = HANG_SECONDS
+) -> None:
     """Wait until the workflow's key window timer fired: from then on the workflow holds
     the step's key unusable (its decisions read the timer, not a clock)."""
     handle = client.get_workflow_handle(workflow_id)
@@ -116,7 +118,7 @@ async def key_window_closed(client: Client, workflow_id: str, *, timeout: float 
     await eventually(fired, what=f"the key window timer of {workflow_id} fired", timeout=timeout)
 
 
-async def settled_count(client: Client, query: str, *, timeout: float = 20.0) -> int:
+async def settled_count(client: Client, query: str, *, timeout: float = HANG_SECONDS) -> int:
     """How many workflows match ``query``, once visibility caught up with what happened.
 
     Visibility is eventually consistent. A marker workflow (a type no worker runs, on a
@@ -145,7 +147,7 @@ async def passed_marker(
     send: Callable[[], Awaitable[M]],
     *arrived: Callable[[M], object],
     what: str,
-    timeout: float = 30.0,
+    timeout: float = HANG_SECONDS,
 ) -> M:
     """Send a marker down ordered channels and wait until it came out of every one.
 
@@ -157,7 +159,7 @@ async def passed_marker(
         send: Sends the marker; returns what identifies it (an id, a key).
         arrived: One check per channel: has the marker come out of its end? Sync or async.
         what: The channels, in words, for the failure message.
-        timeout: Seconds to wait for each channel. Default ``30.0``.
+        timeout: Seconds to wait for each channel. Default ``HANG_SECONDS``.
 
     Returns:
         What ``send`` returned.

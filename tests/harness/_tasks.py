@@ -5,7 +5,7 @@ from collections.abc import Callable
 from onceflow.task_api import TaskClient
 from onceflow.workflows.task_models import TaskState, TaskStatus
 
-from ._eventually import eventually
+from ._eventually import HANG_SECONDS, eventually
 
 
 async def wait_for(
@@ -13,7 +13,7 @@ async def wait_for(
     workflow_id: str,
     done: Callable[[TaskStatus], bool],
     *,
-    timeout: float = 20.0,
+    timeout: float = HANG_SECONDS,
 ) -> TaskStatus:
     """Poll the task's status query until ``done`` holds; fail with the last status."""
     return await eventually(

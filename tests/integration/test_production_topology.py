@@ -41,7 +41,7 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
 from onceflow.workflows.visibility import ALL_SEARCH_ATTRIBUTES, TASK_STATE, TASK_TENANT
-from tests.harness import REPO, log_line
+from tests.harness import HANG_SECONDS, REPO, log_line
 
 PAGE = REPO / "docs" / "production.md"
 SECTION = "# Run it in production"
@@ -180,7 +180,7 @@ async def serve_an_agent(
     gateways = [gateway_url(service) for service in running if service.name == "gateway"]
     assert len(workers) == 2 and len(gateways) == 2
     headers = {"Authorization": f"Bearer {api_key}"}
-    async with httpx.AsyncClient(timeout=30) as http:
+    async with httpx.AsyncClient(timeout=HANG_SECONDS) as http:
         for url in gateways:  # what the load balancer's health checks see
             assert (await http.get(f"{url}/healthz")).status_code == 200
             ready = await http.get(f"{url}/readyz")
@@ -247,11 +247,11 @@ async def run_once(command: Command, env: dict[str, str], cwd: Path) -> str:
         stderr=asyncio.subprocess.PIPE,
     )
     try:
-        stdout, stderr = await asyncio.wait_for(process.communicate(), timeout=60)
+        stdout, stderr = await asyncio.wait_for(process.communicate(), timeout=HANG_SECONDS)
     except TimeoutError:
         process.kill()
         await process.wait()
-        raise AssertionError(f"`{command.line}` did not finish within 60 s") from None
+        raise AssertionError(f"`{command.line}` did not finish within {HANG_SECONDS:g} s") from None
     assert process.returncode == 0, (
         f"`{command.line}` exited {process.returncode}:\n{stderr.decode(errors='replace')}"
     )
@@ -286,7 +286,7 @@ async def started_services(
             assert service.name in READY, f"no known ready line for `onceflow {service.name}`"
         await asyncio.gather(
             *(
-                log_line(service.process, service.log_path, READY[service.name], timeout=60)
+                log_line(service.process, service.log_path, READY[service.name])
                 for service in running
             )
         )
@@ -302,7 +302,7 @@ async def started_services(
 
 async def _exit_code(service: Service) -> int:
     try:
-        return await asyncio.wait_for(service.process.wait(), timeout=30)
+        return await asyncio.wait_for(service.process.wait(), timeout=HANG_SECONDS)
     except TimeoutError:
         service.process.kill()
         return await service.process.wait()

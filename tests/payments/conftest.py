@@ -51,6 +51,7 @@ from onceflow.tools import (
 from onceflow.worker import build_worker
 from onceflow.workflows.task_models import AgentTaskInput, StepInput
 from tests.harness import (
+    HANG_SECONDS,
     REPO,
     attempt_environment,
     onceflow_command,
@@ -280,7 +281,7 @@ async def worker_process(process_environment: dict[str, str]) -> AsyncIterator[W
         reader = asyncio.create_task(read_output())
         started.append((process, reader))
         try:
-            await asyncio.wait_for(ready.wait(), timeout=60)
+            await asyncio.wait_for(ready.wait(), timeout=HANG_SECONDS)
         except TimeoutError:
             raise AssertionError("worker never became ready:\n" + "\n".join(seen)) from None
         return process
@@ -291,7 +292,7 @@ async def worker_process(process_environment: dict[str, str]) -> AsyncIterator[W
             process.send_signal(signal.SIGCONT)  # a test that failed while it was paused
             process.terminate()
             try:
-                await asyncio.wait_for(process.wait(), timeout=30)
+                await asyncio.wait_for(process.wait(), timeout=HANG_SECONDS)
             except TimeoutError:
                 process.kill()
                 await process.wait()

@@ -28,7 +28,7 @@ from onceflow.settings import OnceflowSettings
 from onceflow.task_api import TaskClient
 from onceflow.tools import derive_child_key
 from onceflow.workflows.task_models import AgentTaskInput, OpenTaskOptions, TaskState
-from tests.harness import eventually, is_key_window_timer
+from tests.harness import HANG_SECONDS, eventually, is_key_window_timer
 
 from .conftest import (
     ACCOUNT,
@@ -71,7 +71,7 @@ async def test_a_worker_killed_after_the_provider_committed_leaves_one_charge(
     assert operation_row(database, key)[:2] == ("started", None)
 
     await worker_process()
-    result = await asyncio.wait_for(tasks.result(workflow_id), timeout=40)
+    result = await asyncio.wait_for(tasks.result(workflow_id), timeout=HANG_SECONDS)
 
     [entry] = await control.ledger()
     assert result.state is TaskState.SUCCEEDED

@@ -40,7 +40,15 @@ from onceflow.storage import build_pool
 from onceflow.task_api import TaskClient
 from onceflow.tools import key_digest
 from onceflow.workflows.task_models import TaskStatus
-from tests.harness import REPO, eventually, log_line, onceflow_command, passed_marker, wait_for
+from tests.harness import (
+    HANG_SECONDS,
+    REPO,
+    eventually,
+    log_line,
+    onceflow_command,
+    passed_marker,
+    wait_for,
+)
 
 PLANTED_STRIPE_KEY = "sk_test_PLANTEDstripeSECRET4f1c9e"
 """The workers' Stripe secret key: a secret that must never be exported or logged."""
@@ -159,7 +167,7 @@ class OtlpReceiver(
         )
 
     async def wait_for_spans(
-        self, done: Callable[[list[ReceivedSpan]], bool], *, timeout: float = 60.0
+        self, done: Callable[[list[ReceivedSpan]], bool], *, timeout: float = HANG_SECONDS
     ) -> list[ReceivedSpan]:
         """Poll until ``done`` holds for the spans (or metrics) received so far."""
 
@@ -233,7 +241,7 @@ class OnceflowProcess:
         if self.process.returncode is None:
             self.process.terminate()
             try:
-                await asyncio.wait_for(self.process.wait(), 30)
+                await asyncio.wait_for(self.process.wait(), HANG_SECONDS)
             except TimeoutError:
                 self.process.kill()
                 await self.process.wait()
@@ -291,7 +299,7 @@ class TelemetryStack:
         return tenant, {"Authorization": f"Bearer {api_key}"}
 
     async def wait_for_state(
-        self, workflow_id: str, done: Callable[[TaskStatus], bool], *, timeout: float = 30.0
+        self, workflow_id: str, done: Callable[[TaskStatus], bool], *, timeout: float = HANG_SECONDS
     ) -> TaskStatus:
         """Poll the task's status query until ``done`` holds."""
         return await wait_for(self.tasks, workflow_id, done, timeout=timeout)
@@ -310,7 +318,7 @@ class TelemetryStack:
         key = f"marker-{uuid.uuid4().hex}"
 
         async def send() -> str:
-            async with httpx.AsyncClient(timeout=30) as http:
+            async with httpx.AsyncClient(timeout=HANG_SECONDS) as http:
                 answer = await http.post(
                     f"{self.gateway_url}/v1/tools/issue_coupon/calls",
                     json={"user_id": key, "coupon_id": "MARKER"},
@@ -439,5 +447,5 @@ async def mail(stack: TelemetryStack) -> AsyncIterator[MailRelay]:
 @pytest.fixture
 async def http() -> AsyncIterator[httpx.AsyncClient]:
     """An HTTP client that never retries by itself."""
-    async with httpx.AsyncClient(timeout=30) as client:
+    async with httpx.AsyncClient(timeout=HANG_SECONDS) as client:
         yield client

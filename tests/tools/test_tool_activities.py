@@ -101,7 +101,8 @@ async def test_a_lookup_finds_the_recorded_operation_and_keep_alive_heartbeats(
     async def slow_write(call: ToolCall[sample_tools.Note]) -> ToolAttemptResult:
         operation = await call.begin("write", provider_account="notes")
         async with call.keep_alive(every=timedelta(milliseconds=20)):
-            await asyncio.sleep(0.2)  # scenario: the far side works a while, heartbeats go on
+            # The far side works until the attempt has heartbeated three times.
+            await eventually(lambda: len(heartbeats) >= 3, what="three heartbeats meanwhile")
         await operation.record(ticket="t-1")
         return await operation.failed(OutcomeClass.UNKNOWN, "no answer")
 
@@ -128,15 +129,15 @@ async def test_a_lookup_finds_the_recorded_operation_and_keep_alive_heartbeats(
     assert (found.outcome, found.resource_id) == (OutcomeClass.SUCCEEDED, "t-1")
 
 
-def leased_writer(writes: list[tuple[str, int]], hold: float) -> Tool:
-    """A tool that writes three times under the operation's fenced lease, like a far side
-    that records the token of every write."""
+def leased_writer(writes: list[tuple[str, int]], hold: float, ttl: float = 0.6) -> Tool:
+    """A tool that writes three times under the operation's fenced lease (of ``ttl``
+    seconds), like a far side that records the token of every write."""
 
     async def write_under_lease(call: ToolCall[sample_tools.Note]) -> ToolAttemptResult:
         operation = await call.begin("write", provider_account="notes")
         if operation.earlier_success:
             return operation.earlier_success
-        async with operation.fenced_lease(ttl=timedelta(seconds=0.6)) as lease:
+        async with operation.fenced_lease(ttl=timedelta(seconds=ttl)) as lease:
             for _ in range(3):
                 writes.append((call.args.text, lease.token))
                 await asyncio.sleep(hold / 3)  # scenario: each write takes a while
@@ -149,7 +150,9 @@ def leased_writer(writes: list[tuple[str, int]], hold: float) -> Tool:
 async def test_a_fenced_lease_lets_one_attempt_work_at_a_time(database: str) -> None:
     writes: list[tuple[str, int]] = []
     async with build_pool(database) as pool:
-        [perform] = tool_activities(leased_writer(writes, hold=0.6), pool, None)
+        # A lease far longer than the work (kept every 0.67 s): the second attempt waits for
+        # the first to release it, even when a loaded core delays the first's writes.
+        [perform] = tool_activities(leased_writer(writes, hold=0.6, ttl=5), pool, None)
         first = asyncio.create_task(attempt_environment().run(perform, attempt({"text": "a"})))
         await eventually(lambda: writes, what="the first attempt writes under its lease")
         second = await attempt_environment().run(perform, attempt({"text": "b"}, number=2))

@@ -33,7 +33,7 @@ from onceflow.gateway.mcp_server import (
     fixed_principal,
 )
 from onceflow.retry_policy import RetryBudget
-from tests.harness import eventually
+from tests.harness import HANG_SECONDS, eventually
 
 from ..conftest import (
     Caller,
@@ -66,7 +66,7 @@ def mcp_url(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 def stop(process: subprocess.Popen[bytes]) -> None:
     process.terminate()
     try:
-        process.wait(timeout=15)
+        process.wait(timeout=HANG_SECONDS)
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()

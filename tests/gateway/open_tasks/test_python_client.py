@@ -17,7 +17,7 @@ import httpx
 import pytest
 from onceflow_client import CallRefused, CallResult, OnceflowClient
 
-from tests.harness import eventually
+from tests.harness import HANG_SECONDS, eventually
 
 from ..conftest import (
     Caller,
@@ -186,7 +186,7 @@ async def test_refused_calls_raise_with_the_reason_and_waiting_returns_the_decis
         assert asked.state == "awaiting_approval" and asked.waiting_for_person
         assert not asked.ended and asked.status_code == 202
 
-        waiting = asyncio.create_task(task.wait(asked, timeout=60))
+        waiting = asyncio.create_task(task.wait(asked, timeout=HANG_SECONDS))
         approved = await ops.post(
             f"/v1/tasks/{task.task_id}/approve",
             json={
