@@ -38,6 +38,7 @@ BUSINESS_TABLES = (
     "operations",
     # the boundary's
     "idempotency_records",
+    "mcp_task_handles",
     "principal_key_usage",
     "api_keys",
     "principals",
