@@ -62,6 +62,8 @@ POLL_INTERVAL_MS = 1_000
 """The polling interval suggested while a call runs."""
 PERSON_POLL_INTERVAL_MS = 5_000
 """The polling interval suggested while a person decides (that takes minutes, not ms)."""
+TASK_META = "onceflow/task_id"
+STEP_META = "onceflow/step_id"
 _STARTED_POLL = 0.05
 _ENDED = frozenset({StepState.SUCCEEDED, *NO_EFFECT_STEP_STATES})
 _MODERN = frozenset(MODERN_PROTOCOL_VERSIONS)
@@ -189,6 +191,8 @@ class DurableTasks(Extension):
             "lastUpdatedAt": _iso(_last_update(handle, status, step)),
             "ttlMs": int((handle.expires_at - handle.created_at).total_seconds() * 1000),
             "pollIntervalMs": POLL_INTERVAL_MS,
+            # Where a person finds the call (onceflow status / approve / reconcile).
+            "_meta": {TASK_META: status.workflow_id, STEP_META: handle.step_id},
         }
         if step.state in _ENDED and is_terminal(status):
             if step.state is StepState.DENIED and handle.cancel_outcome is CancelOutcome.WITHDRAWN:
