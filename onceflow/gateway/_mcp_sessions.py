@@ -50,6 +50,8 @@ class McpSessions:
 
     A session is created by its first tool call and ended by ``end`` (its connection's
     clean-up, for streamable HTTP) or, with every other, by ``end_all`` when the run ends.
+    It also runs the calls whose requests may be cancelled before they end (``finish``,
+    ``detach``), so that a broken stream never cancels a call that started.
     """
 
     def __init__(

@@ -14,7 +14,16 @@ same tool with the same arguments again, under a new key, is answered by the ear
   closes;
 * a request that belongs to no session (the 2026-07-28 protocol's single exchange over
   HTTP) has no task to join: it runs as a one-step task of its own, as
-  ``POST /v1/tools/{tool}/calls`` does.
+  ``POST /v1/tools/{tool}/calls`` does, identified by its ``idempotency_key``.
+
+Each era is told only what the server keeps in it: ``initialize`` and a session's
+``server/discover`` answer ``SESSION_INSTRUCTIONS``, a sessionless ``server/discover``
+``STATELESS_INSTRUCTIONS``, and ``tools/list`` offers ``deliberate_repeat`` only in a
+session. A call goes on when its request is cancelled (in 2026-07-28 a broken response
+stream is the cancellation, and the client re-issues the call under a new request id):
+its outcome reaches the key's record, and the re-issued call gets it. A sessionless call
+of a client that declared the tasks extension can be answered with a durable task
+handle (``_mcp_tasks``).
 
 Closing is bounded (``close_timeout``) and never raises: a task that could not be closed
 closes itself after its idle timeout. A session outlives its task's limits: when its task
