@@ -40,6 +40,7 @@ BUSINESS_TABLES = (
     "intent_deliberate_repeats",
     # the boundary's
     "idempotency_records",
+    "mcp_task_handles",
     "principal_key_usage",
     "api_keys",
     "principals",

@@ -106,6 +106,8 @@ def register(app: typer.Typer, operate: Operate) -> None:
 
         Each MCP session is one open task: its first tool call opens it, its end (stdio
         input closed, the HTTP session deleted or idle, the server stopping) closes it.
+        Without a session (MCP 2026-07-28 over HTTP) each call is a task of its own,
+        identified by its idempotency_key; a call that waits can be a durable MCP task.
         """
         settings, database_url = settings_and_database()
         gateway_settings = _gateway_settings()

@@ -14,10 +14,11 @@ import logging
 import secrets
 import uuid
 from collections import OrderedDict
+from collections.abc import Awaitable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from mcp.server.context import ServerRequestContext
 
@@ -41,6 +42,7 @@ _RESENDS = 3
 """Tasks a call is sent to at most (each before refused it, taking no more calls), and
 tasks a session tries to open at once."""
 _ENDED_SESSIONS_KEPT = 10_000
+_T = TypeVar("_T")
 
 
 class McpSessions:
@@ -48,6 +50,8 @@ class McpSessions:
 
     A session is created by its first tool call and ended by ``end`` (its connection's
     clean-up, for streamable HTTP) or, with every other, by ``end_all`` when the run ends.
+    It also runs the calls whose requests may be cancelled before they end (``finish``,
+    ``detach``), so that a broken stream never cancels a call that started.
     """
 
     def __init__(
@@ -61,6 +65,39 @@ class McpSessions:
         self._sessions: dict[str, _Session] = {}
         self._ended: OrderedDict[str, None] = OrderedDict()
         self._unhooked_warned = False
+        self._detached: set[asyncio.Task[Any]] = set()
+
+    def has_session(self, ctx: ServerRequestContext[Any, Any]) -> bool:
+        """Whether a request belongs to a session: over streamable HTTP one the SDK
+        minted (the handshake era); over stdio (or in process) the run, in any protocol
+        revision, since one run serves one client. A 2026-07-28 request over HTTP has
+        none: each of its calls is a task of its own."""
+        request = ctx.request
+        if request is None:
+            return True
+        headers = getattr(request, "headers", None)
+        return bool(headers.get(SESSION_HEADER)) if headers is not None else False
+
+    def detach(self, work: Awaitable[_T]) -> "asyncio.Task[_T]":
+        """Run ``work`` on its own: a request that stops waiting for it (the client's
+        stream broke: a cancellation in 2026-07-28) does not stop it. The run's end
+        waits for it like for the sessions' closing."""
+        task = asyncio.ensure_future(work)
+        self._detached.add(task)
+        task.add_done_callback(_forget)
+        task.add_done_callback(self._detached.discard)
+        return task
+
+    async def finish(self, work: Awaitable[_T], what: str) -> _T:
+        """``work``'s outcome; when the request is cancelled first, ``work`` goes on to
+        it (an effect that started is never cancelled by a broken stream)."""
+        task = self.detach(work)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if not task.done():
+                log.info("the client stopped waiting for %s: it goes on to its outcome", what)
+            raise
 
     def session_of(self, ctx: ServerRequestContext[Any, Any]) -> "_Session | None":
         """The session a request belongs to; None for an HTTP request outside one."""
@@ -104,8 +141,11 @@ class McpSessions:
             log.exception("MCP session %s ended, but closing its tasks failed", session.name)
 
     async def end_all(self) -> None:
-        """End every session still open (the run is ending)."""
+        """End every session still open (the run is ending), and give the calls whose
+        clients stopped waiting the same bounded time to end."""
         await asyncio.gather(*(self.end(session_id) for session_id in list(self._sessions)))
+        if self._detached:
+            await asyncio.wait(set(self._detached), timeout=self._close_timeout)
 
     def _end_with_connection(self, ctx: ServerRequestContext[Any, Any], session_id: str) -> None:
         # The SDK unwinds a connection's exit stack (shielded, bounded) however its session
@@ -304,6 +344,12 @@ class _Session:
             )
             return
         log.info("MCP session %s ended: task %s is %s", self.name, task_id, status.state.value)
+
+
+def _forget(task: "asyncio.Task[Any]") -> None:
+    # Its outcome went to whoever still waited, or nowhere (logged by the boundary).
+    if not task.cancelled():
+        task.exception()
 
 
 def _key_after_refusal(task_id: str, idempotency_key: str) -> str:

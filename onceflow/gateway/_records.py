@@ -317,6 +317,11 @@ class IdempotencyStore:
     def __init__(self, pool: AsyncConnectionPool) -> None:
         self._pool = pool
 
+    @property
+    def pool(self) -> AsyncConnectionPool:
+        """The pool its statements run on (the boundary's other tables share it)."""
+        return self._pool
+
     async def claim(self, new: NewClaim) -> Claimed | AlreadyClaimed:
         """Claim ``(scope, key)`` atomically, or return the record that holds it.
 

@@ -18,12 +18,15 @@ from onceflow.gateway._claims import Claims
 from onceflow.gateway._decision_requests import DecisionRequests
 from onceflow.gateway._principals import Principal, PrincipalStore
 from onceflow.gateway._records import IdempotencyStore
-from onceflow.gateway._requests import allowed_tool
+from onceflow.gateway._requests import allowed_tool, checked_key, request_scope
 from onceflow.gateway._responses import Readiness
 from onceflow.gateway._settings import GatewaySettings
-from onceflow.gateway._task_requests import TaskRequests
+from onceflow.gateway._task_handles import TaskHandles, TaskHandleStore
+from onceflow.gateway._task_requests import TOOL_CALL_STEP_ID, TaskRequests
 from onceflow.task_api import TaskClient
-from onceflow.tools import CATALOGUE, Catalogue
+from onceflow.tools import CATALOGUE, Catalogue, derive_task_workflow_id
+
+__all__ = ["TOOL_CALL_STEP_ID", "BoundaryService"]
 
 _READINESS_PROBE = ("onceflow-readiness-probe", "onceflow-readiness-probe")
 """What readiness reads: a scope and key no principal's scope can be, a task id no key
@@ -71,6 +74,13 @@ class BoundaryService:
         self._decision_requests = DecisionRequests(
             claims=claims, records=records, tasks=tasks, task_requests=self._task_requests
         )
+        self.task_handles = TaskHandles(
+            store=TaskHandleStore(records.pool),
+            task_requests=self._task_requests,
+            tasks=tasks,
+            ttl=settings.result_retention,
+        )
+        """Handles of calls still waiting, for the MCP tasks extension."""
         # The transports' requests, by noun.
         self.call_tool = self._task_requests.call_tool
         self.create_task = self._task_requests.create_task
@@ -121,6 +131,16 @@ class BoundaryService:
         except RPCError as error:
             if error.status is not RPCStatusCode.NOT_FOUND:
                 raise
+
+    def call_workflow_id(self, principal: Principal, tool: str, idempotency_key: str) -> str:
+        """The task a one-step call of ``tool`` under the key runs as (``call_tool``),
+        whether or not it was started; its one step is ``TOOL_CALL_STEP_ID``. Raises
+        what ``call_tool`` raises for a malformed key."""
+        return derive_task_workflow_id(
+            tenant=principal.tenant,
+            scope=request_scope(principal, tool, "call"),
+            idempotency_key=checked_key(idempotency_key),
+        )
 
     def check_tool(self, principal: Principal, tool: str) -> None:
         """Raise ``UnknownToolRequested`` or ``ToolNotAllowed`` before a body is read."""

@@ -14,7 +14,16 @@ same tool with the same arguments again, under a new key, is answered by the ear
   closes;
 * a request that belongs to no session (the 2026-07-28 protocol's single exchange over
   HTTP) has no task to join: it runs as a one-step task of its own, as
-  ``POST /v1/tools/{tool}/calls`` does.
+  ``POST /v1/tools/{tool}/calls`` does, identified by its ``idempotency_key``.
+
+Each era is told only what the server keeps in it: ``initialize`` and a session's
+``server/discover`` answer ``SESSION_INSTRUCTIONS``, a sessionless ``server/discover``
+``STATELESS_INSTRUCTIONS``, and ``tools/list`` offers ``deliberate_repeat`` only in a
+session. A call goes on when its request is cancelled (in 2026-07-28 a broken response
+stream is the cancellation, and the client re-issues the call under a new request id):
+its outcome reaches the key's record, and the re-issued call gets it. A sessionless call
+of a client that declared the tasks extension can be answered with a durable task
+handle (``_mcp_tasks``).
 
 Closing is bounded (``close_timeout``) and never raises: a task that could not be closed
 closes itself after its idle timeout. A session outlives its task's limits: when its task
@@ -53,6 +62,7 @@ import mcp_types as types
 from mcp.server import Server
 from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
 from starlette.responses import Response
@@ -60,6 +70,12 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from onceflow.errors import BackendUnavailable, OnceflowError, UnknownToolRequested
 from onceflow.gateway._mcp_sessions import DELIBERATE_REPEAT_ARGUMENT, SESSION_HEADER, McpSessions
+from onceflow.gateway._mcp_tasks import (
+    TASK_WAIT_SECONDS,
+    TASKS_EXTENSION,
+    DurableTasks,
+    apply_extension,
+)
 from onceflow.gateway._principals import Principal
 from onceflow.gateway._requests import BoundaryAnswer
 from onceflow.gateway._responses import CallView
@@ -74,6 +90,9 @@ __all__ = [
     "REPLAYED_META",
     "SESSION_CLOSE_TIMEOUT",
     "SESSION_HEADER",
+    "SESSION_INSTRUCTIONS",
+    "STATELESS_INSTRUCTIONS",
+    "TASKS_EXTENSION",
     "TASK_STATUS_TOOL",
     "WWW_AUTHENTICATE",
     "BearerGate",
@@ -99,12 +118,41 @@ _PRINCIPAL_STATE = "onceflow.principal"
 PROBLEM_JSON = "application/problem+json"
 WWW_AUTHENTICATE = 'Bearer realm="onceflow"'
 
+SESSION_INSTRUCTIONS = (
+    "This MCP session is one onceflow task: one retry budget for all its tool "
+    "calls. Tools with effects take an idempotency_key: reuse it when you retry a "
+    "call, use a new one for a new call. A call with the same tool and arguments "
+    "as an earlier call of the session is answered by that call (repeat_of) and "
+    "does not run again. A call that is parked or awaiting approval waits for a "
+    "person: do not repeat it; poll it with "
+    f"{TASK_STATUS_TOOL} or call again with the same idempotency_key."
+)
+"""What a client with a session is told: a handshake-era session over HTTP, or any
+client of a stdio server (one run serves one client)."""
+STATELESS_INSTRUCTIONS = (
+    "Each tool call is its own onceflow task, identified by its idempotency_key: this "
+    "server keeps no session between calls. Tools with effects take an idempotency_key: "
+    "send the same key with the same arguments to get the same outcome, however often "
+    "you retry and even after a lost connection (a broken stream never cancels a call "
+    "that started); use a new key only for a new call, since a new key is a new task "
+    "and this server does not recognise it as a repeat of an earlier one. A call that is "
+    "parked or awaiting approval waits for a person: do not repeat it under a new key; "
+    f"call again with the same idempotency_key, poll {TASK_STATUS_TOOL}, or poll the "
+    "task it returned (clients of the io.modelcontextprotocol/tasks extension)."
+)
+"""What a 2026-07-28 client over streamable HTTP is told: no session, no repeat guard."""
+
 PrincipalResolver = Callable[[ServerRequestContext[Any, Any]], Awaitable[Principal]]
 
 
-def tool_definition(contract: ToolContract) -> types.Tool:
-    """The MCP tool of a contract: its arguments plus ``idempotency_key`` (and
-    ``deliberate_repeat`` when the contract allows one), and annotations."""
+def tool_definition(contract: ToolContract, *, in_session: bool = True) -> types.Tool:
+    """The MCP tool of a contract: its arguments plus ``idempotency_key`` (and, in a
+    session, ``deliberate_repeat`` when the contract allows one), and annotations.
+
+    ``in_session``: whether the caller's requests belong to a session (``McpSessions
+    .has_session``), whose repeat guard ``deliberate_repeat`` steps past; outside one
+    (2026-07-28 over HTTP) each call is its own task and the argument would mean nothing.
+    """
     schema = contract.input_model.model_json_schema()
     properties = dict(schema.get("properties", {}))
     properties[IDEMPOTENCY_KEY_ARGUMENT] = {
@@ -115,9 +163,15 @@ def tool_definition(contract: ToolContract) -> types.Tool:
         "description": (
             "Identifies this logical call: send the same key when retrying it, a new key "
             "for a new call. The same key with other arguments is refused."
+            + (
+                ""
+                if in_session
+                else " Each call is a task of its own: the key is what makes a retry (even "
+                "after a lost connection) the same call, answered with its first outcome."
+            )
         ),
     }
-    if contract.deliberate_repeats:
+    if contract.deliberate_repeats and in_session:
         properties[DELIBERATE_REPEAT_ARGUMENT] = {
             "type": "boolean",
             "default": False,
@@ -173,6 +227,7 @@ def build_mcp_server(
     *,
     session_task: Mapping[str, Any] | None = None,
     close_timeout: float = SESSION_CLOSE_TIMEOUT,
+    task_wait: float = TASK_WAIT_SECONDS,
 ) -> "BoundaryMcpServer":
     """An MCP server whose tools call ``service`` as the principal ``principal_of`` finds.
 
@@ -183,8 +238,12 @@ def build_mcp_server(
             ``POST /v1/tasks``: ``open`` (``idle_timeout``, ``max_lifetime``) and
             ``budget``. Default ``{"open": {}}``: the boundary's defaults (30 minutes
             idle, 1 day, the default retry budget).
-        close_timeout: Seconds a session's end waits for its tasks to close. Default
+        close_timeout: Seconds a session's end waits for its tasks to close (and the
+            run's end for calls whose clients stopped waiting). Default
             ``SESSION_CLOSE_TIMEOUT``.
+        task_wait: Seconds a call of a client that declared the tasks extension may
+            take before it is answered with a task (``_mcp_tasks``). Default
+            ``TASK_WAIT_SECONDS``.
     """
     task_body = dict(session_task) if session_task is not None else {"open": {}}
 
@@ -210,8 +269,9 @@ def build_mcp_server(
             raise MCPError(code=code, message=refused.detail) from None
         # What a principal may not call stays unlisted: its schema and annotations are
         # none of its business (a call of it is still refused, 403, as over HTTP).
+        in_session = ctx.lifespan_context.has_session(ctx)
         tools = [
-            tool_definition(contract)
+            tool_definition(contract, in_session=in_session)
             for contract in service.catalogue
             if principal.may_call(contract.name)
         ]
@@ -235,33 +295,45 @@ def build_mcp_server(
             deliberate: Any = False
             if contract.deliberate_repeats:
                 deliberate = arguments.pop(DELIBERATE_REPEAT_ARGUMENT, False)
-            session = ctx.lifespan_context.session_of(ctx)
+            sessions = ctx.lifespan_context
+            what = f"a call of {params.name} (request {ctx.request_id})"
+            session = sessions.session_of(ctx)
             if session is None:
-                answer = await service.call_tool(principal, params.name, arguments, key)
-                return _answer(answer)
-            return _call_answer(await session.call(principal, contract, arguments, key, deliberate))
+                call = service.call_tool(principal, params.name, arguments, key)
+                return _answer(await sessions.finish(call, what))
+            in_task = session.call(principal, contract, arguments, key, deliberate)
+            return _call_answer(await sessions.finish(in_task, what))
         except UnknownToolRequested as unknown:
             raise MCPError(code=types.INVALID_PARAMS, message=unknown.detail) from None
         except OnceflowError as refused:
             return _result(refused.problem(), is_error=True)
 
-    return BoundaryMcpServer(
+    server = BoundaryMcpServer(
         service,
         "onceflow",
         version="1",
-        instructions=(
-            "This MCP session is one onceflow task: one retry budget for all its tool "
-            "calls. Tools with effects take an idempotency_key: reuse it when you retry a "
-            "call, use a new one for a new call. A call with the same tool and arguments "
-            "as an earlier call of the session is answered by that call (repeat_of) and "
-            "does not run again. A call that is parked or awaiting approval waits for a "
-            "person: do not repeat it; poll it with "
-            f"{TASK_STATUS_TOOL} or call again with the same idempotency_key."
-        ),
+        # What ``initialize`` answers: only the handshake era has it, with a session.
+        instructions=SESSION_INSTRUCTIONS,
         lifespan=lifespan,
         on_list_tools=list_tools,
         on_call_tool=call_tool,
     )
+
+    async def discover(
+        ctx: ServerRequestContext[McpSessions, Any], params: types.RequestParams | None
+    ) -> types.DiscoverResult:
+        # The SDK's own answer, with the instructions of the era the request is in.
+        in_session = ctx.lifespan_context.has_session(ctx)
+        return types.DiscoverResult(
+            supported_versions=list(MODERN_PROTOCOL_VERSIONS),
+            capabilities=server.get_capabilities(protocol_version=ctx.protocol_version),
+            instructions=SESSION_INSTRUCTIONS if in_session else STATELESS_INSTRUCTIONS,
+        )
+
+    server.add_request_handler("server/discover", types.RequestParams, discover)
+    tasks = DurableTasks(service, principal_of, _answer, wait_seconds=task_wait)
+    apply_extension(server, tasks, call_tool)
+    return server
 
 
 def fixed_principal(principal: Principal) -> PrincipalResolver:
@@ -422,10 +494,50 @@ def _call_message(view: CallView) -> str:
 
 
 def _answer(answer: BoundaryAnswer) -> types.CallToolResult:
-    """A call outside any session: its one-step task's view."""
-    result = _result(answer.body, is_error=answer.body.get("state") == TaskState.FAILED.value)
+    """A call outside any session: a sentence for the model, then its one-step task's
+    view."""
+    body = answer.body
+    result = types.CallToolResult(
+        content=[
+            types.TextContent(text=_task_message(body)),
+            types.TextContent(text=json.dumps(body, sort_keys=True)),
+        ],
+        structured_content=body,
+        is_error=body.get("state") == TaskState.FAILED.value,
+    )
     result.meta = {REPLAYED_META: answer.replayed}
     return result
+
+
+def _task_message(body: dict[str, Any]) -> str:
+    """What a model should read of a call that is a task of its own (no session)."""
+    steps = body.get("steps") or [{}]
+    step, task_id = steps[-1], body.get("task_id")
+    tool, state = step.get("tool", "the tool"), step.get("state")
+    ask_again = (
+        f"To learn the outcome, call {tool} again with the same idempotency_key and "
+        f"arguments, or call {TASK_STATUS_TOOL} with this task_id; a new "
+        "idempotency_key would be a new call."
+    )
+    match state:
+        case StepState.SUCCEEDED.value:
+            made = f", effect {step['resource_id']}" if step.get("resource_id") else ""
+            return f"{tool} succeeded (task {task_id}{made})."
+        case StepState.AWAITING_APPROVAL.value:
+            return (
+                f"{tool} awaits a person's approval (task {task_id}): a person is deciding "
+                f"whether it may run. Do not call it under a new idempotency_key. {ask_again}"
+            )
+        case StepState.PARKED.value:
+            return (
+                f"{tool} is parked (task {task_id}): whether it took effect is uncertain, "
+                "and a person is finding out. Do not call it under a new idempotency_key: "
+                f"its effect may already exist. {ask_again}"
+            )
+        case StepState.FAILED.value | StepState.DENIED.value | StepState.ABANDONED.value:
+            reason = step.get("failure_reason") or "no reason was given"
+            return f"{tool} ended {state} (task {task_id}): {reason}."
+    return f"{tool} is still running (task {task_id}). {ask_again}"
 
 
 def _result(body: dict[str, Any], *, is_error: bool) -> types.CallToolResult:

@@ -493,4 +493,32 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         );
         """,
     ),
+    (
+        15,
+        "boundary: MCP task handles (the tasks extension) of calls still waiting",
+        """
+        -- A 2026-07-28 MCP client that declared the tasks extension gets a task handle for
+        -- a call that did not end within a short wait: an unguessable id naming the call's
+        -- task and step, the principal's only (every tasks/* request checks it), kept
+        -- until expires_at (pushed on while the call has not ended). The call's state
+        -- stays in Temporal; this row holds the id and what tasks/cancel did with it. One
+        -- handle per principal and call, so a re-issued call gets the same task id.
+        CREATE TABLE mcp_task_handles (
+            task_id             text PRIMARY KEY,
+            tenant              text NOT NULL,
+            principal_id        uuid NOT NULL
+                REFERENCES principals (principal_id) ON DELETE CASCADE,
+            workflow_id         text NOT NULL,
+            step_id             text NOT NULL,
+            tool                text NOT NULL,
+            created_at          timestamptz NOT NULL DEFAULT now(),
+            expires_at          timestamptz NOT NULL,
+            cancel_requested_at timestamptz,
+            cancel_outcome      text
+                CHECK (cancel_outcome IN ('withdrawn', 'not_undone', 'already_ended')),
+            UNIQUE (principal_id, workflow_id, step_id)
+        );
+        CREATE INDEX mcp_task_handles_by_expiry ON mcp_task_handles (expires_at);
+        """,
+    ),
 )
