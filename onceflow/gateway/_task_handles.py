@@ -4,7 +4,7 @@ principal it was handed to.
 
 A handle names a call's task and step; the call's state stays where it always is, in the
 task's workflow (Temporal). PostgreSQL keeps the handle's id, whose it is, until when,
-and what a cancellation did with it (``mcp_task_handles``, migration 14)::
+and what a cancellation did with it (``mcp_task_handles``, migration 15)::
 
     hand_out ──▶ live ──read (call not ended)──▶ live, expires_at pushed on
                   │
