@@ -12,7 +12,7 @@ inside it), and a tool call, replays included, is the gateway's most frequent re
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Path, Request
+from fastapi import FastAPI, Path, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel
 
@@ -111,22 +111,41 @@ def install_tool_routes(app: FastAPI, catalogue: Catalogue) -> None:
     async def call_tool(
         request: Request,
         tool: Annotated[str, Path(description="Tool name (see GET /v1/tools).")],
+        deliberate_repeat: DeliberateRepeatParameter = False,
     ) -> Response:
         """Call one tool as a one-step task; the body is the tool's arguments."""
-        return await _call(request, tool)
+        return await _call(request, tool, deliberate_repeat)
+
+
+DeliberateRepeatParameter = Annotated[
+    bool,
+    Query(
+        description="`true`: make a second effect identical to an earlier call's on "
+        "purpose (recorded as such). Without it, a call of the same business intent as "
+        "an earlier one (see the tool's intent in GET /v1/tools) under any key is answered "
+        "by that call (`result.repeat_of`) or refused naming it while its effect is in "
+        "doubt. 400 for a tool whose contract allows no deliberate repeat."
+    ),
+]
 
 
 def _named_tool_endpoint(tool: str) -> Callable[..., Awaitable[Response]]:
-    async def call_named_tool(request: Request) -> Response:
-        return await _call(request, tool)
+    async def call_named_tool(
+        request: Request, deliberate_repeat: DeliberateRepeatParameter = False
+    ) -> Response:
+        return await _call(request, tool, deliberate_repeat)
 
     return call_named_tool
 
 
-async def _call(request: Request, tool: str) -> Response:
+async def _call(request: Request, tool: str, deliberate_repeat: bool) -> Response:
     service = service_of(request)
     principal = await service.authenticate(api_key(request))
     service.check_tool(principal, tool)
     key = sent_key(request)
     arguments = await read_json(request)
-    return answer_response(await service.call_tool(principal, tool, arguments, key))
+    return answer_response(
+        await service.call_tool(
+            principal, tool, arguments, key, deliberate_repeat=deliberate_repeat
+        )
+    )

@@ -141,22 +141,45 @@ class TaskRequests:
         task's life, and a task id is never reused, so they need asking only once."""
 
     async def call_tool(
-        self, principal: Principal, tool: str, arguments: Any, idempotency_key: str | None
+        self,
+        principal: Principal,
+        tool: str,
+        arguments: Any,
+        idempotency_key: str | None,
+        *,
+        deliberate_repeat: bool = False,
     ) -> BoundaryAnswer:
-        """Run one tool call as a one-step task, at most once per key and fingerprint."""
+        """Run one tool call as a one-step task, at most once per key and fingerprint;
+        ``deliberate_repeat``: a second effect identical to an earlier call's, on purpose
+        (the tool's contract must allow it)."""
         # Only a catalogue name goes into the span: the path segment is the caller's text.
         known = tool if tool in self._catalogue else "unknown"
         attributes = request_attributes(
             principal, request_scope(principal, known, "call"), idempotency_key
         )
         with boundary_span(f"tools.call {known}", {**attributes, "onceflow.tool": known}):
-            return annotated(await self._call_tool(principal, tool, arguments, idempotency_key))
+            return annotated(
+                await self._call_tool(
+                    principal, tool, arguments, idempotency_key, deliberate_repeat
+                )
+            )
 
     async def _call_tool(
-        self, principal: Principal, tool: str, arguments: Any, idempotency_key: str | None
+        self,
+        principal: Principal,
+        tool: str,
+        arguments: Any,
+        idempotency_key: str | None,
+        deliberate_repeat: bool,
     ) -> BoundaryAnswer:
         contract = allowed_tool(self._catalogue, principal, tool)
         key = checked_key(idempotency_key)
+        if deliberate_repeat and not contract.deliberate_repeats:
+            raise InvalidRequest(
+                f"tool {tool!r} does not allow deliberate repeats: the same intent is "
+                "answered by its first call",
+                errors=[{"loc": ["deliberate_repeat"], "msg": "not allowed for this tool"}],
+            )
         if not isinstance(arguments, dict):
             raise InvalidRequest(
                 "the body must be a JSON object of the tool's arguments",
@@ -171,14 +194,24 @@ class TaskRequests:
             fingerprint=request_fingerprint(
                 operation="tools.call",
                 scope=scope,
-                route=f"POST /v1/tools/{tool}/calls",
+                # A deliberate repeat is another request than the plain call (its own
+                # route), and a plain call's fingerprint stays what it always was.
+                route=f"POST /v1/tools/{tool}/calls"
+                + ("?deliberate_repeat=true" if deliberate_repeat else ""),
                 body=normalized,
             ),
             is_open=False,
             build_task=lambda: AgentTaskInput(
                 tenant=principal.tenant,
                 principal=principal.name,
-                steps=[StepInput(step_id=TOOL_CALL_STEP_ID, tool=tool, arguments=normalized)],
+                steps=[
+                    StepInput(
+                        step_id=TOOL_CALL_STEP_ID,
+                        tool=tool,
+                        arguments=normalized,
+                        deliberate_repeat=deliberate_repeat,
+                    )
+                ],
                 record_outcome=True,
                 starter_records_outcome=True,
             ),

@@ -68,7 +68,12 @@ from starlette.datastructures import Headers
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from onceflow.errors import BackendUnavailable, OnceflowError, UnknownToolRequested
+from onceflow.errors import (
+    BackendUnavailable,
+    InvalidRequest,
+    OnceflowError,
+    UnknownToolRequested,
+)
 from onceflow.gateway._mcp_sessions import DELIBERATE_REPEAT_ARGUMENT, SESSION_HEADER, McpSessions
 from onceflow.gateway._mcp_tasks import (
     TASK_WAIT_SECONDS,
@@ -134,13 +139,17 @@ STATELESS_INSTRUCTIONS = (
     "server keeps no session between calls. Tools with effects take an idempotency_key: "
     "send the same key with the same arguments to get the same outcome, however often "
     "you retry and even after a lost connection (a broken stream never cancels a call "
-    "that started); use a new key only for a new call, since a new key is a new task "
-    "and this server does not recognise it as a repeat of an earlier one. A call that is "
-    "parked or awaiting approval waits for a person: do not repeat it under a new key; "
-    f"call again with the same idempotency_key, poll {TASK_STATUS_TOOL}, or poll the "
-    "task it returned (clients of the io.modelcontextprotocol/tasks extension)."
+    "that started); use a new key for a new call. The same business intent asked again "
+    "under a new key (the same order's charge, a tool's same identifying arguments) is "
+    "answered by its first call (result.repeat_of) and makes no second effect; while that "
+    "call's effect is in doubt it is refused, naming it. Set deliberate_repeat only to "
+    "make a second identical effect on purpose. A call that is parked or awaiting "
+    f"approval waits for a person: call again with the same idempotency_key, poll "
+    f"{TASK_STATUS_TOOL}, or poll the task it returned (clients of the "
+    "io.modelcontextprotocol/tasks extension)."
 )
-"""What a 2026-07-28 client over streamable HTTP is told: no session, no repeat guard."""
+"""What a 2026-07-28 client over streamable HTTP is told: no session; each call its own
+task, under the intent rule every surface shares."""
 
 PrincipalResolver = Callable[[ServerRequestContext[Any, Any]], Awaitable[Principal]]
 
@@ -171,15 +180,15 @@ def tool_definition(contract: ToolContract, *, in_session: bool = True) -> types
             )
         ),
     }
-    if contract.deliberate_repeats and in_session:
+    if contract.deliberate_repeats:
         properties[DELIBERATE_REPEAT_ARGUMENT] = {
             "type": "boolean",
             "default": False,
             "description": (
-                "Set only to make a second effect identical to an earlier call of this "
-                "session on purpose (e.g. a second, identical order). Without it, a call "
-                "with the same arguments as an earlier one is answered by that call and "
-                "does not run again."
+                "Set only to make a second effect identical to an earlier call on purpose "
+                "(e.g. a second, identical order). Without it, a call of the same intent "
+                "as an earlier one (this session's, or any call's with the same identifying "
+                "arguments, under any key) is answered by that call and does not run again."
             ),
         }
     schema["properties"] = properties
@@ -299,7 +308,14 @@ def build_mcp_server(
             what = f"a call of {params.name} (request {ctx.request_id})"
             session = sessions.session_of(ctx)
             if session is None:
-                call = service.call_tool(principal, params.name, arguments, key)
+                if not isinstance(deliberate, bool):
+                    raise InvalidRequest(
+                        "deliberate_repeat must be true or false",
+                        errors=[{"loc": ["deliberate_repeat"], "msg": "Input should be a boolean"}],
+                    )
+                call = service.call_tool(
+                    principal, params.name, arguments, key, deliberate_repeat=deliberate
+                )
                 return _answer(await sessions.finish(call, what))
             in_task = session.call(principal, contract, arguments, key, deliberate)
             return _call_answer(await sessions.finish(in_task, what))

@@ -130,6 +130,7 @@ class TaskCore:
                         tool=step.tool,
                         arguments=step.arguments,
                         arguments_digest=digest_arguments(step.tool, step.arguments),
+                        deliberate_repeat=step.deliberate_repeat,
                     )
                     for step in task.steps
                 },

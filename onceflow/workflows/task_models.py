@@ -73,6 +73,9 @@ class StepInput(BaseModel):
     """Stable id of the step: its position or the agent's call id."""
     tool: str = Field(pattern=NAME_PATTERN)
     arguments: dict[str, Any] = Field(default_factory=dict)
+    deliberate_repeat: bool = False
+    """A second effect identical to an earlier call's, on purpose: the step claims no
+    business intent (``ToolContract.intent``), and is recorded as a deliberate repeat."""
 
 
 class OpenTaskOptions(BaseModel):

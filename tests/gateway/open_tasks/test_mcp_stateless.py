@@ -162,15 +162,17 @@ async def test_each_era_is_told_only_what_the_server_keeps_in_it(
 
     assert modern_instructions == STATELESS_INSTRUCTIONS
     assert session_instructions == SESSION_INSTRUCTIONS != modern_instructions
-    # No promise the stateless era cannot keep: no session, no repeat guard across keys.
+    # No promise the stateless era cannot keep: no session; what answers a repeat under
+    # a new key is the intent rule every surface shares, and it says so.
     assert "session is one onceflow task" not in modern_instructions
-    assert "answered by that call" not in modern_instructions
+    assert "an earlier call of the session" not in modern_instructions
     assert "its own onceflow task, identified by its idempotency_key" in modern_instructions
+    assert "same business intent asked again under a new key" in modern_instructions
     assert "answered by that call (repeat_of)" in session_instructions
-    # The tools say the same: a deliberate repeat steps past a session's guard only.
+    # Both eras may ask for a second identical effect on purpose.
     charge_modern = modern_tools["charge_payment"].input_schema["properties"]
     charge_session = session_tools["charge_payment"].input_schema["properties"]
-    assert DELIBERATE_REPEAT_ARGUMENT not in charge_modern
+    assert DELIBERATE_REPEAT_ARGUMENT in charge_modern
     assert DELIBERATE_REPEAT_ARGUMENT in charge_session
     assert "task of its own" in charge_modern["idempotency_key"]["description"]
     assert "task of its own" not in charge_session["idempotency_key"]["description"]
@@ -345,3 +347,52 @@ async def test_cancelling_a_task_withdraws_a_call_not_yet_sent_and_records_it(
     [decision] = status.decisions
     assert (decision.decision, decision.operator) == ("deny", agent.principal.name)
     assert "MCP tasks/cancel" in decision.reason
+
+
+async def test_the_model_repeating_a_charge_under_new_keys_makes_one_payment_intent(
+    mcp: McpProcess, agent: Caller, database: str, stripe_provider: StripeProvider
+) -> None:
+    paid, doubtful = unique("ord"), unique("ord")
+    control = stripe_provider.control
+    async with modern_client(mcp.url, agent) as client:
+        first = await client.call_tool("charge_payment", keyed(charge(paid), unique("c")))
+        repeat = await client.call_tool("charge_payment", keyed(charge(paid), unique("c")))
+
+        # A charge whose outcome stays unknown parks; the model repeats it, new key.
+        await control.configure(search_lag_seconds=3600)
+        await control.add_fault(Fault.ERROR_500_AFTER_COMMIT, path_prefix="/v1/payment_intents")
+        await control.add_fault(
+            Fault.ERROR_503, method="GET", path_prefix="/v1/payment_intents", times=None
+        )
+        try:
+            parked = await client.call_tool("charge_payment", keyed(charge(doubtful), unique("c")))
+        finally:
+            await control.clear_faults()
+            await control.configure(search_lag_seconds=0)
+        parked_body = parked.structured_content or {}
+        assert parked_body["state"] == "parked", parked_body
+        again = await client.call_tool("charge_payment", keyed(charge(doubtful), unique("c")))
+
+        deliberate = await client.call_tool(
+            "charge_payment",
+            {**keyed(charge(paid), unique("c")), DELIBERATE_REPEAT_ARGUMENT: True},
+        )
+
+    [charged] = (first.structured_content or {})["steps"]
+    [answered] = (repeat.structured_content or {})["steps"]
+    assert answered["resource_id"] == charged["resource_id"]
+    assert answered["result"]["repeat_of"]["task_id"] == (first.structured_content or {})["task_id"]
+    # The parked charge: one PaymentIntent, and the repeat names the parked call.
+    assert len(await stripe_provider.charges(doubtful)) == 1
+    again_body = again.structured_content or {}
+    [refused] = again_body["steps"]
+    assert again_body["state"] == "failed" and refused["attempts"] == 1
+    assert f"held by task {parked_body['task_id']}" in refused["failure_reason"]
+    # On purpose: a second charge of the paid order, recorded.
+    assert not deliberate.is_error, text_of(deliberate)
+    assert len(await stripe_provider.charges(paid)) == 2
+    assert rows(
+        database,
+        "SELECT count(*) FROM intent_deliberate_repeats WHERE tenant = %s",
+        agent.principal.tenant,
+    ) == [(1,)]

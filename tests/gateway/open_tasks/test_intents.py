@@ -1,0 +1,84 @@
+"""One business intent, one effect, whatever surface asks: the same charge (order,
+amount, currency) sent as one-shot calls under new keys through two gateway processes and
+the CLI makes one PaymentIntent, and each later call answers with the first; a declared
+deliberate repeat makes a second, recorded. Judged by the local Stripe-compatible
+provider's ledger and the ``intents`` tables."""
+
+import asyncio
+import json
+import os
+import uuid
+
+import httpx
+
+from tests.harness import HANG_SECONDS, REPO, onceflow_command
+
+from ..conftest import Caller, GatewayProcess, Stack, StripeProvider, rows
+from .test_http import charge, keyed
+
+
+async def test_the_same_charge_under_new_keys_on_two_gateways_and_the_cli_charges_once(
+    gateways: tuple[GatewayProcess, GatewayProcess],
+    agent: Caller,
+    http: httpx.AsyncClient,
+    stripe_provider: StripeProvider,
+    stack: Stack,
+    database: str,
+) -> None:
+    order_id = f"ord-{uuid.uuid4().hex[:8]}"
+    body = charge(order_id)
+
+    async def call(gateway: GatewayProcess, key: str, query: str = "") -> httpx.Response:
+        return await http.post(
+            f"{gateway.url}/v1/tools/charge_payment/calls{query}",
+            json=body,
+            headers=keyed(agent, key),
+        )
+
+    first = await call(gateways[0], "model-call-1")
+    assert first.status_code == 200, first.text
+    [charged] = await stripe_provider.charges(order_id)
+    assert first.json()["steps"][0]["resource_id"] == charged.object_id
+
+    # The model repeats the charge under a new key, through the other gateway.
+    again = await call(gateways[1], "model-call-2")
+    assert again.status_code == 200, again.text
+    answered = again.json()["steps"][0]
+    assert answered["resource_id"] == charged.object_id
+    assert answered["result"]["repeat_of"]["task_id"] == first.json()["task_id"]
+
+    # Another agent process, through the CLI, with a key of its own (run without blocking
+    # the event loop: the module's worker runs in it).
+    cli = await asyncio.create_subprocess_exec(
+        *onceflow_command("call", "charge_payment"),
+        *("--tenant", agent.principal.tenant, "--key", "cli-call-1"),
+        *("--args", json.dumps(body), "--wait"),
+        cwd=REPO,
+        env={**os.environ, **stack.env()},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    output, _ = await asyncio.wait_for(cli.communicate(), HANG_SECONDS)
+    assert cli.returncode == 0, output.decode()
+    assert charged.object_id in output.decode()
+    assert [e.object_id for e in await stripe_provider.charges(order_id)] == [charged.object_id]
+
+    # A second identical charge on purpose: made, and recorded as such.
+    deliberate = await call(gateways[1], "model-call-3", "?deliberate_repeat=true")
+    assert deliberate.status_code == 200, deliberate.text
+    charges = [e.object_id for e in await stripe_provider.charges(order_id)]
+    assert len(charges) == 2 and deliberate.json()["steps"][0]["resource_id"] in charges
+    assert "repeat_of" not in deliberate.json()["steps"][0]["result"]
+    recorded = rows(
+        database,
+        "SELECT count(*) FROM intent_deliberate_repeats WHERE tenant = %s",
+        agent.principal.tenant,
+    )
+    assert recorded == [(1,)]
+    # One intent row, held by the first call.
+    held = rows(
+        database,
+        "SELECT workflow_id, state, resource_id FROM intents WHERE tenant = %s",
+        agent.principal.tenant,
+    )
+    assert held == [(first.json()["task_id"], "succeeded", charged.object_id)]
