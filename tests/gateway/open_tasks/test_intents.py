@@ -10,8 +10,10 @@ import os
 import uuid
 
 import httpx
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 
-from tests.harness import HANG_SECONDS, REPO, onceflow_command
+from tests.harness import HANG_SECONDS, REPO, eventually, onceflow_command
 
 from ..conftest import Caller, GatewayProcess, Stack, StripeProvider, rows
 from .test_http import charge, keyed
@@ -82,3 +84,70 @@ async def test_the_same_charge_under_new_keys_on_two_gateways_and_the_cli_charge
         agent.principal.tenant,
     )
     assert held == [(first.json()["task_id"], "succeeded", charged.object_id)]
+
+
+ENDED = {"succeeded", "failed"}
+
+
+async def test_concurrent_identical_intents_under_distinct_keys_over_two_gateways_charge_once(
+    gateways: tuple[GatewayProcess, GatewayProcess],
+    agent: Caller,
+    http: httpx.AsyncClient,
+    stripe_provider: StripeProvider,
+) -> None:
+    # Property: however the calls of a few intents interleave over the two gateways, each
+    # under a key of its own and all at once, the provider's ledger holds one charge per
+    # intent, and every call that ended succeeded answers with its intent's charge.
+    loop = asyncio.get_running_loop()
+    rounds = 0
+
+    async def ended(answer: httpx.Response) -> dict[str, object]:
+        assert answer.status_code in (200, 202), answer.text
+        body: dict[str, object] = answer.json()
+        if body["state"] in ENDED:
+            return body
+        task = f"{gateways[0].url}/v1/tasks/{body['task_id']}"
+        polled = await eventually(
+            lambda: http.get(task, headers=agent.headers),
+            until=lambda seen: seen.status_code == 200 and seen.json()["state"] in ENDED,
+            what=f"task {body['task_id']} ends",
+        )
+        return dict(polled.json())
+
+    async def one_round(plan: list[tuple[int, int]]) -> None:
+        orders = [f"ord-{uuid.uuid4().hex[:8]}" for _ in range(3)]
+        answers = await asyncio.gather(
+            *(
+                http.post(
+                    f"{gateways[gateway].url}/v1/tools/charge_payment/calls",
+                    json=charge(orders[intent]),
+                    headers=keyed(agent, f"k-{uuid.uuid4().hex[:12]}"),
+                )
+                for gateway, intent in plan
+            )
+        )
+        bodies = [await ended(answer) for answer in answers]
+        for intent in {intent for _, intent in plan}:
+            charged = await stripe_provider.charges(orders[intent])
+            assert len(charged) == 1, (plan, orders[intent], charged)
+            for (_, asked), body in zip(plan, bodies, strict=True):
+                if asked == intent and body["state"] == "succeeded":
+                    steps = body["steps"]
+                    assert isinstance(steps, list)
+                    assert steps[0]["resource_id"] == charged[0].object_id
+
+    @settings(
+        max_examples=4,
+        deadline=None,
+        phases=[Phase.generate],
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(plan=st.lists(st.tuples(st.integers(0, 1), st.integers(0, 2)), min_size=2, max_size=8))
+    def interleavings(plan: list[tuple[int, int]]) -> None:
+        nonlocal rounds
+        asyncio.run_coroutine_threadsafe(one_round(plan), loop).result(timeout=HANG_SECONDS)
+        rounds += 1
+
+    await asyncio.to_thread(interleavings)
+    assert rounds == 4
