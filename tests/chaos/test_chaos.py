@@ -6,7 +6,9 @@ The run checks its history against the far sides' own records (provider ledger a
 request log, SMTP sink, deployment target, business rows); this test asserts it found no
 violation and no stuck task, and that every kind of fault was really injected: among
 them a worker SIGSTOPped for longer than the provider keeps payment keys (6 s in the
-run) and PostgreSQL stopped and started again.
+run), gateways SIGKILLed and replaced, and PostgreSQL held down 30 s under load; after
+each of the last two, every gateway came back ready and answering (a gateway that does
+not is a violation naming it).
 """
 
 import shutil
@@ -16,7 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.chaos.harness.config import OPEN_TASK_TOOLS, TOOLS, ChaosConfig
+from tests.chaos.harness.config import (
+    OPEN_TASK_TOOLS,
+    POSTGRES_OUTAGE_SECONDS,
+    TOOLS,
+    ChaosConfig,
+)
+from tests.chaos.harness.faults import GATEWAY_KILLS
 from tests.chaos.harness.records import ChaosReport
 from tests.chaos.harness.run import run_chaos
 
@@ -26,18 +34,20 @@ CI_SIZE = ChaosConfig(
     kill_every_tasks=12,
     fault_every_tasks=2,
     pg_kill_every_tasks=16,
+    gateway_kill_every_tasks=30,
     open_task_share=0.1,
     settle_seconds=240.0,
     time_limit=660.0,
 )
-"""Sized for a 2-core CI machine: two to three minutes here beside the other tests, a
-worker paused past the key window, Temporal and PostgreSQL each restarted once, a worker
-killed each time another 12 tasks have ended (each kill waiting for a ready worker), and
-16 open tasks (about 80 calls). Every fault is paced by the tasks that end, so a machine
-half as fast meets the same faults per task; the settle time and the time limit are
-safety nets (the run goes on as soon as its tasks have ended), several times what a slow
-machine needs, and the limit reports where the run stood. The large run (BENCHMARKS.md)
-is where kills come by the hundred."""
+"""Sized for a 2-core CI machine: three to four minutes here beside the other tests, a
+worker paused past the key window, Temporal restarted once, PostgreSQL held down 30 s
+once (the run's one long outage), a worker killed each time another 12 tasks have ended
+(each kill waiting for a ready worker), a gateway each time another 30 (two to four, in
+turn), and 16 open tasks (about 80 calls). Every fault is paced by the tasks that
+end, so a machine half as fast meets the same faults per task; the settle time and the
+time limit are safety nets (the run goes on as soon as its tasks have ended), several
+times what a slow machine needs, and the limit reports where the run stood. The large
+run (BENCHMARKS.md) is where kills come by the hundred."""
 
 
 KEPT = Path(tempfile.gettempdir()) / "onceflow-chaos-runs"
@@ -71,6 +81,13 @@ def check(report: ChaosReport) -> None:
     assert figures["Temporal dev server restarts"] == 1
     assert figures["workers SIGSTOPped past a key window"] >= 1
     assert figures["PostgreSQL restarts"] == 1
+    assert figures["PostgreSQL downtime (s)"] >= POSTGRES_OUTAGE_SECONDS
+    # One gateway kill per 30 tasks ended while agents still submitted.
+    assert figures[GATEWAY_KILLS] >= 2
+    # Every gateway came back after each (one that did not is a violation, above).
+    for fault in ("PostgreSQL restart", "gateway SIGKILL"):
+        for row in ("every gateway ready", "first 2xx on each gateway"):
+            assert f"recovery: {fault}: {row}, worst (s)" in figures, (fault, row)
     assert figures["provider faults injected"] > 0
     assert figures["SMTP faults injected"] > 0
     assert figures["pg_terminate_backend rounds"] > 0

