@@ -86,7 +86,7 @@ async def _run(
         try:
             held = await _take_intent(pool, intent, identity, tool)
         except Exception as error:
-            return _nothing_sent(error, "the intent's record")
+            return _nothing_sent(error)
         if held is not None:
             return _answered_by(held, tool.name)
     call = ToolCall(args=args, identity=identity, client=client, contract=contract, pool=pool)
@@ -175,8 +175,8 @@ async def _settle(pool: AsyncConnectionPool, intent: IntentKey, result: ToolAtte
         )
 
 
-def _nothing_sent(error: Exception, what: str) -> ToolAttemptResult:
-    reason = f"nothing sent: could not read or write {what} ({type(error).__name__})"
+def _nothing_sent(error: Exception) -> ToolAttemptResult:
+    reason = f"nothing sent: could not record the step's intent ({type(error).__name__})"
     return ToolAttemptResult(
         outcome=OutcomeClass.TRANSIENT, reason=reason, database_unavailable=is_unreachable(error)
     )

@@ -73,9 +73,10 @@ class StepInput(BaseModel):
     """Stable id of the step: its position or the agent's call id."""
     tool: str = Field(pattern=NAME_PATTERN)
     arguments: dict[str, Any] = Field(default_factory=dict)
-    deliberate_repeat: bool = False
+    deliberate_repeat: bool = Field(default=False, exclude_if=lambda repeat: not repeat)
     """A second effect identical to an earlier call's, on purpose: the step claims no
-    business intent (``ToolContract.intent``), and is recorded as a deliberate repeat."""
+    business intent (``ToolContract.intent``), and is recorded as a deliberate repeat.
+    Written only when set, so a plain step's input is what an earlier release decodes."""
 
 
 class OpenTaskOptions(BaseModel):

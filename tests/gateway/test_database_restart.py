@@ -64,7 +64,8 @@ async def test_a_postgres_restart_fails_no_request_and_spends_no_attempt_after_i
 
     async def order(http: httpx.AsyncClient, key: str) -> httpx.Response:
         headers = {**agent.headers, "Idempotency-Key": key}
-        return await http.post(url, json=ORDER, headers=headers)
+        # Each key its own order: the same order under another key is one intent.
+        return await http.post(url, json={**ORDER, "customer_id": f"c-{key}"}, headers=headers)
 
     try:
         async with (
