@@ -298,15 +298,20 @@ class OnceflowClient:
         *,
         idempotency_key: str,
         retries: int = 2,
+        deliberate_repeat: bool = False,
     ) -> TaskResult:
         """Call one tool as a one-step task; a lost response is retried with the same key,
-        never a new one.
+        never a new one. A call of the same business intent as an earlier one (the tool's
+        identifying arguments, under any key) is answered by that call
+        (``result["repeat_of"]``), unless ``deliberate_repeat``.
 
         Args:
             tool: The tool's name.
             arguments: The tool's arguments.
             idempotency_key: One key per logical call: the same one for its retries.
             retries: Retries of the request with the same key (see the class). Default 2.
+            deliberate_repeat: Make a second effect identical to an earlier call's on
+                purpose (recorded). Default False.
 
         Raises:
             BadRequest: Invalid arguments, or an unusable key (``InvalidIdempotencyKey``).
@@ -315,7 +320,8 @@ class OnceflowClient:
             NotFound: No tool of that name.
             OnceflowError: Any other refusal (``status``, ``problem``, ``retry_after``).
         """
-        return await self._post_task(f"/v1/tools/{tool}/calls", arguments, idempotency_key, retries)
+        path = f"/v1/tools/{tool}/calls" + ("?deliberate_repeat=true" if deliberate_repeat else "")
+        return await self._post_task(path, arguments, idempotency_key, retries)
 
     async def start_task(
         self,

@@ -196,3 +196,23 @@ async def test_principal_add_approvals_makes_an_approver_the_listing_tells_apart
     assert "approvals and reconciliations" in lines["ops"]
     assert "approvals" in lines["screen"] and "reconciliations" not in lines["screen"]
     assert "nothing" in lines["bot"] and "*" in lines["bot"]
+
+
+async def test_the_same_order_under_a_new_key_is_answered_by_the_first_unless_deliberate(
+    gateways: tuple[GatewayProcess, GatewayProcess], agent: Caller, database: str
+) -> None:
+    async with OnceflowClient(gateways[0].url, api_key=agent.api_key) as onceflow:
+        first = await onceflow.call_tool(
+            "create_order", ORDER, idempotency_key=new_idempotency_key()
+        )
+        again = await onceflow.call_tool(
+            "create_order", ORDER, idempotency_key=new_idempotency_key()
+        )
+        second = await onceflow.call_tool(
+            "create_order", ORDER, idempotency_key=new_idempotency_key(), deliberate_repeat=True
+        )
+
+    assert first.state == again.state == second.state == "succeeded"
+    assert again.result["repeat_of"]["task_id"] == first.task_id
+    assert again.result["order_id"] == first.result["order_id"] != second.result["order_id"]
+    assert count(database, "orders") == 2
