@@ -10,6 +10,7 @@ import os
 import signal
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
@@ -29,6 +30,7 @@ from temporalio.worker import Worker
 
 from onceflow.activities import builtin_tools
 from onceflow.configuration import load_configuration
+from onceflow.gateway import BoundaryService, GatewaySettings, open_boundary
 from onceflow.payments import (
     PaymentToolSettings,
     StripePaymentProvider,
@@ -297,6 +299,18 @@ async def worker_process(process_environment: dict[str, str]) -> AsyncIterator[W
                 process.kill()
                 await process.wait()
         reader.cancel()
+
+
+def queue_boundary(
+    dev_server: WorkflowEnvironment, database: str, task_queue: str
+) -> AbstractAsyncContextManager[BoundaryService]:
+    """An in-process boundary (the gateway's service) on the test's task queue."""
+    return open_boundary(
+        OnceflowSettings(task_queue=task_queue),
+        GatewaySettings(),
+        database_url=database,
+        temporal_address=dev_server.client.service_client.config.target_host,
+    )
 
 
 def step_call(

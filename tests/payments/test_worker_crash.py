@@ -37,6 +37,7 @@ from .conftest import (
     AdmittingClient,
     WorkerProcess,
     operation_row,
+    queue_boundary,
     start_task,
 )
 
@@ -232,12 +233,7 @@ async def test_a_crashed_workers_tasks_answer_their_status_through_another_worke
 
     # The gateway answers every one of them within its deadline: the other worker takes
     # the queries once the dead worker's queue times out.
-    async with open_boundary(
-        OnceflowSettings(task_queue=task_queue),
-        GatewaySettings(),
-        database_url=database,
-        temporal_address=dev_server.client.service_client.config.target_host,
-    ) as service:
+    async with queue_boundary(dev_server, database, task_queue) as service:
         for workflow_id in ids:
             status = await service.task_status(operator_of(TENANT), workflow_id)
             assert status.workflow_id == workflow_id and status.open

@@ -8,21 +8,26 @@ Real ``onceflow worker`` processes configured through the environment, the local
 Stripe-compatible provider as the far side, the CLI as the operator's hand.
 """
 
-import subprocess
+import asyncio
 import uuid
 
 from onceflow_devstack.stripe_provider import Fault, ProviderControl
 from temporalio.api.enums.v1 import EventType
 from temporalio.testing import WorkflowEnvironment
 
-from onceflow.gateway import GatewaySettings, open_boundary
-from onceflow.settings import OnceflowSettings
 from onceflow.task_api import TaskClient
 from onceflow.workflows import AgentTaskWorkflow
 from onceflow.workflows.task_models import StepState, TaskState
-from tests.harness import REPO, eventually, onceflow_command
+from tests.harness import HANG_SECONDS, REPO, eventually, onceflow_command
 
-from .conftest import TENANT, VISA_CHARGE, AdmittingClient, WorkerProcess, start_task
+from .conftest import (
+    TENANT,
+    VISA_CHARGE,
+    AdmittingClient,
+    WorkerProcess,
+    queue_boundary,
+    start_task,
+)
 from .test_worker_crash import operator_of
 
 
@@ -60,12 +65,7 @@ async def test_a_worker_without_the_tool_answers_and_takes_decisions_then_names_
 
     await worker_process(ONCEFLOW_BUILTIN_TOOLS="issue_coupon")  # no payments family
     # Status through the gateway: answered by the worker without the tool.
-    async with open_boundary(
-        OnceflowSettings(task_queue=task_queue),
-        GatewaySettings(),
-        database_url=database,
-        temporal_address=dev_server.client.service_client.config.target_host,
-    ) as service:
+    async with queue_boundary(dev_server, database, task_queue) as service:
         parked = await service.task_status(operator_of(TENANT), workflow_id)
     assert parked.state is TaskState.PARKED and parked.step("pay").state is StepState.PARKED
 
@@ -76,10 +76,16 @@ async def test_a_worker_without_the_tool_answers_and_takes_decisions_then_names_
         *("--step", "pay", "--decision", "did_not_happen", "--unverified"),
         *("--reason", "no charge in the Stripe dashboard"),
     ]
-    decided = subprocess.run(
-        reconcile, cwd=REPO, env=process_environment, capture_output=True, text=True, timeout=120
+    # Without blocking the event loop: the provider is served in it.
+    decided = await asyncio.create_subprocess_exec(
+        *reconcile,
+        cwd=REPO,
+        env=process_environment,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
     )
-    assert decided.returncode == 0, decided.stdout + decided.stderr
+    output, _ = await asyncio.wait_for(decided.communicate(), HANG_SECONDS)
+    assert decided.returncode == 0, output.decode()
     status = await handle.query(AgentTaskWorkflow.status)
     [decision] = status.decisions
     assert decision.accepted and decision.decision == "did_not_happen"

@@ -173,21 +173,26 @@ async def _record(
     )
     await save("parked_then_did_not_happen", parked)
 
-    gated = await start(
-        StepInput(step_id="g", tool="scripted_approval", arguments={"label": "g", "amount": 900})
-    )
-    status = await _until(env, gated, TaskState.AWAITING_APPROVAL)
-    await gated.execute_update(
-        AgentTaskWorkflow.approve,
-        ApproveInput(
-            step_id="g",
-            approved=True,
-            approver="cfo",
-            reason="ok",
-            arguments_digest=status.step("g").arguments_digest,
-        ),
-    )
-    await save("approved", gated)
+    async def approved(name: str, label: str) -> None:
+        gated = await start(
+            StepInput(
+                step_id="g", tool="scripted_approval", arguments={"label": label, "amount": 900}
+            )
+        )
+        status = await _until(env, gated, TaskState.AWAITING_APPROVAL)
+        await gated.execute_update(
+            AgentTaskWorkflow.approve,
+            ApproveInput(
+                step_id="g",
+                approved=True,
+                approver="cfo",
+                reason="ok",
+                arguments_digest=status.step("g").arguments_digest,
+            ),
+        )
+        await save(name, gated)
+
+    await approved("approved", "g")
 
     # Operator decisions checked before they act: did_not_happen looks the effect up
     # first (inconclusive here, so the attempt runs) ...
@@ -470,21 +475,7 @@ async def _record(
         script.plan("dad", KeyUnusable.STORED_FAILURE, S),
         ReconcileDecision.DID_NOT_HAPPEN,
     )
-    approved_late = await start(
-        StepInput(step_id="g", tool="scripted_approval", arguments={"label": "aad", "amount": 900})
-    )
-    awaiting = await _until(env, approved_late, TaskState.AWAITING_APPROVAL)
-    await approved_late.execute_update(
-        AgentTaskWorkflow.approve,
-        ApproveInput(
-            step_id="g",
-            approved=True,
-            approver="cfo",
-            reason="ok",
-            arguments_digest=awaiting.step("g").arguments_digest,
-        ),
-    )
-    await save("approved_acts_after_durable_decision", approved_late)
+    await approved("approved_acts_after_durable_decision", "aad")
 
     # Two parked calls of an open task decided side by side: each decision's look-up runs in
     # its call's coroutine, never in the Update handler.
