@@ -188,6 +188,14 @@ def call(
             "4 or 5 accordingly."
         ),
     ] = False,
+    deliberate_repeat: Annotated[
+        bool,
+        typer.Option(
+            help="Make a second effect identical to an earlier call's on purpose (recorded). "
+            "Without it, a call of the same intent as an earlier one, under any key, is "
+            "answered by that call."
+        ),
+    ] = False,
     temporal_address: TemporalAddress = None,
 ) -> None:
     """Call one tool as a one-step task; the same key and arguments return the same task.
@@ -204,7 +212,7 @@ def call(
     register_configured_tools(loaded_configuration())
 
     async def body() -> None:
-        task = _one_step_task(tool, tenant, principal, key, args)
+        task = _one_step_task(tool, tenant, principal, key, args, deliberate_repeat)
         workflow_id = derive_task_workflow_id(tenant=tenant, scope=tool, idempotency_key=key)
         # Before the first client: it carries the tracing interceptor and its runtime the
         # metrics; leaving flushes the spans before the command exits.
@@ -245,7 +253,8 @@ async def _start_or_join(client: TaskClient, task: AgentTaskInput, workflow_id: 
     fingerprint = request_fingerprint(
         operation="tools.call",
         scope=f"{task.tenant}:{task.principal}:{step.tool}:cli",
-        route=f"onceflow call {step.tool}",
+        route=f"onceflow call {step.tool}"
+        + (" --deliberate-repeat" if step.deliberate_repeat else ""),
         body=step.arguments,
     )
     handle = await client.start(
@@ -274,7 +283,9 @@ async def _until_settled(client: TaskClient, workflow_id: str) -> TaskStatus:
         pause = min(pause * 2, _WAIT_POLL_MAX)
 
 
-def _one_step_task(tool: str, tenant: str, principal: str, key: str, raw: str) -> AgentTaskInput:
+def _one_step_task(
+    tool: str, tenant: str, principal: str, key: str, raw: str, deliberate_repeat: bool
+) -> AgentTaskInput:
     try:
         check_idempotency_key(key)
     except MalformedIdempotencyKey as malformed:
@@ -291,11 +302,14 @@ def _one_step_task(tool: str, tenant: str, principal: str, key: str, raw: str) -
     # Validated before anything starts, and normalized as the gateway does (defaults
     # filled in), so both fingerprint the same arguments the same way.
     normalized = contract.input_model.model_validate(arguments).model_dump(mode="json")
-    return AgentTaskInput(
-        tenant=tenant,
-        principal=principal,
-        steps=[StepInput(step_id="1", tool=tool, arguments=normalized)],
+    if deliberate_repeat and not contract.deliberate_repeats:
+        raise CommandFailed(
+            f"tool {tool!r} does not allow deliberate repeats", exit_code=ExitCode.BAD_INPUT
+        )
+    step = StepInput(
+        step_id="1", tool=tool, arguments=normalized, deliberate_repeat=deliberate_repeat
     )
+    return AgentTaskInput(tenant=tenant, principal=principal, steps=[step])
 
 
 @app.command()

@@ -51,18 +51,21 @@ async def test_the_same_charge_under_new_keys_on_two_gateways_and_the_cli_charge
 
     # Another agent process, through the CLI, with a key of its own (run without blocking
     # the event loop: the module's worker runs in it).
-    cli = await asyncio.create_subprocess_exec(
-        *onceflow_command("call", "charge_payment"),
-        *("--tenant", agent.principal.tenant, "--key", "cli-call-1"),
-        *("--args", json.dumps(body), "--wait"),
-        cwd=REPO,
-        env={**os.environ, **stack.env()},
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    output, _ = await asyncio.wait_for(cli.communicate(), HANG_SECONDS)
-    assert cli.returncode == 0, output.decode()
-    assert charged.object_id in output.decode()
+    async def cli(key: str, *flags: str) -> str:
+        process = await asyncio.create_subprocess_exec(
+            *onceflow_command("call", "charge_payment"),
+            *("--tenant", agent.principal.tenant, "--key", key),
+            *("--args", json.dumps(body), "--wait", *flags),
+            cwd=REPO,
+            env={**os.environ, **stack.env()},
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        output, _ = await asyncio.wait_for(process.communicate(), HANG_SECONDS)
+        assert process.returncode == 0, output.decode()
+        return output.decode()
+
+    assert charged.object_id in await cli("cli-call-1")
     assert [e.object_id for e in await stripe_provider.charges(order_id)] == [charged.object_id]
 
     # A second identical charge on purpose: made, and recorded as such.
@@ -71,12 +74,15 @@ async def test_the_same_charge_under_new_keys_on_two_gateways_and_the_cli_charge
     charges = [e.object_id for e in await stripe_provider.charges(order_id)]
     assert len(charges) == 2 and deliberate.json()["steps"][0]["resource_id"] in charges
     assert "repeat_of" not in deliberate.json()["steps"][0]["result"]
+    # And one more on purpose from the CLI.
+    await cli("cli-call-2", "--deliberate-repeat")
+    assert len(await stripe_provider.charges(order_id)) == 3
     recorded = rows(
         database,
         "SELECT count(*) FROM intent_deliberate_repeats WHERE tenant = %s",
         agent.principal.tenant,
     )
-    assert recorded == [(1,)]
+    assert recorded == [(2,)]
     # One intent row, held by the first call.
     held = rows(
         database,
