@@ -103,6 +103,7 @@ TOOLS = [
     "loaded_families",
     "lookup_activity_name",
     "open_tool_client",
+    "prune_intents",
     "read_operations",
     "read_step_operations",
     "refuse_retrying_client",

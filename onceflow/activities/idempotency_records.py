@@ -16,6 +16,7 @@ from temporalio import activity
 
 from onceflow.gateway import REQUEST_HASH_MEMO, IdempotencyStore, Unrecorded, stored_outcome
 from onceflow.task_api import TaskClient
+from onceflow.tools import prune_intents
 from onceflow.workflows.pruning_models import PRUNE_IDEMPOTENCY_RECORDS, PruneInput, PruneResult
 from onceflow.workflows.task_models import RECORD_TASK_OUTCOME, TaskOutcomeInput
 
@@ -68,11 +69,18 @@ class IdempotencyRecordActivities:
         records past ``result_expires_at``; processing ones are never deleted."""
         settled = await self._settle_started(timedelta(seconds=request.settle_after_seconds))
         pruned = await self._records.prune(batch=request.batch)
+        intents = await prune_intents(self._records.pool, batch=request.batch)
         activity.logger.info(
-            "settled %d and pruned %d idempotency records", settled, pruned.records
+            "settled %d and pruned %d idempotency records and %d intents",
+            settled,
+            pruned.records,
+            intents,
         )
         return PruneResult(
-            records=pruned.records, usage_windows=pruned.usage_windows, settled=settled
+            records=pruned.records,
+            usage_windows=pruned.usage_windows,
+            settled=settled,
+            intents=intents,
         )
 
     async def _settle_started(self, older_than: timedelta) -> int:

@@ -134,6 +134,7 @@ from onceflow.tools._identity import (
     key_digest,
 )
 from onceflow.tools._intent import IntentIdentity
+from onceflow.tools._intent_claims import prune_intents
 from onceflow.tools._lease import Lease, LeaseLost
 from onceflow.tools._loading import (
     ENTRY_POINT_GROUP,
@@ -200,6 +201,7 @@ __all__ = [
     "MalformedIdempotencyKey",
     "NothingSent",
     "open_tool_client",
+    "prune_intents",
     "OperationRecord",
     "ProviderUnreadable",
     "OutcomeClass",

@@ -9,6 +9,7 @@ from typing import Any
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
 
 from onceflow.tools._intent import IntentState
 
@@ -56,6 +57,16 @@ SET state = CASE WHEN %(state)s = 'succeeded' THEN 'succeeded'
     result = %(result)s
 WHERE tenant = %(tenant)s AND tool = %(tool)s AND intent_digest = %(digest)s
   AND workflow_id = %(workflow_id)s AND step_id = %(step_id)s
+"""
+
+# Settled rows past their window answer nothing any more: a new call takes them over
+# anyway. Rows whose effect is in doubt stay, however old.
+PRUNE = """
+DELETE FROM intents WHERE ctid IN (
+    SELECT ctid FROM intents
+    WHERE state IN ('succeeded', 'no_effect') AND expires_at <= now()
+    LIMIT %(batch)s
+)
 """
 
 RECORD_DELIBERATE = """
@@ -137,6 +148,18 @@ async def settle_intent(
             "result": Jsonb(result) if result is not None else None,
         },
     )
+
+
+async def prune_intents(pool: AsyncConnectionPool, *, batch: int = 1000) -> int:
+    """Delete settled intents past their window, ``batch`` rows a transaction."""
+    deleted = 0
+    while True:
+        async with pool.connection() as conn:
+            cursor = await conn.execute(PRUNE, {"batch": batch})
+            await conn.commit()
+        deleted += cursor.rowcount
+        if cursor.rowcount < batch:
+            return deleted
 
 
 async def record_deliberate_repeat(conn: AsyncConnection[Any], key: IntentKey) -> None:

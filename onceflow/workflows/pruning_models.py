@@ -25,3 +25,5 @@ class PruneResult(BaseModel):
     """Key-quota windows older than a day."""
     settled: int = 0
     """Records of ended tasks whose outcome the pass wrote (their starter had died)."""
+    intents: int = 0
+    """Settled intents past their window (``tools/_intent_claims``)."""
