@@ -20,8 +20,13 @@ from onceflow.tools import (
     DedupeStrategy,
     EffectFlags,
     IntentIdentity,
+    Provider,
     ToolContract,
 )
+
+STRIPE = Provider(name="stripe", requests_per_second=100)
+"""Stripe, which both payment tools reach: one retry budget and pause switch for both.
+Its documented live-mode rate limit is 100 read and write requests per second."""
 
 _IDENTIFIER = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 _STRIPE_ID = r"^[a-z]{2,6}_[A-Za-z0-9_]{1,200}$"
@@ -95,6 +100,7 @@ def charge_payment_contract(
         # An operator's "happened --resource-id" is retrieved and checked against the
         # step (operation id, amount, currency) before it is accepted.
         lookup_verifies_resource_ids=True,
+        provider=STRIPE,
     )
 
 
@@ -129,4 +135,5 @@ def refund_payment_contract(
         # An operator's "happened --resource-id" is retrieved and checked against the
         # step (operation id, amount, currency) before it is accepted.
         lookup_verifies_resource_ids=True,
+        provider=STRIPE,
     )

@@ -47,6 +47,10 @@ class OnceflowSettings(FileBackedSettings):
     """How often a worker that exports metrics counts parked tasks in Temporal's
     visibility store for the parked-task gauges (``ONCEFLOW_PARKED_SCAN_SECONDS``).
     Default 30."""
+    provider_budgets: bool = True
+    """Whether tool sends draw on their provider's fleet-wide retry budget and honour
+    its pause and its 429s (``ONCEFLOW_PROVIDER_BUDGETS``). Default true; false only to
+    measure without them (each task's own budget still bounds its retries)."""
     tools: Annotated[tuple[str, ...], NoDecode] = ()
     """Custom tools to register, each an entry point name in the ``onceflow.tools`` group
     or an import path ``package.module:ATTRIBUTE``. Default none.

@@ -144,6 +144,7 @@ from onceflow.tools._loading import (
     register_tools,
 )
 from onceflow.tools._pinning import PolicyPinning
+from onceflow.tools._provider import Provider
 from onceflow.tools._policy import PIN_TASK_POLICY, PinPolicyInput, TaskPolicy, ToolPolicy
 from onceflow.tools._tool import ClientOpener, Implementation, Tool, lookup_activity_name
 
@@ -208,6 +209,7 @@ __all__ = [
     "PIN_TASK_POLICY",
     "PinPolicyInput",
     "PolicyPinning",
+    "Provider",
     "Redaction",
     "read_operations",
     "read_step_operations",

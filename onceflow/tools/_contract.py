@@ -10,6 +10,7 @@ from pydantic import BaseModel
 from onceflow.tools._dedupe import DedupeStrategy
 from onceflow.tools._intent import IntentIdentity
 from onceflow.tools._policy import ToolPolicy
+from onceflow.tools._provider import Provider
 
 __all__ = ["ApprovalThreshold", "DedupeStrategy", "EffectFlags", "ToolContract"]
 
@@ -99,9 +100,28 @@ class ToolContract:
     nothing and is answered with the first. Default: all the validated arguments, for
     24 h. None: no intent rule (a read-only tool, or one whose own table's unique key
     already is the intent, as ``issue_coupon``'s)."""
+    provider: Provider | None = None
+    """The service its sends reach (``Provider``), whose retry budget and pause switch it
+    shares with the provider's other tools across the fleet. Default None: an open-world
+    tool that changes something gets a provider of its own, named after it; a read-only
+    or local tool none."""
+    provider_wait_limit: timedelta = timedelta(hours=1)
+    """Longest one step waits, in all, for its provider (its retry budget empty, a pause,
+    a 429's "not now") before it fails, or parks if its outcome is in doubt. The wait
+    spends neither the step's attempts nor the task's deadline. Default 1 hour."""
     version: str = "1"
     """The contract's version, pinned with the rest of its policy by every task that
     starts with it; bump it when the tool's behaviour changes. Default ``"1"``."""
+
+    @property
+    def budget_provider(self) -> Provider | None:
+        """The provider whose budget the tool's sends draw on (``provider``, or one of its
+        own for an open-world tool that changes something), or None."""
+        if self.provider is not None:
+            return self.provider
+        if self.effects.read_only or not self.effects.open_world:
+            return None
+        return Provider(name=self.name)
 
     @property
     def attempt_timeout(self) -> timedelta:
