@@ -127,7 +127,9 @@ async def build_worker(
                 tool_client = await open_tool_client(tool, opened)
                 if tool.open_client is not None:
                     by_opener[tool.open_client] = tool_client
-            activities += tool_activities(tool, pool, tool_client)
+            activities += tool_activities(
+                tool, pool, tool_client, provider_budgets=settings.provider_budgets
+            )
         records = IdempotencyRecordActivities(
             pool, TaskClient(client, task_queue=settings.task_queue)
         )

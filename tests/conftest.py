@@ -38,6 +38,8 @@ BUSINESS_TABLES = (
     "operations",
     "intents",
     "intent_deliberate_repeats",
+    "provider_budgets",
+    "provider_pauses",
     # the boundary's
     "idempotency_records",
     "mcp_task_handles",

@@ -1,5 +1,5 @@
 """The dev stack's commands, added to ``onceflow`` through the ``onceflow.cli`` entry point:
-``onceflow dev``, ``onceflow demo`` and ``onceflow provider``."""
+``onceflow dev``, ``onceflow demo`` and ``onceflow local-stripe``."""
 
 import asyncio
 import dataclasses
@@ -26,10 +26,10 @@ def _port(text: str) -> object:
 
 
 def register(app: typer.Typer) -> None:
-    """Add ``dev``, ``demo`` and ``provider`` to ``app``."""
+    """Add ``dev``, ``demo`` and ``local-stripe`` to ``app``."""
     app.command("dev")(dev)
     app.command("demo")(demo)
-    app.command("provider")(provider)
+    app.command("local-stripe")(provider)
 
 
 def dev(

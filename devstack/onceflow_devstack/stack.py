@@ -350,7 +350,7 @@ async def _stripe_for_worker(
                 f"port {port} ({FLAGS['provider']}) is already in use by another program; "
                 "stop it or choose other ports (--port-base N, or the flag)"
             ) from None
-        # e.g. a standalone `onceflow provider` holds the default port
+        # e.g. a standalone `onceflow local-stripe` holds the default port
         running = await exits.enter_async_context(running_provider(port=0))
     recorded.write_text(running.base_url)
     local = stripe.model_copy(

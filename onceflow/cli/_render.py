@@ -38,7 +38,7 @@ def render_status(console: Console, status: TaskStatus) -> None:
     )
     cells: list[tuple[str, ...]] = [headers[:-1]]
     for step in status.steps:
-        notes = step.failure_reason or step.park_reason or ""
+        notes = step.failure_reason or step.park_reason or step.waiting_for_provider or ""
         if step.repeat_of:
             notes = f"repeat of {step.repeat_of}: answered by it, not run"
         elif step.deliberate_repeat:

@@ -22,6 +22,7 @@ from onceflow.cli._audit import register as register_audit_command
 from onceflow.cli._boundary import register as register_boundary_commands
 from onceflow.cli._configuration import register as register_configuration_commands
 from onceflow.cli._failures import EXIT_CODES_HELP, CommandFailed, ExitCode, explain
+from onceflow.cli._providers import register as register_provider_commands
 from onceflow.cli._render import render_status, render_task_list, task_list_json
 from onceflow.cli._services import (
     reach_database,
@@ -478,7 +479,8 @@ register_boundary_commands(app, operate)  # gateway, mcp, principal
 register_configuration_commands(app)  # --config, config check|show, the start-up check
 register_tool_commands(app)  # tools
 register_audit_command(app)  # audit
-register_plugin_commands(app)  # dev, demo, provider: from the dev stack when installed
+register_provider_commands(app, _operator_name)  # provider status|pause|resume
+register_plugin_commands(app)  # dev, demo, local-stripe: from the dev stack when installed
 
 
 def run(argv: list[str] | None = None) -> None:

@@ -3,7 +3,7 @@
 ``operate`` runs a command's async body and turns any failure into one line and an exit
 code (``ExitCode``); ``stop_on_signals`` makes SIGINT/SIGTERM stop a long-running command
 cleanly. The embedded dev stack (``onceflow-devstack``) adds ``dev``, ``demo`` and
-``provider`` through the ``onceflow.cli`` entry point group: each entry is a
+``local-stripe`` through the ``onceflow.cli`` entry point group: each entry is a
 ``register(app)`` function.
 """
 
@@ -33,7 +33,7 @@ __all__ = [
 
 ENTRY_POINT_GROUP = "onceflow.cli"
 """Entry point group of distributions that add commands: ``register(app: typer.Typer)``."""
-DEV_STACK_COMMANDS = ("dev", "demo", "provider")
+DEV_STACK_COMMANDS = ("dev", "demo", "local-stripe")
 """The commands ``onceflow-devstack`` adds."""
 
 console = Console()

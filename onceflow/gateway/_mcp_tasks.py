@@ -301,6 +301,11 @@ def _working_message(step: StepStatus) -> str:
                 f"({step.park_reason or 'no reason was given'}), and a person decides. "
                 "Do not call it again; keep polling this task."
             )
+        case StepState.BACKING_OFF if step.waiting_for_provider:
+            return (
+                f"{step.tool} is waiting for its provider ({step.waiting_for_provider}); it "
+                "goes on by itself. Do not call it again; keep polling this task."
+            )
         case StepState.BACKING_OFF:
             return f"{step.tool} is waiting to try again (attempt {len(step.attempts)} failed)."
     return f"{step.tool} is running."

@@ -39,6 +39,9 @@ class StepView(BaseModel):
     result: dict[str, Any] = Field(default_factory=dict)
     failure_reason: str | None = None
     park_reason: str | None = None
+    waiting_for_provider: str | None = None
+    """While the step waits for its provider to let it send (``waiting for stripe to
+    recover: …``, paused, throttled): why. Nothing to do: it goes on by itself."""
     repeat_of: str | None = None
     """In an open task: the earlier identical call that answered this one (never run)."""
     deliberate_repeat: bool = False
@@ -89,6 +92,8 @@ class CallView(BaseModel):
     result: dict[str, Any] = Field(default_factory=dict)
     failure_reason: str | None = None
     park_reason: str | None = None
+    waiting_for_provider: str | None = None
+    """While the call waits for its provider to let it send: why. It goes on by itself."""
     repeat_of: str | None = None
     """Set when the repeat guard answered: the earlier identical call of this task, whose
     state and result this is; nothing ran for this call."""
@@ -141,6 +146,7 @@ def task_view(status: TaskStatus) -> TaskView:
                 result=step.result,
                 failure_reason=step.failure_reason,
                 park_reason=step.park_reason,
+                waiting_for_provider=step.waiting_for_provider,
                 repeat_of=step.repeat_of,
                 deliberate_repeat=step.deliberate_repeat,
             )
@@ -169,6 +175,7 @@ def call_view(answer: CallAnswer) -> CallView:
         result=call.result,
         failure_reason=call.failure_reason,
         park_reason=call.park_reason,
+        waiting_for_provider=call.waiting_for_provider,
         repeat_of=answer.repeat_of,
         deliberate_repeat=call.deliberate_repeat,
         status_url=task_status_url(answer.task_id),

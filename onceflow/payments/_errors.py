@@ -41,6 +41,7 @@ Why these classes:
 """
 
 import logging
+from datetime import timedelta
 
 import httpx
 import stripe
@@ -69,6 +70,7 @@ class PaymentProviderError(Exception):
         code: str | None = None,
         replayed: bool = False,
         payment_intent: str | None = None,
+        retry_after: timedelta | None = None,
     ) -> None:
         super().__init__(reason)
         self.outcome = outcome
@@ -85,6 +87,24 @@ class PaymentProviderError(Exception):
         """The answer was a stored response replayed for the same idempotency key."""
         self.payment_intent = payment_intent
         """The PaymentIntent an error names (a declined card leaves one behind)."""
+        self.retry_after = retry_after
+        """A 429's ``Retry-After``, when it named one."""
+
+    @property
+    def throttled(self) -> bool:
+        """Stripe refused the request as one too many (429): nothing was done."""
+        return self.http_status == 429
+
+
+def retry_after(headers: object) -> timedelta | None:
+    """The wait a response's ``Retry-After`` header asks for, in seconds (its HTTP-date
+    form is not used by Stripe), or None."""
+    value = headers.get("retry-after") if hasattr(headers, "get") else None
+    try:
+        seconds = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return timedelta(seconds=min(seconds, 3600)) if seconds is not None and seconds >= 0 else None
 
 
 def classify_stripe_error(error: BaseException) -> tuple[OutcomeClass, str]:

@@ -37,6 +37,7 @@ what an attempt saw besides (timings, HTTP status, what a read answered) is evid
 that attempt only.
 """
 
+from datetime import timedelta
 from typing import Any
 
 from onceflow.payments._contract import ChargePaymentInput, RefundPaymentInput
@@ -149,12 +150,16 @@ async def _fail(
     operation: ChildOperation, failure: PaymentProviderError, attempt: dict[str, str]
 ) -> ToolAttemptResult:
     ids = {"request_id": failure.request_id, "payment_intent": failure.payment_intent}
-    return await operation.failed(
+    result = await operation.failed(
         failure.outcome,
         failure.reason,
         evidence=attempt,
         **{name: value for name, value in ids.items() if value},
     )
+    if failure.throttled:
+        # Stripe's "not now": its budget holds every send for the time it asked.
+        return result.model_copy(update={"throttled_for": failure.retry_after or timedelta(0)})
+    return result
 
 
 def _stored_by_provider(failure: PaymentProviderError) -> bool:

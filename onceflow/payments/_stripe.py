@@ -23,6 +23,7 @@ from onceflow.payments._errors import (
     PaymentProviderError,
     classify_stripe_error,
     is_replay,
+    retry_after,
     stripe_error_code,
 )
 from onceflow.payments._provider import (
@@ -347,6 +348,7 @@ def _raise_classified(error: Exception, span: Span) -> NoReturn:
         code=stripe_error_code(error),
         replayed=is_replay(error),
         payment_intent=_named_payment_intent(error),
+        retry_after=retry_after(error.headers) if error.http_status == 429 else None,
     )
     span.set_attributes(
         {

@@ -521,4 +521,37 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         CREATE INDEX mcp_task_handles_by_expiry ON mcp_task_handles (expires_at);
         """,
     ),
+    (
+        16,
+        "providers: the fleet-wide retry budget and pause switch of each provider",
+        """
+        -- One row per provider its tools reach (onceflow.tools.Provider), shared by every
+        -- worker: the retry bucket's tokens (as of refilled_at: it refills with time),
+        -- since when it fails, until when it said "not now" (429), an operator's pause. Changed
+        -- under the row's lock by tools/_provider_budgets.py; a first attempt only reads.
+        CREATE TABLE provider_budgets (
+            provider      text PRIMARY KEY CHECK (provider ~ '^[A-Za-z0-9_-]{1,100}$'),
+            tokens        double precision NOT NULL CHECK (tokens >= 0),
+            refilled_at   timestamptz,
+            failing_since timestamptz,
+            hold_until    timestamptz,
+            paused_at     timestamptz,
+            paused_by     text,
+            pause_reason  text,
+            updated_at    timestamptz NOT NULL DEFAULT now(),
+            -- A pause names who and why, or there is none.
+            CHECK ((paused_at IS NULL) = (paused_by IS NULL)
+                   AND (paused_at IS NULL) = (pause_reason IS NULL))
+        );
+        -- Every pause and resume: who, when, why. Kept: it is the audit.
+        CREATE TABLE provider_pauses (
+            id       bigserial PRIMARY KEY,
+            provider text NOT NULL,
+            action   text NOT NULL CHECK (action IN ('pause', 'resume')),
+            operator text NOT NULL CHECK (operator <> ''),
+            reason   text NOT NULL CHECK (reason <> ''),
+            at       timestamptz NOT NULL DEFAULT now()
+        );
+        """,
+    ),
 )

@@ -21,13 +21,14 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
+from opentelemetry import metrics
 from psycopg_pool import AsyncConnectionPool
 from pydantic import ValidationError
 from temporalio import activity
 
 from onceflow.errors import describe_validation
 from onceflow.retry_policy import OutcomeClass
-from onceflow.tools._attempts import KeyUnusable, ToolAttemptResult, ToolCallInput
+from onceflow.tools._attempts import KeyUnusable, ProviderHold, ToolAttemptResult, ToolCallInput
 from onceflow.tools._call import ToolCall
 from onceflow.tools._child_operation import is_unreachable
 from onceflow.tools._classify import DatabaseUnavailable, KeyWindowClosed, NothingSent
@@ -39,17 +40,31 @@ from onceflow.tools._intent_claims import (
     record_deliberate_repeat,
     settle_intent,
 )
+from onceflow.tools._provider import Answer, Provider
+from onceflow.tools._provider_budgets import ask_to_send, tell_answer
 from onceflow.tools._tool import Implementation, Tool, lookup_activity_name
 
 _log = logging.getLogger(__name__)
+_HELD = metrics.get_meter("onceflow").create_counter(
+    "onceflow_provider_sends_held",
+    description="Attempts not sent because their provider's fleet-wide budget held them.",
+)
 
 
-def tool_activities(tool: Tool, pool: AsyncConnectionPool, client: Any) -> list[Callable[..., Any]]:
-    """The activities of ``tool`` (perform, and its lookup if any) bound to its client."""
+def tool_activities(
+    tool: Tool, pool: AsyncConnectionPool, client: Any, *, provider_budgets: bool = True
+) -> list[Callable[..., Any]]:
+    """The activities of ``tool`` (perform, and its lookup if any) bound to its client.
+    ``provider_budgets``: its sends draw on its provider's fleet-wide budget
+    (``OnceflowSettings.provider_budgets``)."""
+    provider = tool.registered_contract.budget_provider if provider_budgets else None
 
     @activity.defn(name=tool.name)
     async def perform(identity: ToolCallInput) -> ToolAttemptResult:
-        return await _run(tool, tool.perform, identity, pool, client, sends=True)
+        if provider is None:
+            result = await _run(tool, tool.perform, identity, pool, client, sends=True)
+            return result.model_copy(update={"throttled_for": None})
+        return await _send_within_budget(tool, provider, identity, pool, client)
 
     activities: list[Callable[..., Any]] = [perform]
     look_up = tool.look_up
@@ -94,6 +109,59 @@ async def _run(
     if intent is not None and (sends or result.outcome is OutcomeClass.SUCCEEDED):
         await _settle(pool, intent, result)
     return result
+
+
+async def _send_within_budget(
+    tool: Tool, provider: Provider, identity: ToolCallInput, pool: AsyncConnectionPool, client: Any
+) -> ToolAttemptResult:
+    """An attempt the provider's budget admits, and its answer told to the budget; or,
+    when the budget holds it, a result saying so (nothing sent)."""
+    try:
+        asked = await ask_to_send(pool, provider, identity.send)
+    except Exception as error:
+        return _nothing_sent(error, "could not read the provider's budget")
+    admission = asked.admission
+    if not admission.admitted:
+        _HELD.add(1, {"provider": provider.name, "health": admission.health.value})
+        return ToolAttemptResult(
+            outcome=OutcomeClass.TRANSIENT,
+            reason=f"nothing sent: {admission.reason}",
+            provider_hold=ProviderHold(
+                provider=provider.name,
+                health=admission.health,
+                recheck_in=admission.recheck_in,
+                reason=admission.reason,
+            ),
+        )
+    result = await _run(tool, tool.perform, identity, pool, client, sends=True)
+    try:
+        await tell_answer(
+            pool,
+            provider,
+            identity.send,
+            _answer(result),
+            asked.row,
+            throttled_for=result.throttled_for or timedelta(0),
+        )
+    except Exception as error:
+        # The budget missed one answer: later answers, and time, correct it.
+        _log.warning(
+            "could not record %s's answer in its budget (%s)", provider.name, type(error).__name__
+        )
+    return result
+
+
+def _answer(result: ToolAttemptResult) -> Answer:
+    """How the provider answered, as its budget hears it."""
+    if result.database_unavailable or result.key_unusable is KeyUnusable.SEND_BY_PASSED:
+        return Answer.NOT_SENT
+    if "repeat_of_task" in result.evidence:
+        return Answer.NOT_SENT  # answered by the step holding the intent
+    if result.throttled_for is not None:
+        return Answer.THROTTLED
+    if result.outcome in (OutcomeClass.SUCCEEDED, OutcomeClass.REJECTED):
+        return Answer.ANSWERED
+    return Answer.FAILED
 
 
 def _intent_key(tool: Tool, args: Any, identity: ToolCallInput) -> IntentKey | None:
@@ -175,8 +243,10 @@ async def _settle(pool: AsyncConnectionPool, intent: IntentKey, result: ToolAtte
         )
 
 
-def _nothing_sent(error: Exception) -> ToolAttemptResult:
-    reason = f"nothing sent: could not record the step's intent ({type(error).__name__})"
+def _nothing_sent(
+    error: Exception, what: str = "could not record the step's intent"
+) -> ToolAttemptResult:
+    reason = f"nothing sent: {what} ({type(error).__name__})"
     return ToolAttemptResult(
         outcome=OutcomeClass.TRANSIENT, reason=reason, database_unavailable=is_unreachable(error)
     )

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from onceflow.retry_policy import OutcomeClass
 from onceflow.tools._policy import ToolPolicy
+from onceflow.tools._provider import ProviderHealth, Send
 
 
 class KeyUnusable(StrEnum):
@@ -54,10 +55,28 @@ class ToolCallInput(BaseModel):
     deliberate_repeat: bool = False
     """The call asked for a second effect identical to an earlier one on purpose
     (``CallInput.deliberate_repeat``): it claims no intent, and is recorded."""
+    send: Send = Send.FIRST
+    """What the attempt is to its provider's budget: a first send, a retry (an earlier
+    attempt of the step reached the provider: it takes a token), or an operator's."""
     last_attempt_ended_at: datetime | None = None
     """Only in a look-up: when the step's last attempt ended. An eventual look-up's miss
     proves absence once ``miss_proves_absence_after`` has passed since then (never
     without it)."""
+
+
+class ProviderHold(BaseModel):
+    """Why an attempt was not sent: its provider's budget held it (``_provider``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    provider: str
+    """The provider's name (``stripe``)."""
+    health: ProviderHealth
+    """Its state when the attempt asked."""
+    recheck_in: timedelta
+    """How long until asking again can help."""
+    reason: str
+    """Why, naming the provider and its state (``waiting for stripe to recover: …``)."""
 
 
 class ToolAttemptResult(BaseModel):
@@ -79,6 +98,15 @@ class ToolAttemptResult(BaseModel):
     """The attempt ended because onceflow's own database was unreachable (before the
     effect, or a local effect whose commit is deduplicated by its record): the workflow
     retries within the deadline without counting it against the attempt caps."""
+    provider_hold: ProviderHold | None = None
+    """Set by onceflow when nothing was sent because the provider's fleet-wide budget
+    held the attempt (paused, throttled, or failing with its retry budget spent): the
+    workflow waits for the provider, off the task's clock, and asks again."""
+    throttled_for: timedelta | None = None
+    """Set by a tool whose provider refused the request as one too many (HTTP 429):
+    nothing was done, and the provider said "not now". The wait it asked for
+    (``Retry-After``), or zero when it named none. Every send to the provider then waits
+    that long (or ``Provider.throttle_hold``), and the attempt spends no attempt cap."""
     miss_proves_absence: bool = False
     """A look-up that found nothing by a read-after-write consistent read (a query in
     the tool's own transactional store, a provider's list API): the effect does not

@@ -71,6 +71,9 @@ class ToolPolicy(BaseModel):
     deliberate_repeats: bool = True
     """A call may ask for a second identical effect (``ToolContract.deliberate_repeats``).
     Default True."""
+    provider_wait_limit: timedelta = timedelta(hours=1)
+    """Longest a step waits, in all, for its provider's budget to let it send
+    (``ToolContract.provider_wait_limit``). Default 1 hour."""
 
     @classmethod
     def from_contract(cls, contract: "ToolContract") -> "ToolPolicy":
@@ -94,6 +97,7 @@ class ToolPolicy(BaseModel):
                 contract.lookup_verifies_resource_ids and contract.lookup_activity is not None
             ),
             deliberate_repeats=contract.deliberate_repeats,
+            provider_wait_limit=contract.provider_wait_limit,
         )
 
     @property

@@ -2,11 +2,12 @@
 and worker: its retry budget, how it is probed while it fails, its documented rate limit.
 
     first attempt ──▶ sent (unless the provider is paused or said "not now")
-    retry         ──▶ takes a token; none left while the provider fails: the step waits
-                      (a durable timer, off the task's clock) and one retry per
-                      ``probe_every`` goes out as the probe
-    success       ──▶ deposits ``retry_deposit``; a retry's success repays its token;
-                      while the provider was failing it ends the failing and refills
+    retry         ──▶ takes a token; with none left the step waits (a durable timer,
+                      off the task's clock) for the next: the bucket refills by one
+                      token per ``probe_every``, so a failing provider gets one retry
+                      per interval, the probe that learns it answers again
+    answer        ──▶ deposits ``retry_deposit``, and a retry's repays its token; the
+                      first answer after failures refills the bucket
     429 "not now" ──▶ every send waits until the provider's ``Retry-After`` (or
                       ``throttle_hold``) has passed
 
@@ -14,8 +15,9 @@ Pure data and pure policy: the rows live in PostgreSQL (``_provider_budgets``), 
 workflow only reads each answer from an activity result.
 """
 
-from dataclasses import dataclass
-from datetime import timedelta
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from enum import StrEnum
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,9 +30,9 @@ class Provider:
         LEDGERPAY = Provider(name="ledgerpay", requests_per_second=50)
         ToolContract(name="ledgerpay_charge", ..., provider=LEDGERPAY)
 
-    Bound: while the provider answers nothing successfully, the retries the whole fleet
-    sends to it are at most ``retry_tokens`` (what the bucket held when the failures
-    began) plus one per ``probe_every``; first attempts are never held by the budget.
+    Bound: in any interval T in which the provider answers nothing, the retries the whole
+    fleet sends it are at most ``retry_tokens`` (what the bucket held) plus
+    T / ``probe_every``; first attempts are never held by the bucket.
     """
 
     name: str
@@ -43,8 +45,9 @@ class Provider:
     """Tokens each successful attempt adds (up to ``retry_tokens``): in steady failure,
     retries stay within this share of successes. Default 0.1 (gRPC's ``tokenRatio``)."""
     probe_every: timedelta = timedelta(seconds=10)
-    """While the provider fails and the bucket is empty, one retry per this interval goes
-    out, fleet-wide, to learn whether it answers again. Default 10 s."""
+    """The bucket refills by one token per this interval: while the provider fails, one
+    retry per interval goes out, fleet-wide, to learn whether it answers again.
+    Default 10 s."""
     throttle_hold: timedelta = timedelta(seconds=1)
     """How long every send waits after a 429 that named no ``Retry-After``. Default 1 s."""
     requests_per_second: float | None = None
@@ -64,3 +67,192 @@ class Provider:
             raise ValueError("probe_every and throttle_hold must be positive")
         if self.requests_per_second is not None and self.requests_per_second <= 0:
             raise ValueError("requests_per_second must be positive")
+
+
+class ProviderHealth(StrEnum):
+    """What the fleet knows of a provider, as its budget's row says."""
+
+    HEALTHY = "healthy"
+    """Sends go out; retries draw on the bucket."""
+    SHEDDING_RETRIES = "shedding_retries"
+    """It fails and the bucket is empty: retries wait, one per ``probe_every`` goes out."""
+    THROTTLED = "throttled"
+    """It said "not now" (429): every send waits until the time it named."""
+    PAUSED = "paused"
+    """An operator paused it: nothing is sent until one resumes it."""
+
+
+class Send(StrEnum):
+    """What kind of send asks to go out."""
+
+    FIRST = "first"
+    """A step's first attempt, or the first after others that sent nothing: never held
+    by the bucket (new work is no retry storm)."""
+    RETRY = "retry"
+    """A repeat of a step whose earlier attempt reached the provider: takes a token."""
+    OPERATOR = "operator"
+    """An attempt an operator authorised: a person decided, so no token is asked."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pause:
+    """Who paused a provider, when and why."""
+
+    by: str
+    at: datetime
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class BudgetRow:
+    """A provider's shared state (one row per provider)."""
+
+    tokens: float
+    """The bucket's tokens as of ``refilled_at``."""
+    refilled_at: datetime | None = None
+    """When ``tokens`` was counted; it has refilled since (``refilled``)."""
+    failing_since: datetime | None = None
+    """Since when its answers have been failures (None once it answers)."""
+    hold_until: datetime | None = None
+    """Until when it asked every send to wait (a 429)."""
+    pause: Pause | None = None
+
+    @classmethod
+    def full(cls, provider: Provider) -> "BudgetRow":
+        """The row of a provider the fleet has not heard from: healthy, bucket full."""
+        return cls(tokens=provider.retry_tokens)
+
+    def refilled(self, provider: Provider, now: datetime) -> "BudgetRow":
+        """The row with the bucket refilled up to ``now``: a token per ``probe_every``."""
+        if self.refilled_at is None or now <= self.refilled_at:
+            return replace(self, refilled_at=self.refilled_at or now)
+        earned = (now - self.refilled_at) / provider.probe_every
+        return replace(
+            self, tokens=min(provider.retry_tokens, self.tokens + earned), refilled_at=now
+        )
+
+    def health(self, provider: Provider, now: datetime) -> ProviderHealth:
+        if self.pause is not None:
+            return ProviderHealth.PAUSED
+        if self.hold_until is not None and now < self.hold_until:
+            return ProviderHealth.THROTTLED
+        if self.failing_since is not None and self.refilled(provider, now).tokens < 1:
+            return ProviderHealth.SHEDDING_RETRIES
+        return ProviderHealth.HEALTHY
+
+
+@dataclass(frozen=True, kw_only=True)
+class Admission:
+    """Whether a send may go out now; if not, why and when to ask again."""
+
+    admitted: bool
+    health: ProviderHealth
+    recheck_in: timedelta = timedelta(0)
+    """When held: how long until asking again can help."""
+    reason: str = ""
+    """When held: why, naming the provider and its state."""
+
+
+PAUSE_RECHECK = timedelta(seconds=15)
+"""How often a step held by a paused provider asks again."""
+
+
+def admit(
+    row: BudgetRow, provider: Provider, send: Send, now: datetime
+) -> tuple[Admission, BudgetRow]:
+    """Whether ``send`` may go out now, and the row after it asked."""
+    name = provider.name
+    if row.pause is not None:
+        return Admission(
+            admitted=False,
+            health=ProviderHealth.PAUSED,
+            recheck_in=PAUSE_RECHECK,
+            reason=(
+                f"{name} is paused by {row.pause.by} since "
+                f"{row.pause.at.isoformat(timespec='seconds')} ({row.pause.reason}): nothing "
+                f"is sent until an operator runs `onceflow provider resume {name}`"
+            ),
+        ), row
+    if row.hold_until is not None and now < row.hold_until:
+        return Admission(
+            admitted=False,
+            health=ProviderHealth.THROTTLED,
+            recheck_in=row.hold_until - now,
+            reason=(
+                f"{name} asked for no requests until "
+                f"{row.hold_until.isoformat(timespec='seconds')} (429 rate limited)"
+            ),
+        ), row
+    if send is not Send.RETRY:
+        return Admission(admitted=True, health=row.health(provider, now)), row
+    row = row.refilled(provider, now)
+    if row.tokens >= 1:
+        return Admission(admitted=True, health=ProviderHealth.HEALTHY), replace(
+            row, tokens=row.tokens - 1
+        )
+    recheck_in = (1 - row.tokens) * provider.probe_every
+    if row.failing_since is None:
+        # Every token is out with retries the provider has not failed (yet).
+        return Admission(
+            admitted=False,
+            health=ProviderHealth.HEALTHY,
+            recheck_in=recheck_in,
+            reason=f"{name}'s retry budget is out with retries still running",
+        ), row
+    return Admission(
+        admitted=False,
+        health=ProviderHealth.SHEDDING_RETRIES,
+        recheck_in=recheck_in,
+        reason=(
+            f"waiting for {name} to recover: it has failed since "
+            f"{row.failing_since.isoformat(timespec='seconds')} and its retry budget is "
+            f"spent, so one retry per {_seconds(provider.probe_every)} goes out to probe it"
+        ),
+    ), row
+
+
+class Answer(StrEnum):
+    """How the provider answered a send, as its budget hears it."""
+
+    ANSWERED = "answered"
+    """It answered (success, or a refusal of the request itself): it is up."""
+    FAILED = "failed"
+    """It failed the send (5xx, no answer, refused connection)."""
+    THROTTLED = "throttled"
+    """It said "not now" (429)."""
+    NOT_SENT = "not_sent"
+    """Nothing reached it after all (the step's intent was held elsewhere, onceflow's
+    database was down): a retry's token goes back."""
+
+
+def after_answer(
+    row: BudgetRow,
+    provider: Provider,
+    send: Send,
+    answer: Answer,
+    now: datetime,
+    *,
+    throttled_for: timedelta = timedelta(0),
+) -> BudgetRow:
+    """The row once the provider answered ``send`` so."""
+    row = row.refilled(provider, now)
+    repaid = 1.0 if send is Send.RETRY else 0.0
+    if answer is Answer.NOT_SENT:
+        return replace(row, tokens=min(provider.retry_tokens, row.tokens + repaid))
+    if answer is Answer.ANSWERED:
+        if row.failing_since is not None:
+            # It answers again: the bucket is whole, and so are the retries waiting.
+            return replace(row, tokens=provider.retry_tokens, failing_since=None)
+        tokens = row.tokens + repaid + provider.retry_deposit
+        return replace(row, tokens=min(provider.retry_tokens, tokens))
+    failing = replace(row, failing_since=row.failing_since or now)
+    if answer is Answer.THROTTLED:
+        hold = throttled_for if throttled_for > timedelta(0) else provider.throttle_hold
+        until = now + hold
+        if failing.hold_until is None or failing.hold_until < until:
+            failing = replace(failing, hold_until=until)
+    return failing
+
+
+def _seconds(interval: timedelta) -> str:
+    return f"{interval.total_seconds():g} s"

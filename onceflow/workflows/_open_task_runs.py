@@ -343,5 +343,9 @@ class OpenTaskRuns(StepRuns):
             park_details(call) if call.state is StepState.PARKED else approval_details(call)
             for call in self._memory.calls.values()
             if call.state in (StepState.PARKED, StepState.AWAITING_APPROVAL)
+        ] + [
+            f"call {call.step_id} ({call.tool}): {call.waiting_for_provider}"
+            for call in self._memory.calls.values()
+            if call.waiting_for_provider
         ]
         return "\n\n".join([self._calls_summary(), *waiting])

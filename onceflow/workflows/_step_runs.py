@@ -23,6 +23,8 @@ with workflow.unsafe.imports_passed_through():
         PIN_TASK_POLICY,
         KeyUnusable,
         PinPolicyInput,
+        ProviderHold,
+        Send,
         TaskPolicy,
         ToolAttemptResult,
         ToolCallInput,
@@ -59,6 +61,12 @@ from onceflow.workflows._task_core import (
     not_started_in_time,
     park_details,
 )
+
+MIN_PROVIDER_RECHECK = timedelta(seconds=1)
+"""Shortest wait before a held step asks its provider's budget again."""
+PROVIDER_RECHECK_SPREAD = 0.5
+"""Each held step asks again up to this share later than the budget said, so the steps
+held together do not all ask at one instant."""
 
 
 class StepRuns(TaskCore):
@@ -108,6 +116,22 @@ class StepRuns(TaskCore):
                 return
             saw_unknown = saw_unknown or result.outcome is OutcomeClass.UNKNOWN
             operator_authorised = False
+            if result.provider_hold is not None:
+                # The provider did not let the step send within its wait limit.
+                reason = (
+                    f"step {step.step_id}: its provider did not let it send within "
+                    f"{policy.provider_wait_limit} ({result.provider_hold.reason})"
+                )
+                if not saw_unknown:
+                    self._stop_step(status, StepState.FAILED, reason)
+                if await self._look_up_or_park(step, policy, status, reason):
+                    return
+                operator_authorised, saw_unknown = True, False
+                continue
+            if result.throttled_for is not None:
+                # "Not now" from the provider: nothing done, no cap spent. The next
+                # attempt waits for the provider's budget to let it send.
+                continue
             closed = self._key_window_closed(policy, status)
             if closed is not None and result.key_unusable is None and result.outcome in RETRYABLE:
                 # The window's timer fired before the attempt's end reached the workflow.
@@ -438,7 +462,98 @@ class StepRuns(TaskCore):
             policy=self._memory.policies.get(step.tool),
             key_generation=status.key_generation,
             deliberate_repeat=status.deliberate_repeat,
+            send=self._send_kind(status, operator_authorised),
         )
+        result = await self._send(step, policy, call, send_by, wait_for_worker)
+        while result.provider_hold is not None and await self._wait_for_provider(
+            step, policy, status, result.provider_hold
+        ):
+            result = await self._send(step, policy, call, send_by, wait_for_worker)
+        count_event("onceflow_attempts", tool=step.tool, outcome=result.outcome.value)
+        waited_for_database = result.database_unavailable
+        if waited_for_database and self._started_on_0_1_0:
+            workflow.deprecate_patch(DATABASE_WAITS)
+        free = (
+            waited_for_database
+            or result.throttled_for is not None
+            or result.provider_hold is not None
+        )
+        if operator_authorised:
+            self._memory.operator_authorised_attempts += 1
+        elif reserved:
+            if free:
+                self._memory.budgeted_attempts -= 1  # not the provider's doing: give it back
+        elif not free and (self._open is None or attempt > 1):
+            # An open task's calls are as many as the model makes: only their retries
+            # spend the task's attempts.
+            self._memory.budgeted_attempts += 1
+        status.attempts.append(
+            AttemptRecord(
+                attempt=attempt,
+                outcome=result.outcome,
+                started_at=started_at,
+                finished_at=workflow.now(),
+                operator_authorised=operator_authorised,
+                reason=result.reason,
+                evidence=result.evidence,
+                key_generation=status.key_generation,
+                database_unavailable=waited_for_database,
+                throttled=result.throttled_for is not None,
+                held_by_provider=result.provider_hold is not None,
+            )
+        )
+        status.evidence.update(result.evidence)
+        return result
+
+    @staticmethod
+    def _send_kind(status: StepStatus, operator_authorised: bool) -> Send:
+        """What the attempt is to its provider's budget: a retry once an earlier attempt
+        of the step may have reached the provider."""
+        if operator_authorised:
+            return Send.OPERATOR
+        reached = any(
+            not (attempt.database_unavailable or attempt.held_by_provider)
+            for attempt in status.attempts
+        )
+        return Send.RETRY if reached else Send.FIRST
+
+    async def _wait_for_provider(
+        self, step: StepInput, policy: ToolPolicy, status: StepStatus, hold: ProviderHold
+    ) -> bool:
+        """Wait, off the task's clock, until asking the provider's budget again can help;
+        False once the step has waited its provider wait limit."""
+        left = policy.provider_wait_limit - status.provider_waited
+        if left <= timedelta(0):
+            return False
+        # Spread the steps that were held together, so they do not ask at one instant.
+        spread = 1 + PROVIDER_RECHECK_SPREAD * workflow.random().random()
+        delay = min(max(hold.recheck_in, MIN_PROVIDER_RECHECK) * spread, left)
+        status.state = StepState.BACKING_OFF
+        status.waiting_for_provider = hold.reason
+        self._changed = True
+        self._show_details(f"step {step.step_id} ({step.tool}): {hold.reason}")
+        began = workflow.now()
+        self._begin_off_the_clock()
+        await workflow.sleep(
+            delay, summary=ClearText(f"wait for {hold.provider} ({hold.health.value})")
+        )
+        self._end_off_the_clock()
+        status.provider_waited += workflow.now() - began
+        status.state = StepState.RUNNING
+        status.waiting_for_provider = None
+        self._changed = True
+        self._show_details("")
+        return True
+
+    async def _send(
+        self,
+        step: StepInput,
+        policy: ToolPolicy,
+        call: ToolCallInput,
+        send_by: datetime | None,
+        wait_for_worker: timedelta | None,
+    ) -> ToolAttemptResult:
+        """Run the attempt's activity once; its failure as a classified result."""
         if not workflow.unsafe.is_replaying():
             self._require_tool(step)
         try:
@@ -450,7 +565,7 @@ class StepRuns(TaskCore):
                 schedule_to_start_timeout=wait_for_worker,
                 heartbeat_timeout=policy.heartbeat_timeout,
                 retry_policy=ONE_ATTEMPT,
-                summary=ClearText(f"{step.tool} · step {step.step_id} · attempt {attempt}"),
+                summary=ClearText(f"{step.tool} · step {step.step_id} · attempt {call.attempt}"),
             )
         except ActivityError as failure:
             result = ToolAttemptResult(
@@ -476,33 +591,6 @@ class StepRuns(TaskCore):
                         "nothing ran; load it on every worker of the task queue (ONCEFLOW_TOOLS)"
                     ),
                 )
-        count_event("onceflow_attempts", tool=step.tool, outcome=result.outcome.value)
-        waited_for_database = result.database_unavailable
-        if waited_for_database and self._started_on_0_1_0:
-            workflow.deprecate_patch(DATABASE_WAITS)
-        if operator_authorised:
-            self._memory.operator_authorised_attempts += 1
-        elif reserved:
-            if waited_for_database:
-                self._memory.budgeted_attempts -= 1  # an outage's attempt is free: give it back
-        elif not waited_for_database and (self._open is None or attempt > 1):
-            # An open task's calls are as many as the model makes: only their retries
-            # spend the task's attempts.
-            self._memory.budgeted_attempts += 1
-        status.attempts.append(
-            AttemptRecord(
-                attempt=attempt,
-                outcome=result.outcome,
-                started_at=started_at,
-                finished_at=workflow.now(),
-                operator_authorised=operator_authorised,
-                reason=result.reason,
-                evidence=result.evidence,
-                key_generation=status.key_generation,
-                database_unavailable=waited_for_database,
-            )
-        )
-        status.evidence.update(result.evidence)
         return result
 
     async def _look_up(

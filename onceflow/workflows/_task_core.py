@@ -219,7 +219,7 @@ class TaskCore:
             step_attempts=sum(
                 1
                 for attempt in status.attempts
-                if not attempt.operator_authorised and not attempt.database_unavailable
+                if not attempt.operator_authorised and not attempt.free
             ),
             elapsed=workflow.now() - self._memory.started_at - self._people_time(),
             step_saw_unknown=saw_unknown,
@@ -262,14 +262,21 @@ class TaskCore:
             workflow.upsert_search_attributes(updates)
 
     def _begin_waiting_for_people(self, now: datetime | None = None) -> None:
-        # Calls of an open task may wait side by side: people time is the time at least
-        # one of them waits, counted once.
-        if self._waiting_for_people == 0:
-            self._waiting_since = now or workflow.now()
-        self._waiting_for_people += 1
+        self._begin_off_the_clock(now)
         self._asked_people = True
 
     def _end_waiting_for_people(self) -> None:
+        self._end_off_the_clock()
+
+    def _begin_off_the_clock(self, now: datetime | None = None) -> None:
+        """A wait the deadline does not count begins: for a person, or for a provider.
+        Calls of an open task may wait side by side: the time at least one of them
+        waits counts once."""
+        if self._waiting_for_people == 0:
+            self._waiting_since = now or workflow.now()
+        self._waiting_for_people += 1
+
+    def _end_off_the_clock(self) -> None:
         self._waiting_for_people -= 1
         if self._waiting_for_people == 0:
             self._memory.waited_for_people += workflow.now() - self._waiting_since

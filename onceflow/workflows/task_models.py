@@ -115,7 +115,8 @@ class TaskMemory(BaseModel):
     """Attempts that spent the task's budget (retries; in a plan, every attempt)."""
     operator_authorised_attempts: int = 0
     waited_for_people: timedelta = timedelta(0)
-    """Time spent awaiting approval or parked: not machine budget."""
+    """Time off the task's clock, not machine budget: awaiting approval, parked, or
+    waiting for a provider to recover (the name is from before provider waits)."""
     calls: dict[str, "StepStatus"] = Field(default_factory=dict)
     """Every step or call by id, in arrival order; carried without its attempts' details
     (the earlier runs' history keeps those). A list on the wire, as it always was."""
@@ -255,6 +256,16 @@ class AttemptRecord(BaseModel):
     """The key generation the attempt sent under (see ``StepStatus.key_generation``)."""
     database_unavailable: bool = False
     """It ended because onceflow's database was unreachable: not charged to the caps."""
+    throttled: bool = False
+    """The provider answered "not now" (429): nothing done, not charged to the caps."""
+    held_by_provider: bool = False
+    """Nothing was sent: the provider's budget held it past the step's provider wait
+    limit. Not charged to the caps."""
+
+    @property
+    def free(self) -> bool:
+        """Not charged to the attempt caps: nothing the provider did or failed to do."""
+        return self.database_unavailable or self.throttled or self.held_by_provider
 
 
 class ReconcileDecision(StrEnum):
@@ -376,6 +387,12 @@ class StepStatus(BaseModel):
     """In an open task: the earlier identical call that answers this one (never run)."""
     deliberate_repeat: bool = False
     """In an open task: the caller asked for a second identical effect on purpose."""
+    waiting_for_provider: str | None = None
+    """While the step waits for its provider (its fleet-wide budget held the attempt:
+    paused, throttled, or failing with the retry budget spent): why, naming it."""
+    provider_waited: timedelta = timedelta(0)
+    """How long the step has waited for its provider so far (not machine time; bounded
+    by the tool's ``provider_wait_limit``)."""
 
 
 class BudgetStatus(BaseModel):
@@ -389,7 +406,8 @@ class BudgetStatus(BaseModel):
     """When the deadline passes if nobody waits any more: the start + ``deadline`` +
     ``waited_for_people``."""
     waited_for_people: timedelta = timedelta(0)
-    """Time spent awaiting approval or parked so far, which the deadline does not count."""
+    """Time off the task's clock so far, which the deadline does not count: awaiting
+    approval, parked, or waiting for a provider to recover."""
 
 
 class TaskStatus(BaseModel):

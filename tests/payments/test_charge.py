@@ -336,17 +336,21 @@ async def test_a_provider_answering_503_gets_exactly_the_attempts_the_budget_all
     assert len(posts(await control.requests())) == FAST_BUDGET.max_attempts_per_step
 
 
-async def test_a_rate_limited_charge_fails_once_the_budget_is_spent(
+async def test_a_rate_limited_charge_waits_for_stripe_without_spending_attempts(
     worker: Worker, tasks: TaskClient, control: ProviderControl
 ) -> None:
-    await control.add_fault(Fault.RATE_LIMIT_429, times=None)
+    # More 429s than the step has attempts: "not now" spends none of them.
+    rate_limited = FAST_BUDGET.max_attempts_per_step + 1
+    await control.add_fault(Fault.RATE_LIMIT_429, times=rate_limited)
     workflow_id = await start_task(tasks, ("pay", "charge_payment", VISA_CHARGE))
     result = await tasks.result(workflow_id)
 
-    assert result.state is TaskState.FAILED
-    assert "retry budget exhausted" in (result.failure_reason or "")
-    assert len(posts(await control.requests())) == FAST_BUDGET.max_attempts_per_step
-    assert await control.ledger() == []
+    assert result.state is TaskState.SUCCEEDED, result.failure_reason
+    [step] = result.steps
+    assert [a.throttled for a in step.attempts] == [True] * rate_limited + [False]
+    assert result.budget.attempts_used == 1
+    assert len(posts(await control.requests())) == rate_limited + 1
+    assert len(await control.ledger()) == 1
 
 
 def test_the_default_contract_repeats_only_inside_stripes_key_retention() -> None:

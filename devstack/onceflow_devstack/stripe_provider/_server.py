@@ -2,7 +2,7 @@
 
 :func:`running_provider` is for async in-process tests (ephemeral port on 127.0.0.1 by
 default); :func:`provider_in_thread` is for synchronous callers; :func:`serve` is what
-``onceflow provider`` and ``python -m devstack.stripe_provider`` run, printing only the
+``onceflow local-stripe`` and ``python -m devstack.stripe_provider`` run, printing only the
 base URL.
 """
 
