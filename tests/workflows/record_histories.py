@@ -45,7 +45,13 @@ from onceflow.workflows.task_models import (
     TaskStatus,
 )
 
-from .scripted_tools import DATABASE_DOWN, Script, register_scripted_tools
+from .scripted_tools import (
+    DATABASE_DOWN,
+    PROVIDER_HELD,
+    THROTTLED,
+    Script,
+    register_scripted_tools,
+)
 
 HISTORIES = Path(__file__).parent / "histories"
 NONDETERMINISTIC = HISTORIES / "nondeterministic"
@@ -277,6 +283,21 @@ async def _record(
         )
     )
     await save("database_outage_waited_out", waited)
+
+    # The provider failing fleet-wide: the step's retries held by its budget, a 429, then
+    # sent once it let them; the waits off the clock, not charged to the caps.
+    provider_waited = await start(
+        StepInput(
+            step_id="p",
+            tool="scripted_safe",
+            arguments={
+                "label": script.plan(
+                    "pw", U, PROVIDER_HELD, PROVIDER_HELD, THROTTLED, PROVIDER_HELD, S
+                )
+            },
+        )
+    )
+    await save("provider_waited_then_sent", provider_waited)
 
     # An open task: a call retried, the model's repeat answered by it, a call parked
     # and decided, then closed by the agent.

@@ -23,6 +23,8 @@ from onceflow.tools import (
     EffectFlags,
     KeyUnusable,
     PolicyPinning,
+    ProviderHealth,
+    ProviderHold,
     ToolAttemptResult,
     ToolCallInput,
     ToolContract,
@@ -90,6 +92,10 @@ def register_scripted_tools() -> None:
 
 DATABASE_DOWN = "database_down"
 """A scripted end: onceflow's database was unreachable (``DatabaseUnavailable``)."""
+PROVIDER_HELD = "provider_held"
+"""A scripted end: the provider's fleet-wide budget held the attempt (nothing sent)."""
+THROTTLED = "throttled"
+"""A scripted end: the provider answered 429, "not now" (nothing done)."""
 Planned = OutcomeClass | KeyUnusable | str
 """An attempt's scripted end: an outcome, a key no attempt may send under any more
 (``SEND_BY_PASSED`` as the tool API reports it, ``STORED_FAILURE`` as a payment tool
@@ -201,6 +207,23 @@ class Script:
                 await asyncio.sleep(self.slow[label].total_seconds())  # scenario: a slow far side
             planned = self._outcomes.get(label) or [OutcomeClass.SUCCEEDED]
             outcome = planned.pop(0) if len(planned) > 1 else planned[0]
+            if outcome == PROVIDER_HELD:
+                return ToolAttemptResult(
+                    outcome=OutcomeClass.TRANSIENT,
+                    reason="nothing sent: scripted provider held",
+                    provider_hold=ProviderHold(
+                        provider="scripted",
+                        health=ProviderHealth.SHEDDING_RETRIES,
+                        recheck_in=timedelta(seconds=10),
+                        reason="waiting for scripted to recover (scripted)",
+                    ),
+                )
+            if outcome == THROTTLED:
+                return ToolAttemptResult(
+                    outcome=OutcomeClass.TRANSIENT,
+                    reason="scripted: 429",
+                    throttled_for=timedelta(seconds=2),
+                )
             if outcome == DATABASE_DOWN:
                 return ToolAttemptResult(
                     outcome=OutcomeClass.TRANSIENT,
