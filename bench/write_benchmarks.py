@@ -19,11 +19,11 @@ Placeholders are ``{{ ... }}``:
   }}``, ``{{ rounds STEM }}``: one of those, for the summary table.
 - ``{{ arms STEM }}``: the table of a two-arm benchmark; ``{{ claim_table }}``, ``{{
   memory_table STEM }}``, ``{{ split_table STEM }}``, ``{{ memory_profile_table STEM }}``,
-  ``{{ open_per_call STEM }}``, ``{{ open_buckets STEM }}``, ``{{ chaos_tools STEM }}``,
-  ``{{ chaos_figures STEM }}``, ``{{ chaos_command STEM }}``, ``{{ chaos_differences STEM
-  }}``, ``{{ cpu_table STEM }}``, ``{{ profile_table STEM > part }}``, ``{{ profile_pair
-  PROCESS | PROCESS }}``, ``{{ saturation_steps PATH }}``: the tables of the other
-  benchmarks.
+  ``{{ open_per_call STEM }}``, ``{{ open_buckets STEM }}``, ``{{ brownout_table STEM }}``,
+  ``{{ chaos_tools STEM }}``, ``{{ chaos_figures STEM }}``, ``{{ chaos_command STEM }}``,
+  ``{{ chaos_differences STEM }}``, ``{{ cpu_table STEM }}``, ``{{ profile_table STEM >
+  part }}``, ``{{ profile_pair PROCESS | PROCESS }}``, ``{{ saturation_steps PATH }}``: the
+  tables of the other benchmarks.
 """
 
 import argparse
@@ -388,6 +388,64 @@ def _open_buckets(result: dict[str, Any]) -> str:
                 f"({_format(task['cpu_ratio_to_bare'], 'ratio')})",
             ]
         rows.append(row)
+    return _table(header, rows)
+
+
+BROWNOUT_FAULTS = {
+    "500": "500 before the endpoint began",
+    "429": "429 rate limited",
+    "500-stored": "500 stored under the key",
+}
+"""How ``provider_brownout``'s fault names read in its table."""
+
+
+def _brownout_table(result: dict[str, Any]) -> str:
+    """One row per fault and budget mode of ``provider_brownout``; a mode the run did not
+    measure is a row of its own, *not recorded*."""
+    tasks = result["tasks"]
+    target = result["target_posts_per_task"]
+    phases = list(result["phases"].values())
+    measured = {(phase["fault"], phase["mode"]): phase for phase in phases}
+    header = [
+        "provider answers",
+        "fleet budget",
+        "POSTs during the brownout",
+        "per task",
+        f"succeeded within {result['observe_seconds']:.0f} s (last)",
+        "parked",
+        "failed",
+        "most charges per order / keys per task",
+        f"target (≤ {target:.1f} per task, all succeed, safe)",
+    ]
+    rows = []
+    for fault in dict.fromkeys(phase["fault"] for phase in phases):
+        for mode in ("on", "off"):
+            label = [BROWNOUT_FAULTS.get(fault, fault), mode]
+            phase = measured.get((fault, mode))
+            if phase is None:
+                rows.append(label + [MISSING] * (len(header) - 2))
+                continue
+            safety = phase["safety"]
+            met = (
+                phase["meets_post_target"]
+                and phase["succeeded_within_60s"] == tasks
+                and safety["held"]
+            )
+            last = phase["last_success_after_recovery_s"]
+            rows.append(
+                label
+                + [
+                    _format(phase["posts_during_brownout"], "int"),
+                    _format(phase["posts_per_task"], "f2"),
+                    f"{phase['succeeded_within_60s']} of {phase['tasks']}"
+                    + (f" ({_format(last, 's')})" if last is not None else ""),
+                    _format(phase["parked"], "int"),
+                    _format(phase["failed"], "int"),
+                    f"{safety['most_charges_for_one_order']} / {safety['most_keys_for_one_task']}"
+                    + ("" if safety["held"] else " **(broken)**"),
+                    ("**met**" if met else "not met") if mode == "on" else "–",
+                ]
+            )
     return _table(header, rows)
 
 
@@ -817,6 +875,7 @@ def _fill(results: dict[str, Any], expression: str) -> str:
         "memory_profile_table": _memory_profile_table,
         "open_per_call": _open_per_call,
         "open_buckets": _open_buckets,
+        "brownout_table": _brownout_table,
         "chaos_tools": _chaos_tools,
         "chaos_figures": _chaos_figures,
         "chaos_command": _chaos_command,
