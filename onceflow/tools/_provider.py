@@ -155,6 +155,9 @@ class Admission:
 
 PAUSE_RECHECK = timedelta(seconds=15)
 """How often a step held by a paused provider asks again."""
+BUSY_RECHECK = timedelta(seconds=1)
+"""How soon a retry asks again when the bucket is empty only because other retries are
+out and the provider has failed none of them."""
 
 
 def admit(
@@ -192,11 +195,12 @@ def admit(
         )
     recheck_in = (1 - row.tokens) * provider.probe_every
     if row.failing_since is None:
-        # Every token is out with retries the provider has not failed (yet).
+        # Every token is out with retries the provider has not failed (yet): their
+        # answers repay them in a moment.
         return Admission(
             admitted=False,
             health=ProviderHealth.HEALTHY,
-            recheck_in=recheck_in,
+            recheck_in=min(recheck_in, BUSY_RECHECK),
             reason=f"{name}'s retry budget is out with retries still running",
         ), row
     return Admission(

@@ -71,10 +71,10 @@ def test_an_answer_while_failing_refills_the_bucket() -> None:
     assert row.health(STRIPE, at(11)) is ProviderHealth.HEALTHY
 
 
-def test_an_empty_bucket_without_failures_waits_for_its_next_token() -> None:
+def test_an_empty_bucket_without_failures_asks_again_in_a_moment() -> None:
     row = BudgetRow(tokens=0.5, refilled_at=T0)  # every token out with a retry running
     admission, after = admit(row, STRIPE, Send.RETRY, T0)
-    assert not admission.admitted and admission.recheck_in == timedelta(seconds=5)
+    assert not admission.admitted and admission.recheck_in == timedelta(seconds=1)
     assert admission.health is ProviderHealth.HEALTHY and after == row
 
 
