@@ -26,7 +26,7 @@ from onceflow.configuration import OnceflowConfiguration
 from onceflow.settings import InvalidSettings, OnceflowSettings
 from onceflow.storage import build_pool
 from onceflow.task_api import TaskClient, connect_temporal
-from onceflow.telemetry import AttemptAnnotations, watch_parked_tasks
+from onceflow.telemetry import AttemptAnnotations, metrics_enabled, watch_parked_tasks
 from onceflow.tools import (
     AuditActivities,
     Auditor,
@@ -37,6 +37,7 @@ from onceflow.tools import (
     refuse_retrying_client,
     register_tools,
     tool_activities,
+    watch_provider_health,
 )
 from onceflow.workflows import AgentTaskWorkflow
 from onceflow.workflows.audit import AuditWorkflow
@@ -201,6 +202,16 @@ async def serve_worker(
             if family.open_auditor is not None
             and (auditor := await audits.enter_async_context(family.open_auditor(pool)))
         }
+        providers = {t.registered_contract.budget_provider for t in tools} - {None}
+        if metrics_enabled() and settings.provider_budgets:
+            # The providers' states as gauges, read as often as the parked tasks are counted.
+            await audits.enter_async_context(
+                watch_provider_health(
+                    pool,
+                    (p for p in providers if p is not None),
+                    every=timedelta(seconds=settings.parked_scan_seconds),
+                )
+            )
         async with build_worker(client, pool, settings, tools=tools, auditors=auditors):
             if on_ready is not None:
                 on_ready()

@@ -153,6 +153,7 @@ from onceflow.tools._provider_budgets import (
     pause_provider,
     provider_states,
     resume_provider,
+    watch_provider_health,
 )
 from onceflow.tools._tool import ClientOpener, Implementation, Tool, lookup_activity_name
 
@@ -227,6 +228,7 @@ __all__ = [
     "pause_provider",
     "provider_states",
     "resume_provider",
+    "watch_provider_health",
     "Redaction",
     "read_operations",
     "read_step_operations",

@@ -8,10 +8,16 @@ concurrent workers never lose an update nor overdraw the bucket. Times are the
 database's clock, the one clock all workers share.
 """
 
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Iterable, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
+from opentelemetry import metrics
+from opentelemetry.metrics import CallbackOptions, Observation
 from psycopg import AsyncConnection
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
@@ -28,6 +34,8 @@ from onceflow.tools._provider import (
     admit,
     after_answer,
 )
+
+_log = logging.getLogger(__name__)
 
 _COLUMNS = """tokens, failing_since, refilled_at, hold_until, paused_at, paused_by,
 pause_reason, clock_timestamp() AS now"""
@@ -237,3 +245,41 @@ async def _write(conn: AsyncConnection[Any], name: str, row: BudgetRow) -> None:
             "pause_reason": pause.reason if pause else None,
         },
     )
+
+
+@asynccontextmanager
+async def watch_provider_health(
+    pool: AsyncConnectionPool, providers: Iterable[Provider], *, every: timedelta
+) -> AsyncIterator[None]:
+    """Publish ``onceflow_provider_state`` (a gauge per provider and state: 1 for the state
+    it is in, 0 for the others), read from the providers' rows every ``every``."""
+    declared = {provider.name: provider for provider in providers}
+    seen: dict[str, ProviderHealth] = dict.fromkeys(declared, ProviderHealth.HEALTHY)
+
+    def observe(_: CallbackOptions) -> Iterator[Observation]:
+        for name, health in seen.items():
+            for state in ProviderHealth:
+                yield Observation(int(state is health), {"provider": name, "state": state.value})
+
+    metrics.get_meter("onceflow").create_observable_gauge(
+        "onceflow_provider_state",
+        callbacks=[observe],
+        description="Each provider's state across the fleet: 1 for the state it is in.",
+    )
+
+    async def refresh() -> None:
+        while True:
+            try:
+                for state in await provider_states(pool):
+                    if state.name in declared:
+                        seen[state.name] = state.health(declared[state.name])
+            except Exception as error:  # a database hiccup must not stop the worker
+                _log.warning("could not read the providers' state: %s", type(error).__name__)
+            await asyncio.sleep(every.total_seconds())
+
+    watcher = asyncio.create_task(refresh())
+    try:
+        yield
+    finally:
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)

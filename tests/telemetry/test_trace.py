@@ -238,6 +238,11 @@ async def test_a_lost_response_and_a_park_are_one_trace_with_every_attempt(
                 v > 0
                 for _, v in stack.otlp.metric_points("onceflow_oldest_parked_task_age_seconds")
             )
+            # Stripe's state across the fleet, from the workers' reading of its budget.
+            and any(
+                attributes.get("provider") == "stripe" and value == 1
+                for attributes, value in stack.otlp.metric_points("onceflow_provider_state")
+            )
         )
 
     await stack.otlp.wait_for_spans(lambda _: paged_on())
