@@ -13,7 +13,16 @@ from onceflow_devstack.binaries import installed_binary
 from onceflow_devstack.ports import FLAGS, PortInUse, port_is_taken
 from onceflow_devstack.process_exit import watched
 
-FAIRNESS_ON = ("--dynamic-config-value", "matching.enableFairness=true")
+ONE_PARTITION = (
+    *("--dynamic-config-value", "matching.numTaskqueueReadPartitions=1"),
+    *("--dynamic-config-value", "matching.numTaskqueueWritePartitions=1"),
+)
+"""Dev server arguments for one partition per task queue (the server's default is 4):
+fairness and a queue's rate limit are each applied per partition, the limit split evenly,
+so on one dev server partitions add no capacity and only make a tenant below its share
+wait for its own partition's next dispatch (4 times the queue's interval)."""
+
+FAIRNESS_ON = ("--dynamic-config-value", "matching.enableFairness=true", *ONE_PARTITION)
 """Dev server arguments that turn on Temporal's fairness: its matching service then
 dispatches a backlogged task queue in proportion to the tasks' fairness keys (onceflow
 queues each task under its tenant, ``onceflow.workflows.fairness``). The server ships it
