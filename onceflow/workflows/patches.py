@@ -9,17 +9,19 @@ patch retires in two releases, each only once the condition holds (docs/producti
 task that started without the marker is open, then the call goes once none that recorded
 it through ``patched`` is open either.
 
-Releases are listed in CHANGELOG.md. 0.1.0 (f891336) recorded the ids of
-``RELEASE_0_1_0_PATCHES``; its tasks (parked, awaiting approval, open: they wait for
-weeks) are run by the rules of 0.1.0 wherever a later release changed the commands a
-task issues (``TaskCore._started_on_0_1_0``), and the ids it recorded stay in the code,
-deprecated, until no task it started is open.
+Releases are listed in CHANGELOG.md. 0.1.0 (f891336) recorded the ids registered with
+``since="0.1.0"``; its tasks (parked, awaiting approval, open: they wait for weeks) are
+run by the rules of 0.1.0 wherever a later release changed the commands a task issues
+(``TaskCore._started_on_0_1_0``), and the ids it recorded stay in the code, deprecated,
+until no task it started is open. 0.2.0 (485d7db) records no marker at a task's start;
+its tasks took the ids it brought (``since="0.2.0"``) where a decision resumed them, and
+its saved histories hold those markers.
 """
 
 from dataclasses import dataclass
 from typing import Literal
 
-CURRENT_RELEASE = "0.2.0"
+CURRENT_RELEASE = "0.3.0"
 """The release this code is (CHANGELOG.md); its saved histories are
 ``tests/workflows/histories/*.json``, an earlier release's ``histories/releases/V/``."""
 
