@@ -37,8 +37,8 @@ from onceflow.tools import (
     refuse_retrying_client,
     register_tools,
     tool_activities,
-    watch_provider_health,
 )
+from onceflow.tools.providers import watch_provider_health
 from onceflow.workflows import AgentTaskWorkflow
 from onceflow.workflows.audit import AuditWorkflow
 from onceflow.workflows.pruning import PruneIdempotencyRecordsWorkflow

@@ -73,6 +73,7 @@ TOOLS = [
     "PIN_TASK_POLICY",
     "PinPolicyInput",
     "PolicyPinning",
+    "Provider",
     "ProviderUnreadable",
     "RUN_AUDIT",
     "Redaction",

@@ -18,7 +18,7 @@ from onceflow.cli._services import settings_and_database
 from onceflow.cli.plugin import console, operate
 
 if TYPE_CHECKING:
-    from onceflow.tools import Provider, ProviderState
+    from onceflow.tools.providers import Provider, ProviderState
 
 Name = Annotated[str, typer.Argument(help="The provider's name (see `onceflow provider status`).")]
 Reason = Annotated[
@@ -45,7 +45,7 @@ def register(app: typer.Typer, operator_name: Any) -> None:
 
         async def body() -> None:
             from onceflow.storage import build_pool
-            from onceflow.tools import pause_history, provider_states
+            from onceflow.tools.providers import pause_history, provider_states
 
             _, database_url = settings_and_database()
             async with build_pool(database_url, max_size=1) as pool:
@@ -80,7 +80,7 @@ def register(app: typer.Typer, operator_name: Any) -> None:
 
         async def body() -> None:
             from onceflow.storage import build_pool
-            from onceflow.tools import pause_provider
+            from onceflow.tools.providers import pause_provider
 
             _, database_url = settings_and_database()
             async with build_pool(database_url, max_size=1) as pool:
@@ -108,7 +108,7 @@ def register(app: typer.Typer, operator_name: Any) -> None:
 
         async def body() -> None:
             from onceflow.storage import build_pool
-            from onceflow.tools import resume_provider
+            from onceflow.tools.providers import resume_provider
 
             _, database_url = settings_and_database()
             async with build_pool(database_url, max_size=1) as pool:
@@ -154,7 +154,7 @@ def _provider(name: str) -> "Provider":
 def _describe(
     provider: "Provider", state: "ProviderState | None", history: list[Any]
 ) -> dict[str, Any]:
-    from onceflow.tools import ProviderHealth
+    from onceflow.tools.providers import ProviderHealth
 
     row = state.row if state is not None else None
     health = state.health(provider) if state is not None else ProviderHealth.HEALTHY

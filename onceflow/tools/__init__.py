@@ -73,7 +73,7 @@ from onceflow.errors import MalformedIdempotencyKey
 from onceflow.retry_policy import OutcomeClass
 from onceflow.storage import autocommit, classify_database_error
 from onceflow.tools._activities import tool_activities
-from onceflow.tools._attempts import KeyUnusable, ProviderHold, ToolAttemptResult, ToolCallInput
+from onceflow.tools._attempts import KeyUnusable, ToolAttemptResult, ToolCallInput
 from onceflow.tools._audit import (
     AuditFinding,
     Auditor,
@@ -145,16 +145,7 @@ from onceflow.tools._loading import (
 )
 from onceflow.tools._pinning import PolicyPinning
 from onceflow.tools._policy import PIN_TASK_POLICY, PinPolicyInput, TaskPolicy, ToolPolicy
-from onceflow.tools._provider import Provider, ProviderHealth, Send
-from onceflow.tools._provider_budgets import (
-    PauseRecord,
-    ProviderState,
-    pause_history,
-    pause_provider,
-    provider_states,
-    resume_provider,
-    watch_provider_health,
-)
+from onceflow.tools._provider import Provider
 from onceflow.tools._tool import ClientOpener, Implementation, Tool, lookup_activity_name
 
 __all__ = [
@@ -218,17 +209,7 @@ __all__ = [
     "PIN_TASK_POLICY",
     "PinPolicyInput",
     "PolicyPinning",
-    "PauseRecord",
     "Provider",
-    "ProviderHealth",
-    "ProviderHold",
-    "ProviderState",
-    "Send",
-    "pause_history",
-    "pause_provider",
-    "provider_states",
-    "resume_provider",
-    "watch_provider_health",
     "Redaction",
     "read_operations",
     "read_step_operations",

@@ -16,6 +16,7 @@ learns its outcome; a look-up that finds the effect records it too.
 """
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -45,10 +46,15 @@ from onceflow.tools._provider_budgets import ask_to_send, tell_answer
 from onceflow.tools._tool import Implementation, Tool, lookup_activity_name
 
 _log = logging.getLogger(__name__)
-_HELD = metrics.get_meter("onceflow").create_counter(
-    "onceflow_provider_sends_held",
-    description="Attempts not sent because their provider's fleet-wide budget held them.",
-)
+
+
+@functools.cache
+def _held() -> metrics.Counter:
+    """Made at first use: asking for a meter at import reads the environment."""
+    return metrics.get_meter("onceflow").create_counter(
+        "onceflow_provider_sends_held",
+        description="Attempts not sent because their provider's fleet-wide budget held them.",
+    )
 
 
 def tool_activities(
@@ -122,7 +128,7 @@ async def _send_within_budget(
         return _nothing_sent(error, "could not read the provider's budget")
     admission = asked.admission
     if not admission.admitted:
-        _HELD.add(1, {"provider": provider.name, "health": admission.health.value})
+        _held().add(1, {"provider": provider.name, "health": admission.health.value})
         return ToolAttemptResult(
             outcome=OutcomeClass.TRANSIENT,
             reason=f"nothing sent: {admission.reason}",

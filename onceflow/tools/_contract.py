@@ -9,7 +9,7 @@ from pydantic import BaseModel
 
 from onceflow.tools._dedupe import DedupeStrategy
 from onceflow.tools._intent import IntentIdentity
-from onceflow.tools._policy import ToolPolicy
+from onceflow.tools._policy import DEFAULT_PROVIDER_WAIT_LIMIT, ToolPolicy
 from onceflow.tools._provider import Provider
 
 __all__ = ["ApprovalThreshold", "DedupeStrategy", "EffectFlags", "ToolContract"]
@@ -105,7 +105,7 @@ class ToolContract:
     shares with the provider's other tools across the fleet. Default None: an open-world
     tool that changes something gets a provider of its own, named after it; a read-only
     or local tool none."""
-    provider_wait_limit: timedelta = timedelta(hours=1)
+    provider_wait_limit: timedelta = DEFAULT_PROVIDER_WAIT_LIMIT
     """Longest one step waits, in all, for its provider (its retry budget empty, a pause,
     a 429's "not now") before it fails, or parks if its outcome is in doubt. The wait
     spends neither the step's attempts nor the task's deadline. Default 1 hour."""

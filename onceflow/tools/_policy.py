@@ -25,6 +25,8 @@ from onceflow.tools._dedupe import DedupeStrategy
 if TYPE_CHECKING:
     from onceflow.tools._contract import ToolContract
 
+DEFAULT_PROVIDER_WAIT_LIMIT = timedelta(hours=1)
+"""``ToolContract.provider_wait_limit``'s default."""
 PIN_TASK_POLICY = "pin_task_policy"
 """Name of the local activity that resolves a task's ``TaskPolicy`` on its first run."""
 
@@ -71,9 +73,14 @@ class ToolPolicy(BaseModel):
     deliberate_repeats: bool = True
     """A call may ask for a second identical effect (``ToolContract.deliberate_repeats``).
     Default True."""
-    provider_wait_limit: timedelta = timedelta(hours=1)
+    provider_wait_limit: timedelta = Field(
+        default=DEFAULT_PROVIDER_WAIT_LIMIT,
+        exclude_if=lambda limit: limit == DEFAULT_PROVIDER_WAIT_LIMIT,
+    )
     """Longest a step waits, in all, for its provider's budget to let it send
-    (``ToolContract.provider_wait_limit``). Default 1 hour."""
+    (``ToolContract.provider_wait_limit``). Default 1 hour. Written only when it differs,
+    so a policy with the default is what an earlier release (which forbids unknown
+    fields) decodes, in a fleet whose workers are being replaced one by one."""
 
     @classmethod
     def from_contract(cls, contract: "ToolContract") -> "ToolPolicy":

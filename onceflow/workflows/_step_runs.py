@@ -23,13 +23,12 @@ with workflow.unsafe.imports_passed_through():
         PIN_TASK_POLICY,
         KeyUnusable,
         PinPolicyInput,
-        ProviderHold,
-        Send,
         TaskPolicy,
         ToolAttemptResult,
         ToolCallInput,
         ToolPolicy,
     )
+    from onceflow.tools.providers import ProviderHold, Send
     from onceflow.workflows.patches import (
         DATABASE_WAITS,
         KEY_GENERATIONS,

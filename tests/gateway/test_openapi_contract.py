@@ -432,8 +432,10 @@ def test_the_status_schemas_carry_their_fields_docstrings() -> None:
             "deliberate_repeat",
             "evidence",
             "key_generation",
+            "provider_waited",
             "reconcile_command",
             "repeat_of",
+            "waiting_for_provider",
         ],
     }
     assert schemas["StepStatus"]["properties"]["key_generation"]["description"] == (

@@ -28,7 +28,7 @@ from onceflow.payments import PaymentToolSettings, StripePaymentProvider, charge
 from onceflow.retry_policy import RetryBudget
 from onceflow.settings import OnceflowSettings
 from onceflow.task_api import TaskClient
-from onceflow.tools import Provider, provider_states
+from onceflow.tools.providers import Provider, provider_states
 from onceflow.worker import build_worker
 from onceflow.workflows.task_models import StepState, TaskState, TaskStatus
 from tests.harness import HANG_SECONDS, eventually, onceflow_command, wait_for

@@ -7,7 +7,9 @@ from datetime import timedelta
 import psycopg
 
 from onceflow.storage import build_pool
-from onceflow.tools import (
+from onceflow.tools._provider import Answer, Provider
+from onceflow.tools._provider_budgets import ask_to_send, tell_answer
+from onceflow.tools.providers import (
     ProviderHealth,
     Send,
     pause_history,
@@ -15,8 +17,6 @@ from onceflow.tools import (
     provider_states,
     resume_provider,
 )
-from onceflow.tools._provider import Answer, Provider
-from onceflow.tools._provider_budgets import ask_to_send, tell_answer
 
 
 async def test_concurrent_retries_lose_no_update(database: str) -> None:

@@ -23,14 +23,13 @@ from onceflow.tools import (
     EffectFlags,
     KeyUnusable,
     PolicyPinning,
-    ProviderHealth,
-    ProviderHold,
     ToolAttemptResult,
     ToolCallInput,
     ToolContract,
     lookup_activity_name,
 )
 from onceflow.tools._activities import miss_past_lag
+from onceflow.tools.providers import ProviderHealth, ProviderHold
 from onceflow.workflows.task_models import RECORD_TASK_OUTCOME, TaskOutcomeInput
 
 
