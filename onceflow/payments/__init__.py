@@ -32,6 +32,7 @@ from onceflow.payments._audit import (
 )
 from onceflow.payments._audit_io import AuditedPaymentProvider, PaymentsAuditor
 from onceflow.payments._contract import (
+    STRIPE,
     ChargePaymentInput,
     RefundPaymentInput,
     charge_payment_contract,
@@ -67,6 +68,7 @@ __all__ = [
     "CHARGE_CHILD_OP",
     "OPERATION_METADATA_KEY",
     "REFUND_CHILD_OP",
+    "STRIPE",
     "STRIPE_CLIENT_CHECK",
     "STRIPE_REDACTIONS",
     "AuditedPaymentProvider",

@@ -10,6 +10,7 @@ workflows in Temporal (read back through the gateway's ``GET /v1/tasks/{id}``).
 
 import asyncio
 import subprocess
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -23,7 +24,7 @@ import mcp_types as types
 import pytest
 from mcp import Client, ClientSession
 from mcp.client.streamable_http import streamable_http_client
-from onceflow_devstack.stripe_provider import Fault
+from onceflow_devstack.stripe_provider import Fault, RequestRecord
 
 from onceflow.gateway.mcp_server import (
     DELIBERATE_REPEAT_ARGUMENT,
@@ -32,7 +33,7 @@ from onceflow.gateway.mcp_server import (
     build_mcp_server,
     fixed_principal,
 )
-from onceflow.retry_policy import RetryBudget
+from onceflow.payments import STRIPE
 from tests.harness import HANG_SECONDS, eventually
 
 from ..conftest import (
@@ -496,37 +497,73 @@ async def test_the_repeat_guard_spans_the_session_across_its_task_rollover(
     assert len(await stripe_provider.charges(order_id)) == 1
 
 
-async def test_parallel_calls_in_a_session_meeting_only_429s_send_at_most_n_plus_b_requests(
-    mcp_url: str, agent: Caller, stripe_provider: StripeProvider
+async def test_parallel_calls_in_a_session_meeting_a_failing_provider_wait_then_charge_once(
+    mcp_url: str,
+    agent: Caller,
+    stripe_provider: StripeProvider,
+    gateways: tuple[GatewayProcess, GatewayProcess],
+    http: httpx.AsyncClient,
 ) -> None:
-    # A model's five parallel charges in one session while Stripe rate-limits every
-    # request: the session's task keeps its default budget (12 attempts beyond each
-    # call's first). Judged by the provider's own request log.
-    parallel, per_task = 5, RetryBudget().max_attempts_per_task
+    # A model's five parallel charges in one session while Stripe refuses every request
+    # (503): each call's first attempt goes out, then Stripe's fleet-wide bucket of
+    # retries (its budget is whole: ``database`` empties it); the calls then wait for
+    # Stripe, off their task's clock, with one retry per interval probing it. Once it
+    # answers again every call charges, once. Judged by the provider's own records.
+    parallel, bucket = 5, int(STRIPE.retry_tokens)
     seen_before = len(await stripe_provider.control.requests())
+
+    def charges_sent(log: list[RequestRecord]) -> list[RequestRecord]:
+        return [
+            r for r in log[seen_before:] if r.method == "POST" and r.path == "/v1/payment_intents"
+        ]
+
+    async def answer_again_once_the_bucket_is_spent() -> float:
+        await eventually(
+            stripe_provider.control.requests,
+            until=lambda log: len(charges_sent(log)) >= parallel + bucket,
+            what="the first attempts and Stripe's bucket of retries reach it",
+        )
+        spent_at = time.monotonic()
+        await stripe_provider.control.clear_faults()
+        return spent_at
+
     await stripe_provider.control.add_fault(
-        Fault.RATE_LIMIT_429, path_prefix="/v1/payment_intents", times=None
+        Fault.ERROR_503, path_prefix="/v1/payment_intents", times=None
     )
+    started = time.monotonic()
     try:
         async with mcp_session(mcp_url, agent) as session:
-            results = await asyncio.gather(
-                *(
-                    session.call_tool("charge_payment", keyed(charge(unique("ord")), unique("k")))
-                    for _ in range(parallel)
-                )
+            orders = [unique("ord") for _ in range(parallel)]
+            results, spent_at = await asyncio.gather(
+                asyncio.gather(
+                    *(
+                        session.call_tool("charge_payment", keyed(charge(order), unique("k")))
+                        for order in orders
+                    )
+                ),
+                answer_again_once_the_bucket_is_spent(),
             )
     finally:
         await stripe_provider.control.clear_faults()
+    # A call still waiting when its answer was due is answered with its state (running,
+    # backing off); the task's status says when every one has charged.
     views = [result.structured_content or {} for result in results]
-    # A call made after the others' retries spent the budget is refused, unsent.
-    admitted = [view for view in views if view.get("state") == "failed"]
-    refused = [text_of(r) for r in results if (r.structured_content or {}).get("state") is None]
-    assert all("retry budget is spent" in text for text in refused), refused
-    assert admitted and len(admitted) + len(refused) == parallel, views
-    sent = [
-        r
-        for r in (await stripe_provider.control.requests())[seen_before:]
-        if r.method == "POST" and r.path == "/v1/payment_intents"
-    ]
-    assert len(admitted) <= len(sent) <= len(admitted) + per_task, len(sent)
-    assert {r.outcome for r in sent} == {"faulted"}
+    [task_id] = {view["task_id"] for view in views}
+    url = f"{gateways[0].url}/v1/tasks/{task_id}"
+
+    async def task_status() -> dict[str, Any]:
+        answer: dict[str, Any] = (await http.get(url, headers=agent.headers)).json()
+        return answer
+
+    final = await eventually(
+        task_status,
+        until=lambda task: [step["state"] for step in task["steps"]] == ["succeeded"] * parallel,
+        what="every call charges once Stripe answers again",
+    )
+    assert all(step["waiting_for_provider"] is None for step in final["steps"])
+    refused = [r for r in charges_sent(await stripe_provider.control.requests()) if r.status == 503]
+    # The first attempts, the bucket, and at most one probe per interval while it failed.
+    probes = (spent_at - started) / STRIPE.probe_every.total_seconds() + 1
+    assert parallel <= len(refused) <= parallel + bucket + probes, len(refused)
+    for order in orders:
+        assert len(await stripe_provider.charges(order)) == 1
