@@ -75,54 +75,37 @@ def register(app: typer.Typer, operator_name: Any) -> None:
         """Pause every send to a provider, fleet-wide, until `onceflow provider resume`:
         nothing is sent to it, first attempts included; its steps wait off their tasks'
         clocks (up to each tool's provider wait limit). Audited."""
-        provider = _provider(name)
-        who = operator or operator_name()
-
-        async def body() -> None:
-            from onceflow.storage import build_pool
-            from onceflow.tools.providers import pause_provider
-
-            _, database_url = settings_and_database()
-            async with build_pool(database_url, max_size=1) as pool:
-                earlier = await pause_provider(pool, provider, operator=who, reason=reason)
-            if earlier is not None:
-                console.print(
-                    f"{name} was already paused by {earlier.by} at "
-                    f"{earlier.at.isoformat(timespec='seconds')} ({earlier.reason}); unchanged",
-                    highlight=False,
-                )
-                return
-            console.print(
-                f"paused {name}: nothing is sent to it until `onceflow provider resume {name}`",
-                highlight=False,
-            )
-
-        operate(body)
+        operate(lambda: _switch(name, reason, operator or operator_name(), pausing=True))
 
     @group.command("resume")
     def resume(name: Name, reason: Reason, operator: Operator = None) -> None:
         """Resume a paused provider: its waiting steps send again at their next check
         (within about 15 s). Audited."""
-        provider = _provider(name)
-        who = operator or operator_name()
+        operate(lambda: _switch(name, reason, operator or operator_name(), pausing=False))
 
-        async def body() -> None:
-            from onceflow.storage import build_pool
-            from onceflow.tools.providers import resume_provider
 
-            _, database_url = settings_and_database()
-            async with build_pool(database_url, max_size=1) as pool:
-                ended = await resume_provider(pool, provider, operator=who, reason=reason)
-            if ended is None:
-                console.print(f"{name} was not paused; unchanged", highlight=False)
-                return
-            console.print(
-                f"resumed {name} (paused by {ended.by} at "
-                f"{ended.at.isoformat(timespec='seconds')}: {ended.reason})",
-                highlight=False,
-            )
+async def _switch(name: str, reason: str, operator: str, *, pausing: bool) -> None:
+    """Pause or resume ``name`` and say what changed (nothing, when it already was)."""
+    from onceflow.storage import build_pool
+    from onceflow.tools.providers import pause_provider, resume_provider
 
-        operate(body)
+    provider = _provider(name)
+    _, database_url = settings_and_database()
+    switch = pause_provider if pausing else resume_provider
+    async with build_pool(database_url, max_size=1) as pool:
+        pause = await switch(pool, provider, operator=operator, reason=reason)
+    if pausing and pause is None:
+        said = f"paused {name}: nothing is sent to it until `onceflow provider resume {name}`"
+    elif pause is None:
+        said = f"{name} was not paused; unchanged"
+    else:
+        by = f"{pause.by} at {pause.at.isoformat(timespec='seconds')} ({pause.reason})"
+        said = (
+            f"{name} was already paused by {by}; unchanged"
+            if pausing
+            else f"resumed {name}, paused by {by}"
+        )
+    console.print(said, highlight=False)
 
 
 def _declared_providers() -> dict[str, "Provider"]:
