@@ -5,8 +5,9 @@ parked task, a status query after an eviction) and, one workflow task at a time,
 does live. Three runners replay the same histories (``tests/workflows/histories``), the
 arms taking turns in rounds, CPU time of this process measured per arm:
 
-- baseline: production's runner (``onceflow.worker.WORKFLOW_RUNNER``): the sandbox with
-  onceflow's modules passed through, so a task does not import the workflow module again;
+- baseline: production's sandbox (``onceflow.plugin.PASS_THROUGH_SANDBOX``, wrapped as a
+  worker wraps it in ``DeliveredEventsRunner``): onceflow's modules passed through, so a
+  task does not import the workflow module again;
 - strict: Temporal's default sandbox, which imports ``agent_task.py`` again for every
   workflow and proxies what its own code touches (what the tests' workers and the
   end-of-run replay use: a non-deterministic call there fails);
@@ -29,13 +30,14 @@ from temporalio.worker import Replayer, UnsandboxedWorkflowRunner, WorkflowRunne
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from bench._report import RESULTS, run_info
-from onceflow.worker import WORKFLOW_RUNNER
+from onceflow.plugin import PASS_THROUGH_SANDBOX, DeliveredEventsRunner
 from onceflow.workflows import AgentTaskWorkflow
 from tests.workflows.scripted_tools import register_scripted_tools
 
 HISTORIES = Path(__file__).resolve().parent.parent / "tests" / "workflows" / "histories"
+PRODUCTION = DeliveredEventsRunner(PASS_THROUGH_SANDBOX)
 RUNNERS: dict[str, WorkflowRunner] = {
-    "production (onceflow passed through)": WORKFLOW_RUNNER,
+    "production (onceflow passed through)": PRODUCTION,
     "strict sandbox (agent_task.py imported per task)": SandboxedWorkflowRunner(),
     "no sandbox": UnsandboxedWorkflowRunner(),
 }
@@ -64,7 +66,7 @@ async def main(rounds: int) -> dict[str, Any]:
         for path in sorted(HISTORIES.glob("*.json"))
     ]
     events = sum(len(history.events) for history in histories)
-    await _replay_all(WORKFLOW_RUNNER, histories)  # warm-up: imports, caches
+    await _replay_all(PRODUCTION, histories)  # warm-up: imports, caches
     per_replay: dict[str, list[float]] = {name: [] for name in RUNNERS}
     for _ in range(rounds):
         for name, runner in RUNNERS.items():

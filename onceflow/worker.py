@@ -6,6 +6,7 @@ running activities get ``ONCEFLOW_SHUTDOWN_GRACE`` to finish before the process 
 """
 
 import asyncio
+import warnings
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import timedelta
@@ -13,9 +14,7 @@ from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 from temporalio.client import Client
-from temporalio.converter import DataConverter
 from temporalio.worker import Worker
-from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from onceflow.activities import (
     IdempotencyRecordActivities,
@@ -23,10 +22,11 @@ from onceflow.activities import (
     startup_problems,
 )
 from onceflow.configuration import OnceflowConfiguration
+from onceflow.plugin import OnceflowPlugin
 from onceflow.settings import InvalidSettings, OnceflowSettings
 from onceflow.storage import build_pool
 from onceflow.task_api import TaskClient, connect_temporal
-from onceflow.telemetry import AttemptAnnotations, metrics_enabled, watch_parked_tasks
+from onceflow.telemetry import metrics_enabled, watch_parked_tasks
 from onceflow.tools import (
     AuditActivities,
     Auditor,
@@ -39,32 +39,6 @@ from onceflow.tools import (
     tool_activities,
 )
 from onceflow.tools.providers import watch_provider_health
-from onceflow.workflows import AgentTaskWorkflow
-from onceflow.workflows.audit import AuditWorkflow
-from onceflow.workflows.pruning import PruneIdempotencyRecordsWorkflow
-from onceflow.workflows.runner import DeliveredEventsRunner, converter_uses_context
-
-SANDBOX = SandboxedWorkflowRunner(
-    restrictions=SandboxRestrictions.default.with_passthrough_modules("onceflow")
-)
-WORKFLOW_RUNNER = DeliveredEventsRunner(SANDBOX)
-"""The sandbox with onceflow's own modules passed through, not imported again for every
-workflow. Re-importing ``onceflow/workflows/agent_task.py`` for each task was about 85% of
-the Python memory a waiting task held in a worker (170 of 200 KiB, tracemalloc) and the
-largest share of a new task's CPU; replaying a task costs 2.5 times the CPU in the strict
-sandbox (BENCHMARKS.md, "The workflow sandbox"). Its determinism is proven where the strict
-sandbox still runs it: the workflow tests' workers, the saved-history replays and the
-replay of every history a test or chaos run made, which fail on a refused call. Wrapped so
-that no task keeps state built from events its workflow tasks never delivered
-(`onceflow.workflows.runner`)."""
-
-
-def workflow_runner(converter: DataConverter) -> DeliveredEventsRunner:
-    """``WORKFLOW_RUNNER`` for a worker whose data converter is ``converter``: when it uses
-    no serialization or storage context (onceflow's, encrypting or not), the SDK's context
-    questions about each payload are answered without entering the sandbox."""
-    return DeliveredEventsRunner(SANDBOX, converter_uses_context=converter_uses_context(converter))
-
 
 STICKY_TIMEOUT = timedelta(seconds=10)
 """How long a task's next workflow task or query waits on the queue of the worker that
@@ -104,10 +78,11 @@ async def build_worker(
     clients: Mapping[str, Any] | None = None,
     auditors: Mapping[str, Auditor] | None = None,
 ) -> AsyncIterator[Worker]:
-    """The one composition point: a running worker with the workflows, every tool's
-    activities (built-in and custom alike: ``open_tool_client`` + ``tool_activities``) and
-    the boundary's record activities. Leaving the block shuts it down: no new work is
-    taken and running activities get the shutdown grace, so their completions are kept.
+    """The one composition point: a running worker with ``OnceflowPlugin`` carrying the
+    workflows, the workflow runner, every tool's activities (built-in and custom alike:
+    ``open_tool_client`` + ``tool_activities``) and the boundary's record activities.
+    Leaving the block shuts it down: no new work is taken and running activities get the
+    shutdown grace, so their completions are kept.
 
     The tools are registered with the catalogue first: a task starting on this worker
     pins its tools' policies from their contracts there (``pin_task_policy``), and keeps
@@ -115,7 +90,7 @@ async def build_worker(
     once for the worker's lifetime; tools sharing one ``open_client`` (one family's)
     share the client it opened. Tracing comes with ``client`` (``connect_temporal`` puts
     Temporal's interceptor on it, and a worker inherits its client's);
-    ``AttemptAnnotations`` adds onceflow's fields to each attempt's span and logs one
+    the plugin's ``AttemptAnnotations`` adds onceflow's fields to each attempt's span and logs one
     line per attempt.
 
     Args:
@@ -157,10 +132,7 @@ async def build_worker(
         records = IdempotencyRecordActivities(
             pool, TaskClient(client, task_queue=settings.task_queue)
         )
-        async with Worker(
-            client,
-            task_queue=settings.task_queue,
-            workflows=[AgentTaskWorkflow, PruneIdempotencyRecordsWorkflow, AuditWorkflow],
+        plugin = OnceflowPlugin(
             activities=[
                 *activities,
                 AuditActivities(auditors or {}).run_audit,
@@ -168,18 +140,26 @@ async def build_worker(
                 records.prune_idempotency_records,
                 # Pins each new task's policy from this worker's contracts (local activity).
                 PolicyPinning().pin_task_policy,
-            ],
-            graceful_shutdown_timeout=timedelta(seconds=settings.shutdown_grace_seconds),
-            interceptors=[AttemptAnnotations()],
-            workflow_runner=workflow_runner(client.data_converter),
-            max_cached_workflows=settings.max_cached_tasks,
-            sticky_queue_schedule_to_start_timeout=STICKY_TIMEOUT,
-            # Enforced by the server for the whole fleet (sent with every activity poll);
-            # with it set, Core also stops eager activity starts, which would bypass it.
-            max_task_queue_activities_per_second=task_queue_rate_limit(
-                settings.task_queue_activities_per_second, tools
-            ),
-        ) as worker:
+            ]
+        )
+        with warnings.catch_warnings():
+            # The SDK warns that a client's plugin (``connect_temporal``'s) may configure a
+            # worker twice; onceflow's leaves a worker to the worker's own (OnceflowPlugin).
+            warnings.filterwarnings("ignore", "The same plugin type", UserWarning)
+            worker = Worker(
+                client,
+                task_queue=settings.task_queue,
+                plugins=[plugin],
+                graceful_shutdown_timeout=timedelta(seconds=settings.shutdown_grace_seconds),
+                max_cached_workflows=settings.max_cached_tasks,
+                sticky_queue_schedule_to_start_timeout=STICKY_TIMEOUT,
+                # Enforced by the server for the whole fleet (sent with every activity poll);
+                # with it set, Core also stops eager activity starts, which would bypass it.
+                max_task_queue_activities_per_second=task_queue_rate_limit(
+                    settings.task_queue_activities_per_second, tools
+                ),
+            )
+        async with worker:
             yield worker
 
 

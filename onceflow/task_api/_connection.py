@@ -1,10 +1,10 @@
-"""Connects to Temporal with the standard settings, onceflow's data converter and tracing."""
+"""Connects to Temporal with the standard settings and ``OnceflowPlugin``."""
 
 from temporalio.client import Client
 from temporalio.envconfig import ClientConfig
 
-from onceflow.encryption import PayloadEncryptionSettings, onceflow_data_converter
-from onceflow.telemetry import tracing_interceptor
+from onceflow.encryption import PayloadEncryptionSettings
+from onceflow.plugin import OnceflowPlugin
 
 DEFAULT_ADDRESS = "localhost:7233"
 
@@ -16,10 +16,11 @@ async def connect_temporal(
     ``_API_KEY``, TLS, profile file); ``address`` overrides the configured address.
 
     Defaults to the embedded dev server at ``localhost:7233``. The client carries
-    Temporal's tracing interceptor, and so does every worker built on it (a worker adds
-    a client's interceptors to its own): spans go wherever the process's tracer provider
-    sends them, nowhere when ``process_telemetry`` configured none. Its data converter is
-    ``onceflow_data_converter(encryption)``, and a worker built on the client uses it too:
+    ``OnceflowPlugin(encryption=encryption)``: Temporal's tracing interceptor, which every
+    worker built on it inherits (a worker adds a client's interceptors to its own), so
+    spans go wherever the process's tracer provider sends them, nowhere when
+    ``process_telemetry`` configured none; and the data converter
+    ``onceflow_data_converter(encryption)``, which a worker built on the client uses too:
     payloads are encrypted when ``encryption`` holds keys.
     """
     config = ClientConfig.load_client_connect_config()
@@ -28,6 +29,5 @@ async def connect_temporal(
     config.setdefault("target_host", DEFAULT_ADDRESS)
     return await Client.connect(
         **config,
-        data_converter=onceflow_data_converter(encryption),
-        interceptors=[tracing_interceptor()],
+        plugins=[OnceflowPlugin(encryption=encryption)],
     )

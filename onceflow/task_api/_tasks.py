@@ -36,12 +36,12 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from onceflow.encryption import ClearText
 from onceflow.errors import CallRefused, DecisionConflict, DecisionRefused
+from onceflow.plugin import UNDELIVERED_EVENTS_REFUSAL
 from onceflow.telemetry import current_trace_id
 from onceflow.tools import CATALOGUE, Catalogue
 from onceflow.workflows import AgentTaskWorkflow
 from onceflow.workflows.agent_task import TRACE_ID_MEMO
 from onceflow.workflows.fairness import tenant_priority
-from onceflow.workflows.runner import UNDELIVERED_EVENTS_REFUSAL
 from onceflow.workflows.task_models import (
     AgentTaskInput,
     ApproveInput,
@@ -285,7 +285,7 @@ class TaskClient:
                 return await handle.query(AgentTaskWorkflow.status)
             except WorkflowQueryFailedError as failed:
                 # Refused on events the task's next workflow task delivers: asked again,
-                # the query waits for that workflow task (workflows.runner).
+                # the query waits for that workflow task (onceflow.plugin).
                 if UNDELIVERED_EVENTS_REFUSAL not in str(failed):
                     raise
         return await handle.query(AgentTaskWorkflow.status)

@@ -25,9 +25,9 @@ from temporalio.worker import Replayer
 from onceflow.encryption import (
     PayloadEncryptionSettings,
     UnknownEncryptionKey,
-    onceflow_data_converter,
 )
 from onceflow.gateway import REQUEST_HASH_MEMO
+from onceflow.plugin import OnceflowPlugin
 from onceflow.workflows import AgentTaskWorkflow
 from onceflow.workflows.task_models import TaskState
 from tests.gateway.conftest import Caller, make_caller, new_tenant
@@ -133,20 +133,30 @@ async def test_an_encrypted_task_runs_is_approved_and_replays_only_with_the_key(
     # The history replays with the keys; without the one it names, it cannot be decoded.
     history = await stack.client.get_workflow_handle(task_id).fetch_history()
     with_key = Replayer(
-        workflows=[AgentTaskWorkflow],
-        data_converter=onceflow_data_converter(
-            PayloadEncryptionSettings(payload_keys=(SecretStr(KEYS),))
-        ),
+        workflows=[],
+        plugins=[
+            OnceflowPlugin(
+                workflows=[AgentTaskWorkflow],
+                encryption=PayloadEncryptionSettings(payload_keys=(SecretStr(KEYS),)),
+                strict_sandbox=True,
+            )
+        ],
     )
     assert (
         await with_key.replay_workflow(history, raise_on_replay_failure=False)
     ).replay_failure is None
     other_key = base64.b64encode(bytes(32)).decode()
     without_key = Replayer(
-        workflows=[AgentTaskWorkflow],
-        data_converter=onceflow_data_converter(
-            PayloadEncryptionSettings(payload_keys=(SecretStr(f"k-other:{other_key}"),))
-        ),
+        workflows=[],
+        plugins=[
+            OnceflowPlugin(
+                workflows=[AgentTaskWorkflow],
+                encryption=PayloadEncryptionSettings(
+                    payload_keys=(SecretStr(f"k-other:{other_key}"),)
+                ),
+                strict_sandbox=True,
+            )
+        ],
     )
     result = await without_key.replay_workflow(history, raise_on_replay_failure=False)
     # The activation fails with the codec's error (its message, encrypted like every

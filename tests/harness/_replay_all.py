@@ -22,10 +22,10 @@ from temporalio.client import (
     WorkflowHandle,
     WorkflowHistory,
 )
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
 
+from onceflow.plugin import OnceflowPlugin
 from onceflow.tools import CATALOGUE, ENTRY_POINT_GROUP, load_tools, register_tools
 from onceflow.workflows import AgentTaskWorkflow
 
@@ -82,13 +82,15 @@ async def replay_histories(
     *,
     releases: Mapping[str, type] | None = None,
 ) -> ReplayReport:
-    """Replay ``histories`` in the strict sandbox, caching nothing: each with this
-    release's ``AgentTaskWorkflow``, or the class ``releases`` (``OTHER_RELEASES`` by
-    default) names for its workflow id."""
+    """Replay ``histories`` with ``OnceflowPlugin`` in the strict sandbox, caching
+    nothing: each with this release's ``AgentTaskWorkflow``, or the class ``releases``
+    (``OTHER_RELEASES`` by default) names for its workflow id."""
     releases = OTHER_RELEASES if releases is None else releases
     report = ReplayReport(server)
     register_replay_tools()
-    replayer = Replayer(workflows=[AgentTaskWorkflow], data_converter=pydantic_data_converter)
+    replayer = Replayer(
+        workflows=[], plugins=[OnceflowPlugin(workflows=[AgentTaskWorkflow], strict_sandbox=True)]
+    )
     other_releases: list[WorkflowHistory] = []
 
     async def this_release() -> AsyncIterator[WorkflowHistory]:
@@ -103,7 +105,10 @@ async def replay_histories(
             _count(report, result.history, result.replay_failure)
     for history in other_releases:
         release = Replayer(
-            workflows=[releases[history.workflow_id]], data_converter=pydantic_data_converter
+            workflows=[],
+            plugins=[
+                OnceflowPlugin(workflows=[releases[history.workflow_id]], strict_sandbox=True)
+            ],
         )
         result = await release.replay_workflow(history, raise_on_replay_failure=False)
         _count(report, history, result.replay_failure)

@@ -21,6 +21,7 @@ from temporalio.worker import Replayer, Worker
 
 from onceflow.cli._audit_schedule import audit_schedule_id, ensure_audit_schedule
 from onceflow.payments import ChargeRequest, PaymentsAuditor, StripePaymentProvider
+from onceflow.plugin import OnceflowPlugin
 from onceflow.settings import OnceflowSettings
 from onceflow.tools import AuditRunInput, AuditRunResult
 from onceflow.worker import build_worker
@@ -121,7 +122,7 @@ async def test_a_scheduled_audit_shows_its_findings_as_result_details_and_gauge(
 
         # The run replays in the strict sandbox: its decisions come from its history.
         await Replayer(
-            workflows=[AuditWorkflow], data_converter=client.data_converter
+            workflows=[], plugins=[OnceflowPlugin(workflows=[AuditWorkflow], strict_sandbox=True)]
         ).replay_workflow(await run.fetch_history())
 
         # Created again with other settings, it is updated, not doubled.

@@ -5,9 +5,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from temporalio.client import WorkflowHistory
 from temporalio.contrib.opentelemetry import TracingInterceptor
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
+from onceflow.plugin import OnceflowPlugin
 from onceflow.workflows import AgentTaskWorkflow
 
 
@@ -19,12 +19,12 @@ async def spans_emitted_by_replay(history: WorkflowHistory) -> list[str]:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
+    # Even told to trace workflows without a parent, a replay must emit nothing.
+    tracing = TracingInterceptor(provider.get_tracer("replay"), always_create_workflow_spans=True)
     replayer = Replayer(
-        workflows=[AgentTaskWorkflow],
-        data_converter=pydantic_data_converter,
-        # Even told to trace workflows without a parent, a replay must emit nothing.
-        interceptors=[
-            TracingInterceptor(provider.get_tracer("replay"), always_create_workflow_spans=True)
+        workflows=[],
+        plugins=[
+            OnceflowPlugin(workflows=[AgentTaskWorkflow], tracing=tracing, strict_sandbox=True)
         ],
     )
     result = await replayer.replay_workflow(history, raise_on_replay_failure=True)

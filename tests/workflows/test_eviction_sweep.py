@@ -14,11 +14,11 @@ from typing import Any
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHistory
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, Worker
 from temporalio.workflow import NondeterminismError
 
+from onceflow.plugin import OnceflowPlugin
 from onceflow.retry_policy import OutcomeClass, RetryBudget
 from onceflow.task_api import TaskClient
 from onceflow.workflows import AgentTaskWorkflow
@@ -143,7 +143,9 @@ async def test_a_task_evicted_before_any_workflow_task_decides_as_a_cached_one(
         if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED
     ]
     assert len(cuts) >= 10, f"a representative task has many workflow tasks, not {len(cuts)}"
-    replayer = Replayer(workflows=[AgentTaskWorkflow], data_converter=pydantic_data_converter)
+    replayer = Replayer(
+        workflows=[], plugins=[OnceflowPlugin(workflows=[AgentTaskWorkflow], strict_sandbox=True)]
+    )
     failures = []
     for number, cut in enumerate(cuts):
         result = await replayer.replay_workflow(cut, raise_on_replay_failure=False)

@@ -25,11 +25,11 @@ from pathlib import Path
 import pytest
 from temporalio import workflow
 from temporalio.client import WorkflowHistory
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
 
 import onceflow.workflows as workflows_package
+from onceflow.plugin import OnceflowPlugin
 from onceflow.workflows import AgentTaskWorkflow
 from onceflow.workflows.patches import CURRENT_RELEASE, PATCHES, START_PATCHES_FOLDED
 from onceflow.workflows.task_models import AgentTaskInput, TaskStatus
@@ -69,7 +69,9 @@ class WithoutTheRulesOf010(AgentTaskWorkflow):
 async def replay_failure(path: Path, release: type = AgentTaskWorkflow) -> Exception | None:
     """What went wrong replaying ``path``, or None when it replayed deterministically."""
     register_scripted_tools()
-    replayer = Replayer(workflows=[release], data_converter=pydantic_data_converter)
+    replayer = Replayer(
+        workflows=[], plugins=[OnceflowPlugin(workflows=[release], strict_sandbox=True)]
+    )
     history = WorkflowHistory.from_json(path.stem, path.read_text())
     result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
     return result.replay_failure

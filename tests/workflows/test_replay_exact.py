@@ -27,10 +27,10 @@ import pytest
 from temporalio import workflow
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHandle, WorkflowHistory
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, Worker
 
+from onceflow.plugin import OnceflowPlugin
 from onceflow.retry_policy import OutcomeClass, RetryBudget
 from onceflow.task_api import CallRefused, TaskClient
 from onceflow.tools import CATALOGUE, Catalogue
@@ -200,7 +200,9 @@ async def test_parallel_first_calls_of_several_tools_and_a_racing_close_replay(
                 *(one_round(tasks, script, n) for n in range(batch, batch + 20))
             )
     histories = [await dev_server.client.get_workflow_handle(i).fetch_history() for i in ids]
-    replayer = Replayer(workflows=[AgentTaskWorkflow], data_converter=pydantic_data_converter)
+    replayer = Replayer(
+        workflows=[], plugins=[OnceflowPlugin(workflows=[AgentTaskWorkflow], strict_sandbox=True)]
+    )
     failures = []
     async with replayer.workflow_replay_iterator(iter_histories(histories)) as replays:
         async for result in replays:

@@ -1,5 +1,6 @@
-"""The worker's runner answers the SDK's serialization-context questions itself only when
-its data converter cannot tell one context from another (``converter_uses_context``)."""
+"""The worker's runner answers the SDK's serialization-context questions itself
+(``ContextFreeRunner``) only when its data converter cannot tell one context from another
+(``converter_uses_context``)."""
 
 import dataclasses
 from collections.abc import Sequence
@@ -15,10 +16,15 @@ from temporalio.converter import (
 from temporalio.worker import WorkflowInstance, WorkflowInstanceDetails, WorkflowRunner
 
 from onceflow.encryption import onceflow_data_converter
+from onceflow.plugin import (
+    ContextFreeRunner,
+    DeliveredEventsRunner,
+    converter_uses_context,
+    workflow_runner,
+)
 from onceflow.settings import OnceflowSettings
 from onceflow.storage import build_pool
 from onceflow.worker import build_worker
-from onceflow.workflows.runner import DeliveredEventsRunner, converter_uses_context
 from tests.encryption.conftest import encryption_settings
 from tests.tool_configuration import builtin
 
@@ -78,15 +84,22 @@ class RecordingRunner(WorkflowRunner):
         return self.instance
 
 
-def test_the_inner_instance_is_asked_only_when_the_converter_uses_contexts() -> None:
-    for uses, asked in ((True, ["serialization", "external store"]), (False, [])):
+def test_the_inner_instance_is_asked_only_without_the_context_free_runner() -> None:
+    for wrap, asked in (
+        (DeliveredEventsRunner, ["serialization", "external store"]),
+        (ContextFreeRunner, []),
+    ):
         inner = RecordingRunner()
-        instance = DeliveredEventsRunner(inner, converter_uses_context=uses).create_instance(
-            None  # type: ignore[arg-type]
-        )
+        instance = wrap(inner).create_instance(None)  # type: ignore[arg-type]
         assert instance.get_serialization_context(None) is None
         assert instance.get_external_store_context(None) == StorageDriverStoreContext()
         assert inner.instance.asked == asked
+
+
+def test_the_context_free_runner_wraps_only_a_converter_that_uses_no_context() -> None:
+    assert isinstance(workflow_runner(onceflow_data_converter()), ContextFreeRunner)
+    bound = dataclasses.replace(onceflow_data_converter(), payload_codec=ContextBoundCodec())
+    assert isinstance(workflow_runner(bound), DeliveredEventsRunner)
 
 
 async def test_the_production_worker_answers_contexts_itself_for_onceflows_converter(
@@ -97,6 +110,5 @@ async def test_the_production_worker_answers_contexts_itself_for_onceflows_conve
         build_pool(postgres_url, max_size=1) as pool,
         build_worker(dev_server.client, pool, settings, tools=builtin()) as worker,
     ):
-        runner = worker.config()["workflow_runner"]
-        assert isinstance(runner, DeliveredEventsRunner)
-        assert runner.converter_uses_context is False
+        runner = worker.config(active_config=True)["workflow_runner"]
+        assert isinstance(runner, ContextFreeRunner)

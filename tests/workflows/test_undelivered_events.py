@@ -1,4 +1,4 @@
-"""No worker keeps state built from events no workflow task delivered (``workflows.runner``).
+"""No worker keeps state built from events no workflow task delivered (``onceflow.plugin``).
 
 The scenario of the chaos runs' ``Update machine does not handle this event:
 ActivityTaskScheduled``, on the real Temporal dev server: a query reaches a task while no
@@ -23,7 +23,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, Worker, WorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
-from onceflow.workflows.runner import UNDELIVERED_EVENTS_REFUSAL, DeliveredEventsRunner
+from onceflow.plugin import UNDELIVERED_EVENTS_REFUSAL, DeliveredEventsRunner, OnceflowPlugin
 from tests.harness import eventually
 
 from .undelivered_events_workflow import CallsAfterATimer, Seen, answer
@@ -120,7 +120,10 @@ async def one_round(
 
 
 async def replay_failure(handle: WorkflowHandle) -> str | None:
-    result = await Replayer(workflows=[CallsAfterATimer]).replay_workflow(
+    replayer = Replayer(
+        workflows=[], plugins=[OnceflowPlugin(workflows=[CallsAfterATimer], strict_sandbox=True)]
+    )
+    result = await replayer.replay_workflow(
         await handle.fetch_history(), raise_on_replay_failure=False
     )
     return None if result.replay_failure is None else str(result.replay_failure)

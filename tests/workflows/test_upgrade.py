@@ -16,11 +16,11 @@ from decimal import Decimal
 import pytest
 from temporalio import workflow
 from temporalio.client import WorkflowHistory
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, Worker
 from temporalio.workflow import NondeterminismError
 
+from onceflow.plugin import OnceflowPlugin
 from onceflow.retry_policy import OutcomeClass
 from onceflow.task_api import TaskClient
 from onceflow.tools import CATALOGUE, ApprovalThreshold, Catalogue
@@ -237,7 +237,9 @@ async def test_release_n_plus_1_takes_over_parked_waiting_and_open_tasks_and_fin
 
 
 async def replay_failure(workflow_class: type, history: WorkflowHistory) -> Exception | None:
-    replayer = Replayer(workflows=[workflow_class], data_converter=pydantic_data_converter)
+    replayer = Replayer(
+        workflows=[], plugins=[OnceflowPlugin(workflows=[workflow_class], strict_sandbox=True)]
+    )
     result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
     return result.replay_failure
 

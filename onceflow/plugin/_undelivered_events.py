@@ -1,4 +1,5 @@
-"""The workflow runner of onceflow's workers: no task keeps state a workflow task never delivered.
+"""The workflow runner wrapper that keeps no task's state built from events no workflow
+task delivered.
 
 A query sent while a task waits on an activity and no workflow task is pending goes straight
 to the worker that cached the task. When that worker is dead, the query waits out the sticky
@@ -15,13 +16,6 @@ query that follows it: Core then drops the run from its cache with what it compu
 query fails (the caller asks again), and the next workflow task replays the task from its
 history, in replay's order. The reproduction is
 ``tests/workflows/test_replay_exact.py::test_a_query_on_a_dead_workers_task_leaves_no_undelivered_state``.
-
-It also answers the worker's questions about serialization and external-storage context
-itself when the worker's data converter uses neither (``converter_uses_context``): the SDK
-asks them for every payload of every activation and completion, three passes each, and
-the sandbox answers each by running code inside it: 14% of the worker's busy samples in a
-one-step task (``python -m bench.task_overhead --profile DIR``). A converter that uses no
-context converts a payload the same under any context, so the answer cannot change a byte.
 """
 
 from __future__ import annotations
@@ -31,12 +25,6 @@ from typing import Any
 import temporalio.workflow
 from temporalio.bridge.proto.workflow_activation import WorkflowActivation
 from temporalio.bridge.proto.workflow_completion import WorkflowActivationCompletion
-from temporalio.converter import (
-    ActivitySerializationContext,
-    DataConverter,
-    StorageDriverStoreContext,
-    WorkflowSerializationContext,
-)
 from temporalio.worker import (
     WorkflowInstance,
     WorkflowInstanceDetails,
@@ -52,59 +40,29 @@ UNDELIVERED_EVENTS_REFUSAL = (
 )
 
 
-def converter_uses_context(converter: DataConverter) -> bool:
-    """Whether ``converter`` converts a payload differently under some serialization or
-    external-storage context: it stores payloads externally, or a part of it (payload
-    converter, codec, failure converter) answers a context with another object. The
-    pydantic converter, with or without onceflow's encryption codec, uses none."""
-    if converter.external_storage is not None:
-        return True
-    probes = (
-        WorkflowSerializationContext(namespace="probe", workflow_id="probe"),
-        ActivitySerializationContext(
-            namespace="probe",
-            activity_id="probe",
-            workflow_id="probe",
-            workflow_type="probe",
-            activity_type="probe",
-            activity_task_queue="probe",
-            is_local=False,
-        ),
-    )
-    return any(converter.with_context(probe) is not converter for probe in probes)
-
-
 class DeliveredEventsRunner(WorkflowRunner):
     """Wraps a runner so that state built from undelivered events never outlives a query.
 
     Args:
         inner: The runner that runs the workflows (the sandbox).
-        converter_uses_context: False when the worker's data converter uses no
-            serialization or external-storage context (``converter_uses_context``): the
-            instance then answers the SDK's context questions without entering the
-            sandbox. Default True: the inner runner answers them.
     """
 
-    def __init__(self, inner: WorkflowRunner, *, converter_uses_context: bool = True) -> None:
+    def __init__(self, inner: WorkflowRunner) -> None:
         self._inner = inner
-        self.converter_uses_context = converter_uses_context
 
     def prepare_workflow(self, defn: temporalio.workflow._Definition) -> None:
         self._inner.prepare_workflow(defn)
 
     def create_instance(self, det: WorkflowInstanceDetails) -> WorkflowInstance:
-        return _DeliveredEventsInstance(
-            self._inner.create_instance(det), self.converter_uses_context
-        )
+        return _DeliveredEventsInstance(self._inner.create_instance(det))
 
     def set_worker_level_failure_exception_types(self, types: Any) -> None:
         self._inner.set_worker_level_failure_exception_types(types)
 
 
 class _DeliveredEventsInstance(WorkflowInstance):
-    def __init__(self, inner: WorkflowInstance, contexts: bool) -> None:
+    def __init__(self, inner: WorkflowInstance) -> None:
         self._inner = inner
-        self._contexts = contexts
         self._last: tuple[int, int] | None = None
         """The last non-query activation's (time, history length)."""
         self._undelivered_at: int | None = None
@@ -132,13 +90,9 @@ class _DeliveredEventsInstance(WorkflowInstance):
         return self._inner.activate(act)
 
     def get_serialization_context(self, *args: Any, **kwargs: Any) -> Any:
-        if not self._contexts:
-            return None  # the worker's converter itself, which every context leaves as is
         return self._inner.get_serialization_context(*args, **kwargs)
 
     def get_external_store_context(self, *args: Any, **kwargs: Any) -> Any:
-        if not self._contexts:
-            return StorageDriverStoreContext()  # nothing is stored externally
         return self._inner.get_external_store_context(*args, **kwargs)
 
     def get_info(self) -> temporalio.workflow.Info:
