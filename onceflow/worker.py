@@ -27,18 +27,16 @@ from onceflow.settings import InvalidSettings, OnceflowSettings
 from onceflow.storage import build_pool
 from onceflow.task_api import TaskClient, connect_temporal
 from onceflow.telemetry import AttemptAnnotations, metrics_enabled, watch_parked_tasks
-from onceflow.tools import (
+from onceflow.tools import Auditor, ClientOpener, Tool
+from onceflow.tools.providers import watch_provider_health
+from onceflow.tools.worker import (
     AuditActivities,
-    Auditor,
-    ClientOpener,
     PolicyPinning,
-    Tool,
     open_tool_client,
     refuse_retrying_client,
     register_tools,
     tool_activities,
 )
-from onceflow.tools.providers import watch_provider_health
 from onceflow.workflows import AgentTaskWorkflow
 from onceflow.workflows.audit import AuditWorkflow
 from onceflow.workflows.pruning import PruneIdempotencyRecordsWorkflow

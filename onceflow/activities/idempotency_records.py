@@ -16,7 +16,7 @@ from temporalio import activity
 
 from onceflow.gateway import REQUEST_HASH_MEMO, IdempotencyStore, Unrecorded, stored_outcome
 from onceflow.task_api import TaskClient
-from onceflow.tools import prune_intents
+from onceflow.tools.worker import prune_intents
 from onceflow.workflows.pruning_models import PRUNE_IDEMPOTENCY_RECORDS, PruneInput, PruneResult
 from onceflow.workflows.task_models import RECORD_TASK_OUTCOME, TaskOutcomeInput
 

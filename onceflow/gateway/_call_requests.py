@@ -44,7 +44,8 @@ from onceflow.gateway._settings import GatewaySettings
 from onceflow.gateway._task_requests import TaskRequests
 from onceflow.task_api import TaskClient
 from onceflow.telemetry import boundary_span
-from onceflow.tools import Catalogue, ToolContract, arguments_digest, derive_task_workflow_id
+from onceflow.tools import ToolContract
+from onceflow.tools.worker import Catalogue, arguments_digest, derive_task_workflow_id
 from onceflow.workflows.task_models import (
     CallAnswer,
     CallInput,

@@ -34,7 +34,7 @@ from onceflow.gateway._requests import (
 from onceflow.gateway._task_requests import TaskRequests
 from onceflow.task_api import DecisionAnswer, TaskClient
 from onceflow.telemetry import boundary_span
-from onceflow.tools import derive_task_workflow_id
+from onceflow.tools.worker import derive_task_workflow_id
 from onceflow.workflows.task_models import ApproveInput, ReconcileInput
 
 

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 from fastapi import Path, Request
 
 from onceflow.gateway._service import BoundaryService
-from onceflow.tools import IDEMPOTENCY_KEY_MAX_LENGTH
+from onceflow.tools.worker import IDEMPOTENCY_KEY_MAX_LENGTH
 
 _BARE_KEY = r"[A-Za-z0-9][A-Za-z0-9._:-]*"
 _KEY_PATTERN = rf'^({_BARE_KEY}|"{_BARE_KEY}")$'

@@ -24,7 +24,7 @@ from onceflow.gateway._settings import GatewaySettings
 from onceflow.gateway._task_handles import TaskHandles, TaskHandleStore
 from onceflow.gateway._task_requests import TOOL_CALL_STEP_ID, TaskRequests
 from onceflow.task_api import TaskClient
-from onceflow.tools import CATALOGUE, Catalogue, derive_task_workflow_id
+from onceflow.tools.worker import CATALOGUE, Catalogue, derive_task_workflow_id
 
 __all__ = ["TOOL_CALL_STEP_ID", "BoundaryService"]
 

@@ -74,7 +74,7 @@ from onceflow.gateway._responses import (
 from onceflow.gateway._settings import GatewaySettings
 from onceflow.task_api import TaskClient
 from onceflow.telemetry import boundary_span
-from onceflow.tools import Catalogue, derive_task_workflow_id, key_digest
+from onceflow.tools.worker import Catalogue, derive_task_workflow_id, key_digest
 from onceflow.workflows.task_models import (
     AgentTaskInput,
     OpenTaskOptions,

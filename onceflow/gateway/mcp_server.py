@@ -85,7 +85,8 @@ from onceflow.gateway._principals import Principal
 from onceflow.gateway._requests import BoundaryAnswer
 from onceflow.gateway._responses import CallView
 from onceflow.gateway._service import BoundaryService
-from onceflow.tools import IDEMPOTENCY_KEY_MAX_LENGTH, ToolContract
+from onceflow.tools import ToolContract
+from onceflow.tools.worker import IDEMPOTENCY_KEY_MAX_LENGTH
 from onceflow.workflows.task_models import StepState, TaskState
 
 __all__ = [

@@ -37,7 +37,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from onceflow.encryption import ClearText
 from onceflow.errors import CallRefused, DecisionConflict, DecisionRefused
 from onceflow.telemetry import current_trace_id
-from onceflow.tools import CATALOGUE, Catalogue
+from onceflow.tools.worker import CATALOGUE, Catalogue
 from onceflow.workflows import AgentTaskWorkflow
 from onceflow.workflows.agent_task import TRACE_ID_MEMO
 from onceflow.workflows.fairness import tenant_priority

@@ -4,7 +4,7 @@ outcome record."""
 import asyncio
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeUpdate
@@ -22,11 +22,9 @@ with workflow.unsafe.imports_passed_through():
         RetryBudget,
         StepUsage,
     )
-    from onceflow.tools import (
-        KeyUnusable,
-        ToolAttemptResult,
-    )
-    from onceflow.tools import arguments_digest as digest_arguments
+    from onceflow.tools import ToolAttemptResult
+    from onceflow.tools.worker import CATALOGUE, Catalogue, KeyUnusable
+    from onceflow.tools.worker import arguments_digest as digest_arguments
     from onceflow.workflows.patches import (
         DECISION_DURABLE_BEFORE_ACTING,
         OUTCOME_AFTER_DURABLE_DECISION,
@@ -108,6 +106,11 @@ class DecisionCheck(BaseModel):
 class TaskCore:
     """The task's state and its bookkeeping: what every part of the workflow reads and
     writes (steps, budget, people time, the published state and status)."""
+
+    catalogue: ClassVar[Catalogue] = CATALOGUE
+    """The tools this worker knows, asked only live (a call's validator, whether this
+    worker can run an attempt), never on replay. Default: the process's ``CATALOGUE``; a
+    test's next release names its own, as another process would have it."""
 
     def __init__(self, task: AgentTaskInput) -> None:
         self._task = task

@@ -33,7 +33,7 @@ from pydantic import (
 )
 
 from onceflow.retry_policy import OutcomeClass, RetryBudget
-from onceflow.tools import ToolPolicy
+from onceflow.tools.worker import ToolPolicy
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$"
 

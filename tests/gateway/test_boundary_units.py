@@ -16,7 +16,7 @@ from onceflow.gateway._http_json import SortedJSONResponse, read_json
 from onceflow.gateway._responses import stored_outcome, task_view
 from onceflow.gateway.mcp_server import IDEMPOTENCY_KEY_ARGUMENT, tool_definition
 from onceflow.retry_policy import RetryBudget
-from onceflow.tools import CATALOGUE
+from onceflow.tools.worker import CATALOGUE
 from onceflow.workflows.task_models import (
     BudgetStatus,
     StepState,

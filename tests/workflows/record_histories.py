@@ -31,7 +31,7 @@ from temporalio.worker import Worker
 
 from onceflow.retry_policy import OutcomeClass, RetryBudget
 from onceflow.task_api import TaskClient
-from onceflow.tools import CATALOGUE, KeyUnusable
+from onceflow.tools.worker import CATALOGUE, KeyUnusable
 from onceflow.workflows import AgentTaskWorkflow
 from onceflow.workflows.task_models import (
     AgentTaskInput,

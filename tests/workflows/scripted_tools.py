@@ -17,19 +17,22 @@ from temporalio import activity
 from onceflow.activities.idempotency_records import TaskOutcomeResult
 from onceflow.retry_policy import OutcomeClass
 from onceflow.tools import (
-    CATALOGUE,
     ApprovalThreshold,
     DedupeStrategy,
     EffectFlags,
-    KeyUnusable,
-    PolicyPinning,
     ToolAttemptResult,
-    ToolCallInput,
     ToolContract,
-    lookup_activity_name,
 )
 from onceflow.tools._activities import miss_past_lag
 from onceflow.tools.providers import ProviderHealth, ProviderHold
+from onceflow.tools.worker import (
+    CATALOGUE,
+    Catalogue,
+    KeyUnusable,
+    PolicyPinning,
+    ToolCallInput,
+    lookup_activity_name,
+)
 from onceflow.workflows.task_models import RECORD_TASK_OUTCOME, TaskOutcomeInput
 
 
@@ -129,14 +132,15 @@ class Script:
     def attempts(self, label: str) -> int:
         return len(self.calls[label])
 
-    def activities(self) -> list[Callable[..., Any]]:
+    def activities(self, catalogue: Catalogue = CATALOGUE) -> list[Callable[..., Any]]:
         """The scripted tools' activities, their lookup, and the policy pinning a worker
-        built by ``build_worker`` registers too."""
+        built by ``build_worker`` registers too, all reading ``catalogue`` (a release's
+        contracts; default the process's, where ``register_scripted_tools`` put them)."""
         return [
-            *(self._activity(contract.name) for contract in SCRIPTED_CONTRACTS),
+            *(self._activity(contract.name, catalogue) for contract in SCRIPTED_CONTRACTS),
             self._look_up(PROVIDER_KEYED.name),
             self._look_up(VERIFIED.name),
-            PolicyPinning().pin_task_policy,
+            PolicyPinning(catalogue).pin_task_policy,
         ]
 
     def outcome_recorder(self) -> Callable[..., Any]:
@@ -188,13 +192,13 @@ class Script:
 
         return look_up
 
-    def _activity(self, name: str) -> Callable[..., Any]:
+    def _activity(self, name: str, catalogue: Catalogue) -> Callable[..., Any]:
         @activity.defn(name=name)
         async def perform(call: ToolCallInput) -> ToolAttemptResult:
             try:
                 # With the registered contract's model, as every tool's attempt does
                 # (onceflow.tools._activities): a release's model, whatever started the task.
-                model = CATALOGUE.get(name).input_model
+                model = catalogue.get(name).input_model
                 label = str(model.model_validate(call.arguments).model_dump()["label"])
             except ValidationError:
                 self.rejected.append(call)
