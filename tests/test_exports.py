@@ -58,6 +58,7 @@ TOOLS = [
     "FIRST_SENT_AT",
     "FindingKind",
     "IDEMPOTENCY_KEY_MAX_LENGTH",
+    "IDEMPOTENCY_KEY_PATTERN",
     "Implementation",
     "IntentIdentity",
     "KEY_GENERATION",

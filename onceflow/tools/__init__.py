@@ -127,6 +127,7 @@ from onceflow.tools._family import (
 )
 from onceflow.tools._identity import (
     IDEMPOTENCY_KEY_MAX_LENGTH,
+    IDEMPOTENCY_KEY_PATTERN,
     arguments_digest,
     check_idempotency_key,
     derive_child_key,
@@ -156,6 +157,7 @@ __all__ = [
     "FIRST_SENT_AT",
     "KEY_GENERATION",
     "IDEMPOTENCY_KEY_MAX_LENGTH",
+    "IDEMPOTENCY_KEY_PATTERN",
     "ApprovalThreshold",
     "arguments_digest",
     "AuditActivities",
