@@ -85,6 +85,7 @@ TOOLS_WORKER = [
     "ENTRY_POINT_GROUP",
     "FIRST_SENT_AT",
     "IDEMPOTENCY_KEY_MAX_LENGTH",
+    "IDEMPOTENCY_KEY_PATTERN",
     "KEY_GENERATION",
     "KeyUnusable",
     "KeyWindowClosed",

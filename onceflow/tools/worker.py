@@ -30,6 +30,7 @@ from onceflow.tools._client_retries import (
 from onceflow.tools._family import loaded_families
 from onceflow.tools._identity import (
     IDEMPOTENCY_KEY_MAX_LENGTH,
+    IDEMPOTENCY_KEY_PATTERN,
     arguments_digest,
     check_idempotency_key,
     derive_child_key,
@@ -53,6 +54,7 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "FIRST_SENT_AT",
     "IDEMPOTENCY_KEY_MAX_LENGTH",
+    "IDEMPOTENCY_KEY_PATTERN",
     "KEY_GENERATION",
     "PIN_TASK_POLICY",
     "RUN_AUDIT",

@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from onceflow.activities.idempotency_records import TaskOutcomeResult
 from onceflow.retry_policy import OutcomeClass
@@ -122,6 +123,8 @@ class Script:
         """Labels whose attempts take this long at the far side (each of them)."""
         self.recorded: dict[str, str] = {}
         self.outcomes: list[TaskOutcomeInput] = []
+        self.unrecordable: set[str] = set()
+        """Labels whose task's outcome write always fails (the record's database down)."""
         self.rejected: list[ToolCallInput] = []
         """Attempts whose arguments the tool's input model refused: nothing performed."""
 
@@ -149,6 +152,9 @@ class Script:
 
         @activity.defn(name=RECORD_TASK_OUTCOME)
         async def record_task_outcome(outcome: TaskOutcomeInput) -> TaskOutcomeResult:
+            labels = {step.arguments.get("label") for step in outcome.status.steps}
+            if labels & self.unrecordable:
+                raise ApplicationError("scripted: the record's database is down")
             self.outcomes.append(outcome)
             return TaskOutcomeResult(recorded=True)
 
