@@ -35,7 +35,7 @@ from onceflow.gateway import (
     stored_outcome,
 )
 from onceflow.task_api import TaskClient
-from onceflow.tools import derive_task_workflow_id
+from onceflow.tools.worker import derive_task_workflow_id
 from onceflow.workflows.task_models import AgentTaskInput, StepInput, TaskState
 
 

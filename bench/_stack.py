@@ -33,7 +33,7 @@ from onceflow.gateway import Principal, PrincipalStore
 from onceflow.storage import build_pool
 from onceflow.task_api import TaskClient, connect_temporal
 from onceflow.telemetry import configure_tracing
-from onceflow.tools import Catalogue
+from onceflow.tools.worker import Catalogue
 from tests.harness import REPO, log_line
 
 TOOL = "issue_coupon"

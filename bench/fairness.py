@@ -56,7 +56,7 @@ from bench._servers import running_servers
 from bench._slow_tool import SECONDS_VARIABLE, SLOW_TOOL
 from bench._stack import start_process, stop_process
 from onceflow.task_api import TaskClient, connect_temporal
-from onceflow.tools import register_tools
+from onceflow.tools.worker import register_tools
 from onceflow.workflows.task_models import AgentTaskInput, StepInput, TaskState
 from tests.harness import REPO
 

@@ -59,7 +59,7 @@ from bench._stack import Process, start_process, stop_process
 from onceflow.gateway import PrincipalStore
 from onceflow.payments import CHARGE_CHILD_OP
 from onceflow.storage import build_pool
-from onceflow.tools import derive_child_key
+from onceflow.tools.worker import derive_child_key
 
 RESULTS_FILE = RESULTS / "provider_brownout.json"
 FAULTS = {

@@ -41,7 +41,7 @@ from bench._bare import BareWaitingWorkflow
 from bench._report import RESULTS, machine, run_info
 from onceflow.storage import apply_migrations
 from onceflow.task_api import TaskClient
-from onceflow.tools import Catalogue, register_tools
+from onceflow.tools.worker import Catalogue, register_tools
 from onceflow.workflows.task_models import AgentTaskInput, StepInput
 from onceflow.workflows.visibility import ALL_SEARCH_ATTRIBUTES
 from tests.harness import eventually, log_line

@@ -170,7 +170,7 @@ async def profile_arm(
         steady_rss_kib,
     )
     from onceflow.task_api import TaskClient
-    from onceflow.tools import Catalogue, register_tools
+    from onceflow.tools.worker import Catalogue, register_tools
     from tests.harness import eventually, log_line
     from tests.tool_configuration import builtin_tool
 

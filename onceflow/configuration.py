@@ -23,6 +23,7 @@ from onceflow.settings import (
     FileBackedSettings,
     InvalidSettings,
     OnceflowSettings,
+    ProcessSettings,
     SettingsReader,
     declared_settings_classes,
     read_settings,
@@ -157,10 +158,13 @@ def _custom_tool_problems(specs: tuple[str, ...]) -> tuple[list[str], set[str]]:
     """Import the custom tools (not registering them), so their settings classes and tables
     are known; a tool that cannot be loaded is a problem of ``[onceflow] tools``. Also
     returns the packages the tools come from."""
-    from onceflow.tools import ToolRegistrationError, load_tools
+    from onceflow.tools import ToolRegistrationError
+    from onceflow.tools.worker import load_tools
 
     try:
-        tools = load_tools(specs)
+        # Their families read the process's sections afresh: the configuration that
+        # would answer them is the one being checked.
+        tools = load_tools(specs, ProcessSettings())
     except InvalidSettings as invalid:
         return list(invalid.problems), set()
     except ToolRegistrationError as refused:

@@ -27,18 +27,16 @@ from onceflow.settings import InvalidSettings, OnceflowSettings
 from onceflow.storage import build_pool
 from onceflow.task_api import TaskClient, connect_temporal
 from onceflow.telemetry import metrics_enabled, watch_parked_tasks
-from onceflow.tools import (
+from onceflow.tools import Auditor, ClientOpener, Tool
+from onceflow.tools.providers import watch_provider_health
+from onceflow.tools.worker import (
     AuditActivities,
-    Auditor,
-    ClientOpener,
     PolicyPinning,
-    Tool,
     open_tool_client,
     refuse_retrying_client,
     register_tools,
     tool_activities,
 )
-from onceflow.tools.providers import watch_provider_health
 
 STICKY_TIMEOUT = timedelta(seconds=10)
 """How long a task's next workflow task or query waits on the queue of the worker that
@@ -46,26 +44,21 @@ cached it before any worker takes it: Temporal's default. Each expiry is recorde
 task's history (a workflow task timed out); the gateway's status deadline waits it out."""
 
 
-def task_queue_rate_limit(setting: float | None, tools: Iterable[Tool]) -> float | None:
-    """The activity dispatch rate the worker asks Temporal to hold its task queue to.
+def task_queue_rate_limit(setting: float | None) -> float | None:
+    """The activity dispatch rate the worker asks Temporal to hold its task queue to:
+    ``setting`` (``task_queue_activities_per_second``), 0 or unset meaning none.
 
-    ``setting`` (``task_queue_activities_per_second``) when set, 0 meaning none; unset, the
-    smallest documented rate among the providers of ``tools``, so that no provider hears
-    more attempts per second from the whole fleet than it allows. The limit holds the
-    queue, not one provider: with Stripe's tools served, every tool's activities share
-    Stripe's 100/s. Per-provider queues would hold each provider to its own rate alone,
-    but moving a tool's activities to another queue changes what a task in flight
-    schedules (its replay), so one queue it stays.
+    Opt-in, not derived from the providers' declared rates: a limit holds the whole
+    queue (every tool's attempts, look-ups and record activities share it) and, set,
+    stops Core's eager activity starts, which would bypass it; so every attempt then
+    goes through matching (a round trip more) and may reach any worker of the queue,
+    one without the tool included. An operator sets it to the provider's rate
+    (``Provider.requests_per_second``: Stripe's 100/s) where the fleet can reach it.
+    Per-provider queues would hold each provider to its own rate alone, but moving a
+    tool's activities to another queue changes what a task in flight schedules (its
+    replay), so one queue it stays.
     """
-    if setting is not None:
-        return setting or None
-    rates = [
-        provider.requests_per_second
-        for tool in tools
-        if (provider := tool.contract.budget_provider) is not None
-        and provider.requests_per_second is not None
-    ]
-    return min(rates, default=None)
+    return setting or None
 
 
 @asynccontextmanager
@@ -156,7 +149,7 @@ async def build_worker(
                 # Enforced by the server for the whole fleet (sent with every activity poll);
                 # with it set, Core also stops eager activity starts, which would bypass it.
                 max_task_queue_activities_per_second=task_queue_rate_limit(
-                    settings.task_queue_activities_per_second, tools
+                    settings.task_queue_activities_per_second
                 ),
             )
         async with worker:

@@ -62,7 +62,7 @@ def pytest_configure(config: pytest.Config) -> None:
     files (the embedded PostgreSQL's data among them) go to a directory of its own:
     pytest prunes its numbered ones by count, and another test session on the same
     machine (a second checkout, a chaos run) could delete one still in use."""
-    from onceflow.tools import register_tools
+    from onceflow.tools.worker import register_tools
     from tests.tool_configuration import builtin
 
     register_tools(builtin())

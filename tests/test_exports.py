@@ -34,17 +34,11 @@ ONCEFLOW = [
 ]
 TOOLS = [
     "ApprovalThreshold",
-    "AuditActivities",
-    "AuditActivityInput",
     "AuditFinding",
     "AuditProgress",
     "AuditReport",
-    "AuditRunInput",
-    "AuditRunResult",
     "AuditWindow",
     "Auditor",
-    "CATALOGUE",
-    "Catalogue",
     "ChildOperation",
     "ClientOpener",
     "ClientRetryCheck",
@@ -52,48 +46,60 @@ TOOLS = [
     "DEFAULT_LEASE_TTL",
     "DatabaseUnavailable",
     "DedupeStrategy",
-    "ENTRY_POINT_GROUP",
     "EffectFlags",
     "EffectTotal",
-    "FIRST_SENT_AT",
     "FindingKind",
-    "IDEMPOTENCY_KEY_MAX_LENGTH",
     "Implementation",
     "IntentIdentity",
-    "KEY_GENERATION",
-    "KeyUnusable",
-    "KeyWindowClosed",
     "Lease",
     "LeaseLost",
     "LocalWrite",
-    "MalformedIdempotencyKey",
     "NothingSent",
     "OperationRecord",
     "OutcomeClass",
-    "PIN_TASK_POLICY",
-    "PinPolicyInput",
-    "PolicyPinning",
     "Provider",
     "ProviderUnreadable",
-    "RUN_AUDIT",
     "Redaction",
     "StartupProblem",
-    "TaskPolicy",
     "Tool",
     "ToolAttemptResult",
     "ToolCall",
-    "ToolCallInput",
     "ToolContract",
     "ToolFamily",
-    "ToolPolicy",
     "ToolRegistrationError",
-    "UnknownTool",
-    "arguments_digest",
     "autocommit",
-    "check_idempotency_key",
     "classify_database_error",
     "classify_http_error",
     "classify_http_status",
+    "read_operations",
+    "read_step_operations",
+]
+"""The tool author's API (docs/tool-api.md documents exactly these)."""
+TOOLS_WORKER = [
+    "AuditActivities",
+    "AuditActivityInput",
+    "AuditRunInput",
+    "AuditRunResult",
+    "CATALOGUE",
+    "Catalogue",
+    "ENTRY_POINT_GROUP",
+    "FIRST_SENT_AT",
+    "IDEMPOTENCY_KEY_MAX_LENGTH",
+    "IDEMPOTENCY_KEY_PATTERN",
+    "KEY_GENERATION",
+    "KeyUnusable",
+    "KeyWindowClosed",
+    "MalformedIdempotencyKey",
+    "PIN_TASK_POLICY",
+    "PinPolicyInput",
+    "PolicyPinning",
+    "RUN_AUDIT",
+    "TaskPolicy",
+    "ToolCallInput",
+    "ToolPolicy",
+    "UnknownTool",
+    "arguments_digest",
+    "check_idempotency_key",
     "client_retry_problems",
     "derive_child_key",
     "derive_task_workflow_id",
@@ -105,12 +111,11 @@ TOOLS = [
     "lookup_activity_name",
     "open_tool_client",
     "prune_intents",
-    "read_operations",
-    "read_step_operations",
     "refuse_retrying_client",
     "register_tools",
     "tool_activities",
 ]
+"""What the processes serving tools use (``onceflow.tools.worker``), not a tool author."""
 CLIENT = [
     "BackendUnavailable",
     "BadRequest",
@@ -158,6 +163,14 @@ def test_the_tool_api_exports_its_curated_names() -> None:
     assert sorted(tools.__all__) == TOOLS
     for name in TOOLS:
         assert getattr(tools, name) is not None, name
+
+
+def test_the_tool_plumbing_is_its_own_module_apart_from_the_authors_api() -> None:
+    worker = importlib.import_module("onceflow.tools.worker")
+    assert sorted(worker.__all__) == TOOLS_WORKER
+    for name in TOOLS_WORKER:
+        assert getattr(worker, name) is not None, name
+    assert set(TOOLS).isdisjoint(TOOLS_WORKER)
 
 
 def test_the_client_exports_its_curated_names() -> None:

@@ -83,3 +83,16 @@ def reaches(imports: dict[str, set[str]], start: str, goal: str) -> bool:
             seen.add(part)
             frontier += imports.get(part, ())
     return False
+
+
+def test_the_tool_api_reads_no_process_settings() -> None:
+    """A tool author's package must not depend on how a process reads its environment:
+    a family gets its settings source from the entry point that loads it."""
+    settings_imports = {
+        f"{path.relative_to(repo_root())} imports {name}"
+        for package, path in modules()
+        if package[:2] == ["onceflow", "tools"]
+        for name in imported(path)
+        if name == "onceflow.settings" or name.startswith("onceflow.settings.")
+    }
+    assert sorted(settings_imports) == []

@@ -21,7 +21,7 @@ from onceflow.cli.plugin import CommandFailed
 from onceflow.configuration import OnceflowConfiguration
 from onceflow.encryption import PayloadEncryptionSettings
 from onceflow.task_api import TaskClient, connect_temporal
-from onceflow.tools import derive_task_workflow_id
+from onceflow.tools.worker import derive_task_workflow_id
 from onceflow.workflows.task_models import AgentTaskInput, StepInput, TaskStatus
 from onceflow_devstack.demo_email_deploy import email_and_deploy_scenario
 from onceflow_devstack.demo_payments import payments_scenario

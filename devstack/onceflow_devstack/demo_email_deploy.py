@@ -17,7 +17,7 @@ import psycopg
 from rich.console import Console
 
 from onceflow.task_api import TaskClient
-from onceflow.tools import derive_task_workflow_id
+from onceflow.tools.worker import derive_task_workflow_id
 from onceflow.workflows.task_models import (
     AgentTaskInput,
     ApproveInput,

@@ -18,7 +18,7 @@ from rich.console import Console
 
 from onceflow.retry_policy import RetryBudget
 from onceflow.task_api import TaskClient
-from onceflow.tools import derive_task_workflow_id, key_digest
+from onceflow.tools.worker import derive_task_workflow_id, key_digest
 from onceflow.workflows.task_models import AgentTaskInput, StepInput, TaskState, TaskStatus
 from onceflow_devstack.stripe_provider import Fault, LedgerEntry, ProviderControl, RequestRecord
 

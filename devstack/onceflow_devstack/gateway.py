@@ -21,7 +21,7 @@ from onceflow.gateway import (
     load_gateway_settings,
     open_boundary,
 )
-from onceflow.settings import OnceflowSettings
+from onceflow.settings import OnceflowSettings, ProcessSettings
 from onceflow.storage import build_pool
 from onceflow_devstack.ports import FLAGS, GATEWAY_PORT, PortInUse
 
@@ -69,13 +69,14 @@ async def running_gateway(
     # Imported here so that every other command does not load the web stack.
     from onceflow.gateway.http_api import build_app
     from onceflow.gateway.http_server import HttpServer
-    from onceflow.tools import load_configured_tools
+    from onceflow.tools.worker import load_configured_tools
 
     logging.getLogger("onceflow.gateway").setLevel(logging.INFO)
     progress("starting the gateway")
     api_key = await _dev_api_key(database_url, state_dir / DEV_API_KEY_FILE)
     configured = gateway_settings or load_gateway_settings()
-    load_configured_tools(settings.tools)  # before build_app: it documents a route per tool
+    # Before build_app: it documents a route per tool.
+    load_configured_tools(settings.tools, ProcessSettings())
     # Opened before the server, as `onceflow gateway` does, so a failure to open it is the
     # stack's start-up failure rather than a traceback uvicorn logs.
     async with open_boundary(

@@ -1,5 +1,5 @@
 """The composition of every activity a worker runs: the tool families (onceflow's own and
-the configured custom ones, loaded by one route, ``onceflow.tools.load_families``), and
+the configured custom ones, loaded by one route, ``onceflow.tools.worker.load_families``), and
 the boundary's record activities.
 
 onceflow's own families are named by import path (``configuration.BUILTIN_FAMILIES``), as
@@ -13,7 +13,8 @@ Activities never decide to retry; the workflow's budget does.
 
 from onceflow.activities.idempotency_records import IdempotencyRecordActivities
 from onceflow.configuration import BUILTIN_FAMILIES, OnceflowConfiguration
-from onceflow.tools import Tool, ToolFamily, load_families
+from onceflow.tools import Tool, ToolFamily
+from onceflow.tools.worker import load_families
 
 __all__ = [
     "BUILTIN_FAMILIES",

@@ -226,7 +226,7 @@ def _schedule(
     from onceflow.cli._audit_schedule import ensure_audit_schedule
     from onceflow.cli._configuration import loaded_configuration
     from onceflow.task_api import connect_temporal
-    from onceflow.tools import AuditRunInput
+    from onceflow.tools.worker import AuditRunInput
 
     if until is not None:
         raise CommandFailed(

@@ -21,7 +21,7 @@ from temporalio.client import (
 )
 
 from onceflow.encryption import ClearText
-from onceflow.tools import AuditRunInput
+from onceflow.tools.worker import AuditRunInput
 from onceflow.workflows.audit import AuditWorkflow
 
 

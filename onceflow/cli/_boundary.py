@@ -197,7 +197,7 @@ def register(app: typer.Typer, operate: Operate) -> None:
         ] = None,
     ) -> None:
         """Create a principal and print its API key (shown this once, stored hashed)."""
-        from onceflow.tools import CATALOGUE
+        from onceflow.tools.worker import CATALOGUE
 
         settings, database_url = settings_and_database()
         register_configured_tools(_configuration())

@@ -14,7 +14,8 @@ from onceflow.encryption import ENCRYPTED_ENCODING, PayloadDecryptionFailed
 from onceflow.errors import OnceflowError, describe_validation
 from onceflow.settings import InvalidSettings
 from onceflow.task_api import DecisionConflict, DecisionRefused
-from onceflow.tools import ToolRegistrationError, UnknownTool
+from onceflow.tools import ToolRegistrationError
+from onceflow.tools.worker import UnknownTool
 
 
 class ExitCode(IntEnum):

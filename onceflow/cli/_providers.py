@@ -112,7 +112,7 @@ def _declared_providers() -> dict[str, "Provider"]:
     """The providers of the configured tools (built-in and custom), by name."""
     from onceflow.cli._configuration import loaded_configuration
     from onceflow.cli._services import register_configured_tools
-    from onceflow.tools import CATALOGUE
+    from onceflow.tools.worker import CATALOGUE
 
     register_configured_tools(loaded_configuration())
     providers: dict[str, Provider] = {}

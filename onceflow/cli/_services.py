@@ -49,7 +49,7 @@ def register_configured_tools(configuration: "OnceflowConfiguration") -> list[st
     ``ONCEFLOW_TOOLS`` to the catalogue, or fail with the fix; returns the custom tools'
     names."""
     from onceflow.activities import builtin_tools
-    from onceflow.tools import load_tools, register_tools
+    from onceflow.tools.worker import load_tools, register_tools
 
     try:
         builtin = builtin_tools(configuration)

@@ -9,7 +9,8 @@ from rich.console import Console
 from rich.table import Table
 
 from onceflow.cli._services import register_configured_tools
-from onceflow.tools import CATALOGUE, ToolContract
+from onceflow.tools import ToolContract
+from onceflow.tools.worker import CATALOGUE
 
 
 def register(app: typer.Typer) -> None:

@@ -42,7 +42,12 @@ from onceflow.errors import MalformedIdempotencyKey
 from onceflow.settings import InvalidSettings, load_settings, read_settings
 from onceflow.task_api import DecisionAnswer, TaskClient, connect_temporal
 from onceflow.telemetry import boundary_span, process_telemetry
-from onceflow.tools import CATALOGUE, check_idempotency_key, derive_task_workflow_id, key_digest
+from onceflow.tools.worker import (
+    CATALOGUE,
+    check_idempotency_key,
+    derive_task_workflow_id,
+    key_digest,
+)
 from onceflow.workflows.task_models import (
     AgentTaskInput,
     ApproveInput,

@@ -61,7 +61,8 @@ from onceflow.gateway._settings import (
     check_retention,
     load_gateway_settings,
 )
-from onceflow.gateway._task_requests import REQUEST_HASH_MEMO, TOOL_CALL_STEP_ID
+from onceflow.gateway._task_starts import TOOL_CALL_STEP_ID
+from onceflow.workflows.task_models import REQUEST_HASH_MEMO
 
 __all__ = [
     "KEY_REUSED_DETAIL",

@@ -41,10 +41,11 @@ from onceflow.gateway._requests import (
 )
 from onceflow.gateway._responses import CallView, call_status_code, call_view
 from onceflow.gateway._settings import GatewaySettings
-from onceflow.gateway._task_requests import TaskRequests
+from onceflow.gateway._task_directory import TaskDirectory
 from onceflow.task_api import TaskClient
 from onceflow.telemetry import boundary_span
-from onceflow.tools import Catalogue, ToolContract, arguments_digest, derive_task_workflow_id
+from onceflow.tools import ToolContract
+from onceflow.tools.worker import Catalogue, arguments_digest, derive_task_workflow_id
 from onceflow.workflows.task_models import (
     CallAnswer,
     CallInput,
@@ -73,39 +74,27 @@ class CallRequests:
         claims: Claims,
         records: IdempotencyStore,
         tasks: TaskClient,
-        task_requests: TaskRequests,
+        directory: TaskDirectory,
         settings: GatewaySettings,
         catalogue: Catalogue,
     ) -> None:
         self._claims = claims
         self._records = records
         self._tasks = tasks
-        self._task_requests = task_requests
+        self._directory = directory
         self._settings = settings
         self._catalogue = catalogue
 
     def check_call(
         self, contract: ToolContract, arguments: Any, idempotency_key: str | None
     ) -> tuple[str, str]:
-        """The well-formed key of a call whose arguments ``contract`` accepts, and the
-        digest the task's repeat guard knows the call by: what a transport checks before
-        it reserves or opens anything for the call.
-
-        Raises:
-            MissingIdempotencyKey, MalformedIdempotencyKey: The key is absent or malformed.
-            InvalidRequest: The arguments are not the tool's.
-        """
+        """``BoundaryService.check_call``."""
         key = checked_key(idempotency_key)
         normalized = validated_arguments(contract.input_model, arguments, location=("arguments",))
         return key, arguments_digest(contract.name, normalized)
 
     async def task_of_call_key(self, principal: Principal, idempotency_key: str) -> str | None:
-        """The open task the principal sent a call with this key to, if any: its call
-        record keeps the task as its resource.
-
-        Raises:
-            BackendUnavailable: PostgreSQL does not answer.
-        """
+        """``BoundaryService.task_of_call_key``."""
         async with backend_errors():
             record = await self._records.get(
                 request_scope(principal, "task", "call"), idempotency_key
@@ -121,21 +110,7 @@ class CallRequests:
         *,
         wait_until_ended: bool = False,
     ) -> BoundaryAnswer:
-        """Send one call (``CallRequest``) to an open task, at most once per key and
-        fingerprint.
-
-        Answers 200 with the call's ``CallView`` when it has ended, 202 when it parked,
-        awaits approval or was still running when the bounded wait was over (or, with
-        ``wait_until_ended``, had not ended by then). The same key and body answer again
-        with the stored final answer, or, while the call has not ended, with its current
-        state (asked of the task with the same call); both flagged ``replayed``.
-
-        Raises:
-            CallRefused: The task refused the call (closed or closing, budget or deadline
-                spent, the call id names another call); stored as the key's answer.
-            TaskNotOpen: The task is a plan; nothing was reserved.
-            KeyReusedWithDifferentRequest: The key was used for another call or task.
-        """
+        """``BoundaryService.call_in_task``."""
         attributes = request_attributes(
             principal, request_scope(principal, "task", "call"), idempotency_key
         )
@@ -194,17 +169,15 @@ class CallRequests:
         # nothing. A key used before is answered from its record even when the task
         # cannot be asked (no worker answers), so the task is asked only for a new key.
         earlier = None
-        if self._task_requests.knows(task_id):
-            self._task_requests.check_open_task(principal, task_id)
+        if self._directory.knows(task_id):
+            self._directory.check_open_task(principal, task_id)
         else:
             async with backend_errors():
                 earlier = await self._records.get(scope, key)
             if earlier is None:
-                status = await self._task_requests.task_status(principal, task_id)
-                self._task_requests.remember_task(
-                    task_id, tenant=status.tenant, is_open=status.open
-                )
-                self._task_requests.check_open_task(principal, task_id)
+                status = await self._directory.task_status(principal, task_id)
+                self._directory.remember_task(task_id, tenant=status.tenant, is_open=status.open)
+                self._directory.check_open_task(principal, task_id)
         return await self._claim_call(claim, task_id, call, earlier)
 
     async def _claim_call(
@@ -277,7 +250,7 @@ class CallRequests:
             # the task answered) gets the refusal, as its first request would have.
             status = await self._status_or_none(task_id)
             if status is None:
-                raise await self._task_requests.unanswered(task_id) from None
+                raise await self._directory.unanswered(task_id) from None
             view = call_view(_answer_from(task_id, status, call))
             if view.state is StepState.PENDING:
                 if await self._records.refresh(
@@ -348,20 +321,14 @@ class CallRequests:
             return None
 
     async def close_task(self, principal: Principal, task_id: str) -> TaskStatus:
-        """Close an open task of the principal's tenant: it takes no more calls and ends
-        once its unfinished calls end. Idempotent: closing a closing or closed task
-        answers with its status.
-
-        Raises:
-            TaskNotOpen: The task is a plan.
-        """
+        """``BoundaryService.close_task``."""
         attributes: dict[str, AttributeValue] = {
             "onceflow.tenant": principal.tenant,
             "onceflow.principal": principal.name,
             "onceflow.workflow_id": task_id[:1000],
         }
         with boundary_span("tasks.close", attributes):
-            status = await self._task_requests.task_status(principal, task_id)
+            status = await self._directory.task_status(principal, task_id)
             if not status.open:
                 raise TaskNotOpen(
                     "this task is a plan: it ends with its last step", task_id=task_id
@@ -370,7 +337,7 @@ class CallRequests:
                 try:
                     return await asyncio.wait_for(self._tasks.close(task_id), STATUS_QUERY_TIMEOUT)
                 except (TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError):
-                    unanswered = await self._task_requests.unanswered(task_id)
+                    unanswered = await self._directory.unanswered(task_id)
                     if isinstance(unanswered, TaskUnanswered):
                         unanswered = TaskUnanswered(
                             f"{unanswered.detail}; closing again is safe",

@@ -35,7 +35,7 @@ from onceflow.gateway._records import (
     RecordState,
 )
 from onceflow.gateway._settings import GatewaySettings
-from onceflow.tools import key_digest
+from onceflow.tools.worker import key_digest
 
 log = logging.getLogger("onceflow.gateway")
 

@@ -31,10 +31,10 @@ from onceflow.gateway._requests import (
     parsed,
     request_scope,
 )
-from onceflow.gateway._task_requests import TaskRequests
+from onceflow.gateway._task_directory import TaskDirectory
 from onceflow.task_api import DecisionAnswer, TaskClient
 from onceflow.telemetry import boundary_span
-from onceflow.tools import derive_task_workflow_id
+from onceflow.tools.worker import derive_task_workflow_id
 from onceflow.workflows.task_models import ApproveInput, ReconcileInput
 
 
@@ -47,26 +47,17 @@ class DecisionRequests:
         claims: Claims,
         records: IdempotencyStore,
         tasks: TaskClient,
-        task_requests: TaskRequests,
+        directory: TaskDirectory,
     ) -> None:
         self._claims = claims
         self._records = records
         self._tasks = tasks
-        self._task_requests = task_requests
+        self._directory = directory
 
     async def approve(
         self, principal: Principal, task_id: str, body: Any, idempotency_key: str | None = None
     ) -> DecisionReply:
-        """Approve or deny a step awaiting approval, as the calling principal (an approver
-        or an operator).
-
-        A repeat of the decision the step already got answers with that decision
-        (``replayed``); another decision on a decided step, or any on an ended task,
-        raises ``DecisionConflict``. ``idempotency_key`` is optional; when sent, the
-        request is claimed like every other POST: the same key and body get the first
-        answer again (a refusal included), the same key with another body or task
-        raises ``KeyReusedWithDifferentRequest``.
-        """
+        """``BoundaryService.approve``."""
         attributes = decision_attributes(principal, task_id, "approve", idempotency_key)
         with boundary_span("tasks.approve", attributes):
             return await self._approve(principal, task_id, body, idempotency_key)
@@ -89,8 +80,7 @@ class DecisionRequests:
     async def reconcile(
         self, principal: Principal, task_id: str, body: Any, idempotency_key: str | None = None
     ) -> DecisionReply:
-        """Decide a parked step, as the calling principal, an operator (repeats and keys
-        as for ``approve``)."""
+        """``BoundaryService.reconcile``."""
         attributes = decision_attributes(principal, task_id, "reconcile", idempotency_key)
         with boundary_span("tasks.reconcile", attributes):
             return await self._reconcile(principal, task_id, body, idempotency_key)
@@ -124,7 +114,7 @@ class DecisionRequests:
         key: str | None,
     ) -> DecisionReply:
         if key is None:
-            await self._task_requests.task_status(principal, task_id)
+            await self._directory.task_status(principal, task_id)
             return _decision_reply(await self._decide(task_id, decision))
         scope = request_scope(principal, "task", operation)
         claim = self._claims.new(
@@ -148,7 +138,7 @@ class DecisionRequests:
             # Only a task of the principal's tenant can be decided; a task that is not
             # there reserves nothing. A key used before is answered from its record even
             # when the task is no longer queryable (no worker, or Temporal forgot it).
-            await self._task_requests.task_status(principal, task_id)
+            await self._directory.task_status(principal, task_id)
         return await self._claim_decision(claim, task_id, decision, earlier)
 
     async def _claim_decision(

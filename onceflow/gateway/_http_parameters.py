@@ -14,10 +14,9 @@ from typing import Annotated, Any
 from fastapi import Path, Request
 
 from onceflow.gateway._service import BoundaryService
-from onceflow.tools import IDEMPOTENCY_KEY_MAX_LENGTH
+from onceflow.tools.worker import IDEMPOTENCY_KEY_MAX_LENGTH, IDEMPOTENCY_KEY_PATTERN
 
-_BARE_KEY = r"[A-Za-z0-9][A-Za-z0-9._:-]*"
-_KEY_PATTERN = rf'^({_BARE_KEY}|"{_BARE_KEY}")$'
+_KEY_PATTERN = rf'^({IDEMPOTENCY_KEY_PATTERN}|"{IDEMPOTENCY_KEY_PATTERN}")$'
 """A key, bare or as a structured-field string (RFC 8941 sf-string), which the draft
 ``Idempotency-Key`` header (draft-ietf-httpapi-idempotency-key-header) defines it as."""
 

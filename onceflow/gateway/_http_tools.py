@@ -33,7 +33,7 @@ from onceflow.gateway._http_parameters import (
 )
 from onceflow.gateway._openapi import problem_answers
 from onceflow.gateway._openapi_document import model_body, tool_arguments_body
-from onceflow.tools import Catalogue
+from onceflow.tools.worker import Catalogue
 
 
 class ToolDescription(BaseModel):

@@ -25,7 +25,7 @@ from mcp.server.context import ServerRequestContext
 from onceflow.errors import CallRefused, InvalidRequest, OnceflowError
 from onceflow.gateway._principals import Principal
 from onceflow.gateway._requests import BoundaryAnswer
-from onceflow.gateway._responses import call_status_code, call_view, is_terminal
+from onceflow.gateway._responses import call_status_code, call_view
 from onceflow.gateway._service import BoundaryService
 from onceflow.tools import ToolContract
 from onceflow.workflows.agent_task import NO_EFFECT_STEP_STATES
@@ -322,7 +322,7 @@ class _Session:
             status = await self._service.task_status(principal, task_id)
         except OnceflowError:
             return False
-        if status.closing is not None or is_terminal(status):
+        if status.closing is not None or status.state.is_terminal:
             return True
         return datetime.now(UTC) >= status.budget.deadline_at
 

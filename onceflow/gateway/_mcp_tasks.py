@@ -43,7 +43,7 @@ from pydantic import Field
 from onceflow.errors import OnceflowError, TaskNotFound
 from onceflow.gateway._principals import Principal
 from onceflow.gateway._requests import BoundaryAnswer
-from onceflow.gateway._responses import is_terminal, stored_outcome
+from onceflow.gateway._responses import stored_outcome
 from onceflow.gateway._service import TOOL_CALL_STEP_ID, BoundaryService
 from onceflow.gateway._task_handles import CancelOutcome, TaskHandle
 from onceflow.workflows.agent_task import NO_EFFECT_STEP_STATES
@@ -194,7 +194,7 @@ class DurableTasks(Extension):
             # Where a person finds the call (onceflow status / approve / reconcile).
             "_meta": {TASK_META: status.workflow_id, STEP_META: handle.step_id},
         }
-        if step.state in _ENDED and is_terminal(status):
+        if step.state in _ENDED and status.state.is_terminal:
             if step.state is StepState.DENIED and handle.cancel_outcome is CancelOutcome.WITHDRAWN:
                 return {
                     **task,
@@ -212,7 +212,7 @@ class DurableTasks(Extension):
                 "statusMessage": f"{step.tool} {step.state.value}.",
                 "result": result.model_dump(by_alias=True, mode="json", exclude_none=True),
             }
-        if is_terminal(status):
+        if status.state.is_terminal:
             reason = status.failure_reason or "the task ended without the call's outcome"
             return {
                 **task,

@@ -24,7 +24,7 @@ from onceflow.gateway._requests import (
     CreateTaskRequest,
     ReconcileRequest,
 )
-from onceflow.tools import Catalogue
+from onceflow.tools.worker import Catalogue
 from onceflow.workflows.task_models import NAME_PATTERN
 
 

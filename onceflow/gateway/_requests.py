@@ -30,7 +30,8 @@ from onceflow.gateway._strict import validate_strictly
 from onceflow.retry_policy import RetryBudget
 from onceflow.task_api import DecisionAnswer
 from onceflow.telemetry import sensitive_locations, unstorable_locations
-from onceflow.tools import Catalogue, ToolContract, UnknownTool, check_idempotency_key, key_digest
+from onceflow.tools import ToolContract
+from onceflow.tools.worker import Catalogue, UnknownTool, check_idempotency_key, key_digest
 from onceflow.workflows.task_models import NAME_PATTERN, ReconcileDecision
 
 _LONGEST_OPEN_TASK = timedelta(days=365)

@@ -159,6 +159,18 @@ def task_view(status: TaskStatus) -> TaskView:
     )
 
 
+def running_view(task_id: str, *, is_open: bool) -> TaskView:
+    """The view of a running task whose status is not known here (nothing has happened in
+    it yet, or no worker answered its status query): running, no steps listed."""
+    return TaskView(
+        task_id=task_id,
+        state=TaskState.RUNNING,
+        steps=[],
+        status_url=task_status_url(task_id),
+        open=is_open,
+    )
+
+
 def call_view(answer: CallAnswer) -> CallView:
     """The caller's view of an open task's answer to a call."""
     call = answer.call
@@ -187,17 +199,11 @@ def call_status_code(view: CallView) -> int:
     return TERMINAL_STATUS_CODE if view.ended else IN_PROGRESS_STATUS_CODE
 
 
-def is_terminal(status: TaskStatus) -> bool:
-    """Whether the task has ended (its result will not change): a plan succeeded or
-    failed, or an open task closed."""
-    return status.state in (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CLOSED)
-
-
 def stored_outcome(status: TaskStatus) -> tuple[RecordState, int, dict[str, Any], str | None]:
     """What the idempotency record keeps of a finished task: its state, status code,
     body and the last step's resource id. A closed open task is stored as succeeded:
     the request that opened it did what it asked (each call's own outcome is listed)."""
-    if not is_terminal(status):
+    if not status.state.is_terminal:
         raise ValueError(f"task {status.workflow_id} has not ended (it is {status.state.value})")
     state = RecordState.FAILED if status.state is TaskState.FAILED else RecordState.SUCCEEDED
     body = task_view(status).model_dump(mode="json")

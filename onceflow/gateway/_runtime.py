@@ -11,10 +11,10 @@ from onceflow.gateway._pruning import ensure_prune_schedule
 from onceflow.gateway._records import IdempotencyStore
 from onceflow.gateway._service import BoundaryService
 from onceflow.gateway._settings import GatewaySettings, check_retention
-from onceflow.settings import OnceflowSettings
+from onceflow.settings import OnceflowSettings, ProcessSettings
 from onceflow.storage import build_pool
 from onceflow.task_api import TaskClient, connect_temporal
-from onceflow.tools import load_configured_tools
+from onceflow.tools.worker import load_configured_tools
 
 
 @asynccontextmanager
@@ -36,7 +36,7 @@ async def open_boundary(
     """
     check_retention(gateway_settings)
     # The configured custom tools join the shared catalogue the boundary validates against.
-    load_configured_tools(settings.tools)
+    load_configured_tools(settings.tools, ProcessSettings())
     client = await connect_temporal(address=temporal_address, encryption=encryption)
     await ensure_prune_schedule(
         client,

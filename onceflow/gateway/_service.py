@@ -1,14 +1,17 @@
 """The boundary's request flow, shared by the HTTP API, the MCP server and tests.
 
 In the article's order: authenticate, authorize, validate (a failure reserves nothing),
-fingerprint, claim ``(scope, key)`` (``_claims``), then act once per key by noun: tasks
-(``_task_requests``: one-step calls, plans, open tasks, status), calls of open tasks
-(``_call_requests``) and decisions (``_decision_requests``). ``BoundaryService`` is the
-one face the transports call.
+fingerprint, claim ``(scope, key)`` (``_claims``), then act once per key by noun: task
+starts (``_task_starts``: one-step calls, plans, open tasks), calls of open tasks
+(``_call_requests``) and decisions (``_decision_requests``), each finding tasks through
+the directory (``_task_directory``: status, the tenant and kind of tasks seen lately).
+``BoundaryService`` is the one face the transports call: each of its methods is one
+request of theirs.
 """
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -18,13 +21,22 @@ from onceflow.gateway._claims import Claims
 from onceflow.gateway._decision_requests import DecisionRequests
 from onceflow.gateway._principals import Principal, PrincipalStore
 from onceflow.gateway._records import IdempotencyStore
-from onceflow.gateway._requests import allowed_tool, checked_key, request_scope
+from onceflow.gateway._requests import (
+    BoundaryAnswer,
+    DecisionReply,
+    allowed_tool,
+    checked_key,
+    request_scope,
+)
 from onceflow.gateway._responses import Readiness
 from onceflow.gateway._settings import GatewaySettings
+from onceflow.gateway._task_directory import TaskDirectory
 from onceflow.gateway._task_handles import TaskHandles, TaskHandleStore
-from onceflow.gateway._task_requests import TOOL_CALL_STEP_ID, TaskRequests
+from onceflow.gateway._task_starts import TOOL_CALL_STEP_ID, TaskStarts
 from onceflow.task_api import TaskClient
-from onceflow.tools import CATALOGUE, Catalogue, derive_task_workflow_id
+from onceflow.tools import ToolContract
+from onceflow.tools.worker import CATALOGUE, Catalogue, derive_task_workflow_id
+from onceflow.workflows.task_models import TaskStatus
 
 __all__ = ["TOOL_CALL_STEP_ID", "BoundaryService"]
 
@@ -55,43 +67,34 @@ class BoundaryService:
         self._settings = settings
         self._catalogue = catalogue
         claims = Claims(records, settings)
-        self._task_requests = TaskRequests(
+        self._directory = TaskDirectory(tasks)
+        self._task_starts = TaskStarts(
             claims=claims,
             records=records,
             tasks=tasks,
             settings=settings,
             catalogue=catalogue,
+            directory=self._directory,
             after_claim=after_claim,
         )
         self._call_requests = CallRequests(
             claims=claims,
             records=records,
             tasks=tasks,
-            task_requests=self._task_requests,
+            directory=self._directory,
             settings=settings,
             catalogue=catalogue,
         )
         self._decision_requests = DecisionRequests(
-            claims=claims, records=records, tasks=tasks, task_requests=self._task_requests
+            claims=claims, records=records, tasks=tasks, directory=self._directory
         )
         self.task_handles = TaskHandles(
             store=TaskHandleStore(records.pool),
-            task_requests=self._task_requests,
+            directory=self._directory,
             tasks=tasks,
             ttl=settings.result_retention,
         )
         """Handles of calls still waiting, for the MCP tasks extension."""
-        # The transports' requests, by noun.
-        self.call_tool = self._task_requests.call_tool
-        self.create_task = self._task_requests.create_task
-        self.open_task = self._task_requests.open_task
-        self.task_status = self._task_requests.task_status
-        self.check_call = self._call_requests.check_call
-        self.task_of_call_key = self._call_requests.task_of_call_key
-        self.call_in_task = self._call_requests.call_in_task
-        self.close_task = self._call_requests.close_task
-        self.approve = self._decision_requests.approve
-        self.reconcile = self._decision_requests.reconcile
 
     @property
     def catalogue(self) -> Catalogue:
@@ -145,3 +148,123 @@ class BoundaryService:
     def check_tool(self, principal: Principal, tool: str) -> None:
         """Raise ``UnknownToolRequested`` or ``ToolNotAllowed`` before a body is read."""
         allowed_tool(self._catalogue, principal, tool)
+
+    # The transports' requests, by noun: tasks, calls of open tasks, decisions.
+
+    async def call_tool(
+        self,
+        principal: Principal,
+        tool: str,
+        arguments: Any,
+        idempotency_key: str | None,
+        *,
+        deliberate_repeat: bool = False,
+    ) -> BoundaryAnswer:
+        """Run one tool call as a one-step task, at most once per key and fingerprint;
+        ``deliberate_repeat``: a second effect identical to an earlier call's, on purpose
+        (the tool's contract must allow it)."""
+        return await self._task_starts.call_tool(
+            principal, tool, arguments, idempotency_key, deliberate_repeat=deliberate_repeat
+        )
+
+    async def create_task(
+        self, principal: Principal, body: Any, idempotency_key: str | None
+    ) -> BoundaryAnswer:
+        """Run a multi-step task, or create an open task (a body with ``open``), at most
+        once per key and fingerprint."""
+        return await self._task_starts.create_task(principal, body, idempotency_key)
+
+    async def open_task(
+        self, principal: Principal, body: Any, idempotency_key: str | None
+    ) -> BoundaryAnswer:
+        """Create an open task (``CreateOpenTaskRequest``), at most once per key and
+        fingerprint; answered 201 as soon as it runs (the same key answers with the same
+        task: 201 while it is open, its stored final view once it closed)."""
+        return await self._task_starts.open_task(principal, body, idempotency_key)
+
+    async def task_status(self, principal: Principal, task_id: str) -> TaskStatus:
+        """A task of the principal's tenant; ``TaskNotFound`` for any other, and
+        ``TaskUnanswered`` (saying why) when it exists but no worker answered for it."""
+        return await self._directory.task_status(principal, task_id)
+
+    def check_call(
+        self, contract: ToolContract, arguments: Any, idempotency_key: str | None
+    ) -> tuple[str, str]:
+        """The well-formed key of a call whose arguments ``contract`` accepts, and the
+        digest the task's repeat guard knows the call by: what a transport checks before
+        it reserves or opens anything for the call.
+
+        Raises:
+            MissingIdempotencyKey, MalformedIdempotencyKey: The key is absent or malformed.
+            InvalidRequest: The arguments are not the tool's.
+        """
+        return self._call_requests.check_call(contract, arguments, idempotency_key)
+
+    async def task_of_call_key(self, principal: Principal, idempotency_key: str) -> str | None:
+        """The open task the principal sent a call with this key to, if any: its call
+        record keeps the task as its resource.
+
+        Raises:
+            BackendUnavailable: PostgreSQL does not answer.
+        """
+        return await self._call_requests.task_of_call_key(principal, idempotency_key)
+
+    async def call_in_task(
+        self,
+        principal: Principal,
+        task_id: str,
+        body: Any,
+        idempotency_key: str | None,
+        *,
+        wait_until_ended: bool = False,
+    ) -> BoundaryAnswer:
+        """Send one call (``CallRequest``) to an open task, at most once per key and
+        fingerprint.
+
+        Answers 200 with the call's ``CallView`` when it has ended, 202 when it parked,
+        awaits approval or was still running when the bounded wait was over (or, with
+        ``wait_until_ended``, had not ended by then). The same key and body answer again
+        with the stored final answer, or, while the call has not ended, with its current
+        state (asked of the task with the same call); both flagged ``replayed``.
+
+        Raises:
+            CallRefused: The task refused the call (closed or closing, budget or deadline
+                spent, the call id names another call); stored as the key's answer.
+            TaskNotOpen: The task is a plan; nothing was reserved.
+            KeyReusedWithDifferentRequest: The key was used for another call or task.
+        """
+        return await self._call_requests.call_in_task(
+            principal, task_id, body, idempotency_key, wait_until_ended=wait_until_ended
+        )
+
+    async def close_task(self, principal: Principal, task_id: str) -> TaskStatus:
+        """Close an open task of the principal's tenant: it takes no more calls and ends
+        once its unfinished calls end. Idempotent: closing a closing or closed task
+        answers with its status.
+
+        Raises:
+            TaskNotOpen: The task is a plan.
+        """
+        return await self._call_requests.close_task(principal, task_id)
+
+    async def approve(
+        self, principal: Principal, task_id: str, body: Any, idempotency_key: str | None = None
+    ) -> DecisionReply:
+        """Approve or deny a step awaiting approval, as the calling principal (an approver
+        or an operator).
+
+        A repeat of the decision the step already got answers with that decision
+        (``replayed``); another decision on a decided step, or any on an ended task,
+        raises ``DecisionConflict``. ``idempotency_key`` is optional; when sent, the
+        request is claimed like every other POST: the same key and body get the first
+        answer again (a refusal included), the same key with another body or task
+        raises ``KeyReusedWithDifferentRequest``.
+        """
+        return await self._decision_requests.approve(principal, task_id, body, idempotency_key)
+
+    async def reconcile(
+        self, principal: Principal, task_id: str, body: Any, idempotency_key: str | None = None
+    ) -> DecisionReply:
+        """Decide a parked step, as the calling principal, an operator (repeats and keys
+        as for ``approve``)."""
+        return await self._decision_requests.reconcile(principal, task_id, body, idempotency_key)

@@ -29,7 +29,7 @@ from psycopg_pool import AsyncConnectionPool
 from onceflow.errors import DecisionConflict, TaskNotFound
 from onceflow.gateway._backend import backend_errors
 from onceflow.gateway._principals import Principal
-from onceflow.gateway._task_requests import TaskRequests
+from onceflow.gateway._task_directory import TaskDirectory
 from onceflow.storage import autocommit
 from onceflow.task_api import TaskClient
 from onceflow.workflows.agent_task import NO_EFFECT_STEP_STATES
@@ -150,12 +150,12 @@ class TaskHandles:
         self,
         *,
         store: TaskHandleStore,
-        task_requests: TaskRequests,
+        directory: TaskDirectory,
         tasks: TaskClient,
         ttl: timedelta,
     ) -> None:
         self._store = store
-        self._task_requests = task_requests
+        self._directory = directory
         self._tasks = tasks
         self.ttl = ttl
         """How long a handle lives past its last read while its call has not ended (the
@@ -174,7 +174,7 @@ class TaskHandles:
         """The handle and its task's status now, for its own principal only."""
         async with backend_errors():
             handle = await self._store.get(principal, task_id)
-        status = await self._task_requests.task_status(principal, handle.workflow_id)
+        status = await self._directory.task_status(principal, handle.workflow_id)
         if status.principal != principal.name:
             raise TaskNotFound("no such task")
         step = _step(status, handle)

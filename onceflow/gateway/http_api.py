@@ -34,7 +34,7 @@ from onceflow.gateway._http_tasks import router as task_routes
 from onceflow.gateway._http_tools import install_tool_routes
 from onceflow.gateway._openapi_document import install_document
 from onceflow.gateway._service import BoundaryService
-from onceflow.tools import CATALOGUE, Catalogue
+from onceflow.tools.worker import CATALOGUE, Catalogue
 
 __all__ = ["ServiceOpener", "build_app"]
 

@@ -85,7 +85,8 @@ from onceflow.gateway._principals import Principal
 from onceflow.gateway._requests import BoundaryAnswer
 from onceflow.gateway._responses import CallView
 from onceflow.gateway._service import BoundaryService
-from onceflow.tools import IDEMPOTENCY_KEY_MAX_LENGTH, ToolContract
+from onceflow.tools import ToolContract
+from onceflow.tools.worker import IDEMPOTENCY_KEY_MAX_LENGTH, IDEMPOTENCY_KEY_PATTERN
 from onceflow.workflows.task_models import StepState, TaskState
 
 __all__ = [
@@ -168,7 +169,7 @@ def tool_definition(contract: ToolContract, *, in_session: bool = True) -> types
         "type": "string",
         "minLength": 1,
         "maxLength": IDEMPOTENCY_KEY_MAX_LENGTH,
-        "pattern": r"^[A-Za-z0-9][A-Za-z0-9._:-]*$",
+        "pattern": f"^{IDEMPOTENCY_KEY_PATTERN}$",
         "description": (
             "Identifies this logical call: send the same key when retrying it, a new key "
             "for a new call. The same key with other arguments is refused."

@@ -1,7 +1,7 @@
 """The payment family as a process loads it: its two tools under the process's settings,
 the service they cannot work without, the Stripe secrets to keep out of logs and traces,
 and how to see that a Stripe client retries nothing. Loaded like a user's family
-(``onceflow.tools.load_families``), so every check applies to it the same way."""
+(``onceflow.tools.worker.load_families``), so every check applies to it the same way."""
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager

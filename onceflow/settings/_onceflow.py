@@ -55,10 +55,10 @@ class OnceflowSettings(FileBackedSettings):
     """Most activity tasks per second Temporal dispatches from the task queue to the whole
     fleet (``ONCEFLOW_TASK_QUEUE_ACTIVITIES_PER_SECOND``): a limit the server enforces,
     sent with each worker's polls (Temporal's ``max_task_queue_activities_per_second``).
-    Default none: the smallest ``requests_per_second`` declared by the providers of the
-    tools the worker serves (Stripe's 100 with the built-in payment tools), or no limit
-    when none declares one. 0 turns the limit off. Set it alike on every worker of the
-    queue: the last worker to poll sets the server's limit."""
+    Default none: no limit. Set it to the rate the providers of the served tools declare
+    (``onceflow provider status``: Stripe's 100) where the fleet can reach it; it holds
+    every tool's activities, and with it set no activity starts eagerly. Set it alike on
+    every worker of the queue: the last worker to poll sets the server's limit."""
     tools: Annotated[tuple[str, ...], NoDecode] = ()
     """Custom tools to register, each an entry point name in the ``onceflow.tools`` group
     or an import path ``package.module:ATTRIBUTE``. Default none.

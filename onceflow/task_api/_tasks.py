@@ -38,7 +38,7 @@ from onceflow.encryption import ClearText
 from onceflow.errors import CallRefused, DecisionConflict, DecisionRefused
 from onceflow.plugin import UNDELIVERED_EVENTS_REFUSAL
 from onceflow.telemetry import current_trace_id
-from onceflow.tools import CATALOGUE, Catalogue
+from onceflow.tools.worker import CATALOGUE, Catalogue
 from onceflow.workflows import AgentTaskWorkflow
 from onceflow.workflows.agent_task import TRACE_ID_MEMO
 from onceflow.workflows.fairness import tenant_priority
@@ -69,8 +69,6 @@ class DecisionAnswer(DecisionResult):
 
 QUERY_ASKS = 3
 """How often a status query is sent when a worker refused it on events not yet delivered."""
-
-_TERMINAL = (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CLOSED)
 
 
 @dataclass(frozen=True)
@@ -473,7 +471,7 @@ def settle_decision(
             replayed=True,
             decision=last,
         )
-    if last is None and status.state not in _TERMINAL:
+    if last is None and not status.state.is_terminal:
         raise DecisionRefused(refusal)
     decided = (
         f"step {step.step_id} was decided {last.decision} by {last.operator}"
@@ -482,12 +480,12 @@ def settle_decision(
     )
     ended = (
         f"the task has already ended ({status.state.value}); "
-        if status.state in _TERMINAL
+        if status.state.is_terminal
         else f"the task is {status.state.value}; "
     )
     raise DecisionConflict(
         f"{ended}{decided}; there is nothing left to decide"
-        if status.state in _TERMINAL
+        if status.state.is_terminal
         else f"{ended}{decided} already",
         task_state=status.state.value,
         step_state=step.state.value,

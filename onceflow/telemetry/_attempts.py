@@ -20,7 +20,8 @@ from temporalio.worker import (
 
 from onceflow.retry_policy import OutcomeClass
 from onceflow.telemetry._redaction import scrub
-from onceflow.tools import ToolAttemptResult, ToolCallInput
+from onceflow.tools import ToolAttemptResult
+from onceflow.tools.worker import ToolCallInput
 
 logger = logging.getLogger("onceflow.attempts")
 

@@ -53,7 +53,8 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
-from onceflow.tools import Redaction, ToolFamily, loaded_families
+from onceflow.tools import Redaction, ToolFamily
+from onceflow.tools.worker import loaded_families
 
 CARD_NUMBER_REMOVED = "[card number removed]"
 SECRET_REMOVED = "[secret removed]"

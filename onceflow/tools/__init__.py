@@ -65,15 +65,16 @@ A minimal tool (``examples/ticketdesk`` has the whole of it)::
         open_client=open_desk,
     )
 
-The full walk-through is docs/add-your-own-tool.md; the reference is
-docs/tool-api.md, generated from these docstrings.
+Everything here is for a tool author. The side of the processes that serve tools (the
+catalogue and its registration, the tools' activities, pinned policies, derived
+identities) is ``onceflow.tools.worker``; the providers' fleet state is
+``onceflow.tools.providers``. The full walk-through is docs/add-your-own-tool.md; the
+reference is docs/tool-api.md, generated from these docstrings.
 """
 
-from onceflow.errors import MalformedIdempotencyKey
 from onceflow.retry_policy import OutcomeClass
 from onceflow.storage import autocommit, classify_database_error
-from onceflow.tools._activities import tool_activities
-from onceflow.tools._attempts import KeyUnusable, ToolAttemptResult, ToolCallInput
+from onceflow.tools._attempts import ToolAttemptResult
 from onceflow.tools._audit import (
     AuditFinding,
     Auditor,
@@ -87,143 +88,66 @@ from onceflow.tools._audit import (
     read_operations,
     read_step_operations,
 )
-from onceflow.tools._audit_runs import (
-    RUN_AUDIT,
-    AuditActivities,
-    AuditActivityInput,
-    AuditRunInput,
-    AuditRunResult,
-)
 from onceflow.tools._call import ToolCall
-from onceflow.tools._catalogue import CATALOGUE, Catalogue, UnknownTool
 from onceflow.tools._checks import ToolRegistrationError
 from onceflow.tools._child_operation import (
     DEFAULT_HEARTBEAT_EVERY,
     DEFAULT_LEASE_TTL,
-    FIRST_SENT_AT,
-    KEY_GENERATION,
     ChildOperation,
     LocalWrite,
 )
 from onceflow.tools._classify import (
     DatabaseUnavailable,
-    KeyWindowClosed,
     NothingSent,
     classify_http_error,
     classify_http_status,
 )
-from onceflow.tools._client_retries import (
-    client_retry_problems,
-    open_tool_client,
-    refuse_retrying_client,
-)
 from onceflow.tools._contract import ApprovalThreshold, DedupeStrategy, EffectFlags, ToolContract
-from onceflow.tools._family import (
-    ClientRetryCheck,
-    Redaction,
-    StartupProblem,
-    ToolFamily,
-    loaded_families,
-)
-from onceflow.tools._identity import (
-    IDEMPOTENCY_KEY_MAX_LENGTH,
-    arguments_digest,
-    check_idempotency_key,
-    derive_child_key,
-    derive_task_workflow_id,
-    key_digest,
-)
+from onceflow.tools._family import ClientRetryCheck, Redaction, StartupProblem, ToolFamily
 from onceflow.tools._intent import IntentIdentity
-from onceflow.tools._intent_claims import prune_intents
 from onceflow.tools._lease import Lease, LeaseLost
-from onceflow.tools._loading import (
-    ENTRY_POINT_GROUP,
-    load_configured_tools,
-    load_families,
-    load_tools,
-    register_tools,
-)
-from onceflow.tools._pinning import PolicyPinning
-from onceflow.tools._policy import PIN_TASK_POLICY, PinPolicyInput, TaskPolicy, ToolPolicy
 from onceflow.tools._provider import Provider
-from onceflow.tools._tool import ClientOpener, Implementation, Tool, lookup_activity_name
+from onceflow.tools._tool import ClientOpener, Implementation, Tool
 
 __all__ = [
-    "CATALOGUE",
     "DEFAULT_HEARTBEAT_EVERY",
     "DEFAULT_LEASE_TTL",
-    "ENTRY_POINT_GROUP",
-    "FIRST_SENT_AT",
-    "KEY_GENERATION",
-    "IDEMPOTENCY_KEY_MAX_LENGTH",
     "ApprovalThreshold",
-    "arguments_digest",
-    "AuditActivities",
-    "AuditActivityInput",
     "AuditFinding",
-    "Auditor",
     "AuditProgress",
     "AuditReport",
-    "AuditRunInput",
-    "AuditRunResult",
     "AuditWindow",
-    "autocommit",
-    "Catalogue",
-    "check_idempotency_key",
+    "Auditor",
     "ChildOperation",
-    "classify_database_error",
-    "classify_http_error",
-    "classify_http_status",
-    "client_retry_problems",
-    "ClientRetryCheck",
-    "refuse_retrying_client",
-    "StartupProblem",
     "ClientOpener",
+    "ClientRetryCheck",
     "DatabaseUnavailable",
     "DedupeStrategy",
-    "derive_child_key",
-    "derive_task_workflow_id",
     "EffectFlags",
     "EffectTotal",
     "FindingKind",
     "Implementation",
     "IntentIdentity",
-    "KeyUnusable",
-    "KeyWindowClosed",
-    "key_digest",
     "Lease",
     "LeaseLost",
-    "load_configured_tools",
-    "load_families",
-    "load_tools",
-    "loaded_families",
     "LocalWrite",
-    "lookup_activity_name",
-    "MalformedIdempotencyKey",
     "NothingSent",
-    "open_tool_client",
-    "prune_intents",
     "OperationRecord",
-    "ProviderUnreadable",
     "OutcomeClass",
-    "PIN_TASK_POLICY",
-    "PinPolicyInput",
-    "PolicyPinning",
     "Provider",
+    "ProviderUnreadable",
     "Redaction",
-    "read_operations",
-    "read_step_operations",
-    "register_tools",
-    "RUN_AUDIT",
-    "TaskPolicy",
+    "StartupProblem",
     "Tool",
-    "tool_activities",
     "ToolAttemptResult",
     "ToolCall",
-    "ToolCallInput",
     "ToolContract",
     "ToolFamily",
-    "ToolPolicy",
     "ToolRegistrationError",
-    "UnknownTool",
+    "autocommit",
+    "classify_database_error",
+    "classify_http_error",
+    "classify_http_status",
+    "read_operations",
+    "read_step_operations",
 ]

@@ -14,7 +14,10 @@ from onceflow.errors import MalformedIdempotencyKey
 
 CHILD_KEY_VERSION = "v1"
 IDEMPOTENCY_KEY_MAX_LENGTH = 200
-_IDEMPOTENCY_KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]*")
+IDEMPOTENCY_KEY_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._:-]*"
+"""The alphabet of an idempotency key, unanchored (the boundary's schemas anchor it):
+letters, digits and ``. _ : -``, starting with a letter or digit."""
+_IDEMPOTENCY_KEY = re.compile(IDEMPOTENCY_KEY_PATTERN)
 
 
 def check_idempotency_key(raw_key: str) -> str:

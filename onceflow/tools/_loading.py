@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterable
 from importlib.metadata import entry_points
 from typing import Any
 
-from onceflow.settings import ProcessSettings, SettingsSource
 from onceflow.tools._catalogue import CATALOGUE, Catalogue
 from onceflow.tools._checks import ToolRegistrationError, refuse, refuse_family
 from onceflow.tools._family import ToolFamily, family_problems, remember_family
@@ -24,16 +23,17 @@ ENTRY_POINT_GROUP = "onceflow.tools"
 """The entry point group a package declares its tools in."""
 
 
-def load_families(
-    specs: Iterable[str], settings: SettingsSource | None = None
-) -> tuple[ToolFamily, ...]:
+def load_families(specs: Iterable[str], settings: object) -> tuple[ToolFamily, ...]:
     """The tool families named by ``specs``, in order, each checked and remembered for
     the process (its redactions and client checks hold from now on).
 
     A spec's target is a ``ToolFamily``, a ``Tool``, a list of tools (a family named
     after the spec), or a function returning one of those. A function taking one
-    argument is given ``settings`` (default ``ProcessSettings()``) to read its sections
-    from: onceflow's own families are loaded this way, from the process's configuration.
+    argument is given ``settings``, the settings source of the entry point that loads it
+    (its ``onceflow.OnceflowConfiguration``, or ``onceflow.settings.ProcessSettings()``),
+    to read its sections from: onceflow's own families are loaded this way. The tool API
+    passes it on unread: how a process reads its configuration is its entry point's
+    business.
 
     Raises:
         ToolRegistrationError: A target cannot be loaded, or a tool or the family is
@@ -57,7 +57,7 @@ def load_families(
     return tuple(families)
 
 
-def load_tools(specs: Iterable[str], settings: SettingsSource | None = None) -> tuple[Tool, ...]:
+def load_tools(specs: Iterable[str], settings: object) -> tuple[Tool, ...]:
     """The tools of the families named by ``specs`` (``load_families``), in order; raises
     ``ToolRegistrationError`` with a fix."""
     return tuple(tool for family in load_families(specs, settings) for tool in family.tools)
@@ -77,15 +77,16 @@ def register_tools(tools: Iterable[Tool], catalogue: Catalogue = CATALOGUE) -> N
 
 
 def load_configured_tools(
-    specs: Iterable[str], catalogue: Catalogue = CATALOGUE
+    specs: Iterable[str], settings: object, catalogue: Catalogue = CATALOGUE
 ) -> tuple[Tool, ...]:
-    """Load the configured tools and register them: what every process does at start-up."""
-    tools = load_tools(specs)
+    """Load the configured tools (a family function is given ``settings``) and register
+    them: what every process does at start-up."""
+    tools = load_tools(specs, settings)
     register_tools(tools, catalogue)
     return tools
 
 
-def _build(factory: Callable[..., Any], settings: SettingsSource | None) -> Any:
+def _build(factory: Callable[..., Any], settings: object) -> Any:
     """Call a family's function, with the settings source when it takes an argument."""
     try:
         parameters = inspect.signature(factory).parameters.values()
@@ -98,7 +99,7 @@ def _build(factory: Callable[..., Any], settings: SettingsSource | None) -> Any:
         and parameter.default is parameter.empty
     ]
     if wanted:
-        return factory(settings if settings is not None else ProcessSettings())
+        return factory(settings)
     return factory()
 
 

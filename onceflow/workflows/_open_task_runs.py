@@ -13,11 +13,8 @@ with workflow.unsafe.imports_passed_through():
     # Summaries are identifiers only: readable in the UI when payloads are encrypted.
     from onceflow.encryption import ClearText
     from onceflow.errors import describe_validation
-    from onceflow.tools import (
-        CATALOGUE,
-        UnknownTool,
-    )
-    from onceflow.tools import arguments_digest as digest_arguments
+    from onceflow.tools.worker import UnknownTool
+    from onceflow.tools.worker import arguments_digest as digest_arguments
     from onceflow.workflows.task_models import (
         AgentTaskInput,
         CallAnswer,
@@ -154,7 +151,7 @@ class OpenTaskRuns(StepRuns):
         if request.policy is not None and request.policy.tool != request.tool:
             return f"the call carries tool {request.policy.tool!r}'s policy, not {request.tool!r}'s"
         try:
-            CATALOGUE.get(request.tool).input_model.model_validate(request.arguments)
+            self.catalogue.get(request.tool).input_model.model_validate(request.arguments)
         except UnknownTool as unknown:
             return str(unknown)
         except ValidationError as invalid:
@@ -213,7 +210,7 @@ class OpenTaskRuns(StepRuns):
         if not live:
             return True
         try:
-            return CATALOGUE.get(request.tool).deliberate_repeats
+            return self.catalogue.get(request.tool).deliberate_repeats
         except UnknownTool:
             return False
 

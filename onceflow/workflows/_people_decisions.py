@@ -8,10 +8,8 @@ with workflow.unsafe.imports_passed_through():
     from onceflow.retry_policy import (
         OutcomeClass,
     )
-    from onceflow.tools import (
-        KeyUnusable,
-        ToolAttemptResult,
-    )
+    from onceflow.tools import ToolAttemptResult
+    from onceflow.tools.worker import KeyUnusable
     from onceflow.workflows.patches import UNVERIFIED_RECORDED
     from onceflow.workflows.task_models import (
         ApproveInput,

@@ -18,17 +18,16 @@ with workflow.unsafe.imports_passed_through():
         RetryStep,
         decide_after_attempt,
     )
-    from onceflow.tools import (
-        CATALOGUE,
+    from onceflow.tools import ToolAttemptResult
+    from onceflow.tools.providers import ProviderHold, Send
+    from onceflow.tools.worker import (
         PIN_TASK_POLICY,
         KeyUnusable,
         PinPolicyInput,
         TaskPolicy,
-        ToolAttemptResult,
         ToolCallInput,
         ToolPolicy,
     )
-    from onceflow.tools.providers import ProviderHold, Send
     from onceflow.workflows.patches import (
         DATABASE_WAITS,
         KEY_GENERATIONS,
@@ -420,7 +419,7 @@ class StepRuns(TaskCore):
         this worker's catalogue, so a worker without the tool still replays and decides
         for the tasks that used it. A failed workflow task records nothing, so asking
         only live cannot make a replay differ."""
-        if step.tool not in CATALOGUE:
+        if step.tool not in self.catalogue:
             raise ToolNotOnThisWorker(
                 f"this worker cannot run step {step.step_id}'s next attempt: tool "
                 f"{step.tool!r} is not registered on it. Deploy a worker that serves it "

@@ -4,7 +4,7 @@ outcome record."""
 import asyncio
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeUpdate
@@ -22,18 +22,18 @@ with workflow.unsafe.imports_passed_through():
         RetryBudget,
         StepUsage,
     )
-    from onceflow.tools import (
-        KeyUnusable,
-        ToolAttemptResult,
-    )
-    from onceflow.tools import arguments_digest as digest_arguments
+    from onceflow.tools import ToolAttemptResult
+    from onceflow.tools.worker import CATALOGUE, Catalogue, KeyUnusable
+    from onceflow.tools.worker import arguments_digest as digest_arguments
     from onceflow.workflows.patches import (
         DECISION_DURABLE_BEFORE_ACTING,
+        NO_WAIT_AFTER_LAST_OUTCOME_WRITE,
         OUTCOME_AFTER_DURABLE_DECISION,
         START_PATCHES_FOLDED,
     )
     from onceflow.workflows.task_models import (
         RECORD_TASK_OUTCOME,
+        TRACE_ID_MEMO,
         AgentTaskInput,
         ApproveInput,
         AttemptRecord,
@@ -53,8 +53,8 @@ with workflow.unsafe.imports_passed_through():
     )
 
 ONE_ATTEMPT = RetryPolicy(maximum_attempts=1)
-TRACE_ID_MEMO = "trace_id"
-"""Memo field with the id of the trace that started the task (set by ``TaskClient``)."""
+OUTCOME_WRITES = 5
+"""Writes of a task's outcome into its record before the task leaves it to the boundary."""
 
 
 PIN_TIMEOUT = timedelta(seconds=10)
@@ -108,6 +108,11 @@ class DecisionCheck(BaseModel):
 class TaskCore:
     """The task's state and its bookkeeping: what every part of the workflow reads and
     writes (steps, budget, people time, the published state and status)."""
+
+    catalogue: ClassVar[Catalogue] = CATALOGUE
+    """The tools this worker knows, asked only live (a call's validator, whether this
+    worker can run an attempt), never on replay. Default: the process's ``CATALOGUE``; a
+    test's next release names its own, as another process would have it."""
 
     def __init__(self, task: AgentTaskInput) -> None:
         self._task = task
@@ -324,7 +329,7 @@ class TaskCore:
             runs=self._memory.runs,
         )
 
-    def _records_outcome(self) -> bool:
+    def _writes_its_outcome(self) -> bool:
         """Whether this workflow writes the task's outcome into its idempotency record:
         always when asked to, unless the starter writes it and is still waiting (its
         request is answered with a 202 once a step waits for a person, or when its
@@ -374,7 +379,7 @@ class TaskCore:
         # if all fail, the boundary falls back to asking the workflow itself.
         outcome = TaskOutcomeInput(workflow_id=workflow.info().workflow_id, status=self._status())
         summary = ClearText("record the task's result for repeated requests")
-        for attempt in range(1, 6):
+        for attempt in range(1, OUTCOME_WRITES + 1):
             try:
                 # One short write on the worker that ends the task: no activity task and
                 # no further workflow task on the way to the task's end.
@@ -395,6 +400,8 @@ class TaskCore:
                     if isinstance(failure, ActivityError)
                     else f"the activity raised {failure.type or 'an error'}: {failure.message}",
                 )
+                if attempt == OUTCOME_WRITES and workflow.patched(NO_WAIT_AFTER_LAST_OUTCOME_WRITE):
+                    return  # no write follows the backoff: it would only delay the end
                 await workflow.sleep(timedelta(seconds=2**attempt))
 
 

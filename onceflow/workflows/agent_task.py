@@ -55,6 +55,7 @@ from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from onceflow.workflows.task_models import (
+        TRACE_ID_MEMO,
         AgentTaskInput,
         ApproveInput,
         CallAnswer,
@@ -75,7 +76,6 @@ from onceflow.workflows._task_core import (
     ENDED_STEP_STATES,
     NO_EFFECT_STEP_STATES,
     SETTLED_STEP_STATES,
-    TRACE_ID_MEMO,
     StepStopped,
     ToolNotOnThisWorker,
 )
@@ -124,7 +124,7 @@ class AgentTaskWorkflow(OpenTaskRuns, PeopleDecisions):
                 pinned_at = None
         except StepStopped as stopped:
             failure = str(stopped)
-        records = self._records_outcome()
+        records = self._writes_its_outcome()
         if records:
             await self._end_durably()
         self._failure_reason = failure

@@ -15,7 +15,7 @@ from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
     from onceflow.encryption import ClearText
-    from onceflow.tools import RUN_AUDIT, AuditActivityInput, AuditRunInput, AuditRunResult
+    from onceflow.tools.worker import RUN_AUDIT, AuditActivityInput, AuditRunInput, AuditRunResult
 
 AUDIT_FINDINGS_GAUGE = "onceflow_audit_findings"
 """Findings of a family's last scheduled audit, by ``family`` and ``kind``."""

@@ -44,6 +44,7 @@ class Patch:
 
 OUTCOME_AFTER_DURABLE_DECISION = "outcome-after-durable-decision"
 DECISION_DURABLE_BEFORE_ACTING = "decision-durable-before-acting"
+NO_WAIT_AFTER_LAST_OUTCOME_WRITE = "no-wait-after-last-outcome-write"
 
 START_PATCHES_FOLDED = "start-patches-folded-outcome-recorded-locally"
 KEY_GENERATIONS = "key-generations"
@@ -136,6 +137,20 @@ PATCHES: tuple[Patch, ...] = (
         retire_when=(
             "deprecate once no task started before 0.2.0 is open; remove once none started "
             "before the release that deprecated it is open"
+        ),
+    ),
+    Patch(
+        id=NO_WAIT_AFTER_LAST_OUTCOME_WRITE,
+        change=(
+            "A task whose every write of its outcome failed ends after the last one, "
+            "instead of first waiting out a backoff (32 s) that no write follows."
+        ),
+        since="0.3.0",
+        stage="patched",
+        retire_when=(
+            "deprecate once no task started before the release that brought it can be "
+            "waiting out that backoff (it ends 32 s after its last write failed); remove "
+            "once none started before the release that deprecated it is open"
         ),
     ),
 )

@@ -33,9 +33,21 @@ from pydantic import (
 )
 
 from onceflow.retry_policy import OutcomeClass, RetryBudget
-from onceflow.tools import ToolPolicy
+from onceflow.tools.worker import ToolPolicy
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$"
+
+# The task's memo fields: stored with the workflow when it starts, never changed.
+TRACE_ID_MEMO = "trace_id"
+"""The id of the trace that started the task (set by ``TaskClient``; the workflow names
+it in a parked task's details)."""
+REQUEST_HASH_MEMO = "onceflow_request_hash"
+"""The fingerprint of the request that started the task (set by the boundary): a repeat
+after its record was pruned joins the task only with the same fingerprint."""
+STARTED_BY_CLAIM_MEMO = "onceflow_started_by_claim"
+"""The claim whose owner started the task (a digest of its owner token, set by the
+boundary): whether an answer is a replay depends on who started the task, not on whether
+the task is still running when the gateway looks."""
 
 
 class TaskState(StrEnum):
@@ -48,6 +60,12 @@ class TaskState(StrEnum):
     FAILED = "failed"
     CLOSED = "closed"
     """An open task that ended: every call ended (see each call's own state)."""
+
+    @property
+    def is_terminal(self) -> bool:
+        """Whether a task in this state has ended (its status will not change): a plan
+        succeeded or failed, or an open task closed."""
+        return self in (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CLOSED)
 
 
 class StepState(StrEnum):

@@ -7,7 +7,7 @@ import psycopg
 
 from onceflow.coupons import coupon_tools
 from onceflow.storage import build_pool
-from onceflow.tools import ToolCallInput, tool_activities
+from onceflow.tools.worker import ToolCallInput, tool_activities
 from tests.harness import attempt_environment
 
 

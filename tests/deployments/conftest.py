@@ -18,7 +18,7 @@ from onceflow.retry_policy import RetryBudget
 from onceflow.settings import OnceflowSettings
 from onceflow.storage import build_pool
 from onceflow.task_api import TaskClient
-from onceflow.tools import derive_child_key, derive_task_workflow_id
+from onceflow.tools.worker import derive_child_key, derive_task_workflow_id
 from onceflow.worker import build_worker
 from onceflow.workflows.task_models import AgentTaskInput, StepInput
 from tests.harness import wait_for  # noqa: F401 - re-exported for the tests

@@ -9,7 +9,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from onceflow.task_api import DecisionRefused, TaskClient
-from onceflow.tools import arguments_digest
+from onceflow.tools.worker import arguments_digest
 from onceflow.workflows import AgentTaskWorkflow
 from onceflow.workflows.task_models import ApproveInput, StepState, TaskState, TaskStatus
 from tests.harness import HANG_SECONDS, workflow_idle

@@ -28,7 +28,7 @@ from onceflow.activities import builtin_tools
 from onceflow.configuration import load_configuration
 from onceflow.retry_policy import OutcomeClass
 from onceflow.task_api import TaskClient
-from onceflow.tools import Catalogue
+from onceflow.tools.worker import Catalogue
 from onceflow.workflows.task_models import ApproveInput, TaskState
 from tests.harness import (
     HANG_SECONDS,

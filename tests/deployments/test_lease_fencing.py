@@ -18,7 +18,8 @@ from onceflow.deployments import (
 )
 from onceflow.retry_policy import OutcomeClass
 from onceflow.storage._schema import MIGRATIONS
-from onceflow.tools import ToolAttemptResult, ToolCallInput, tool_activities
+from onceflow.tools import ToolAttemptResult
+from onceflow.tools.worker import ToolCallInput, tool_activities
 from tests.harness import HANG_SECONDS, attempt_environment
 
 from .conftest import RELEASE, deployment_id, deployment_rows, writes

@@ -20,7 +20,7 @@ from onceflow.retry_policy import RetryBudget
 from onceflow.settings import OnceflowSettings
 from onceflow.storage import build_pool
 from onceflow.task_api import TaskClient
-from onceflow.tools import derive_task_workflow_id
+from onceflow.tools.worker import derive_task_workflow_id
 from onceflow.worker import build_worker
 from onceflow.workflows.task_models import AgentTaskInput, StepInput, TaskState
 from tests.harness import HANG_SECONDS, parked, passed_marker, wait_for  # noqa: F401 - re-exported

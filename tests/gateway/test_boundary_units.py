@@ -1,6 +1,10 @@
 """The boundary's pure parts: fingerprints, the error tree, records, views, MCP tools."""
 
+import ast
+import inspect
 import json
+import re
+import textwrap
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -16,7 +20,7 @@ from onceflow.gateway._http_json import SortedJSONResponse, read_json
 from onceflow.gateway._responses import stored_outcome, task_view
 from onceflow.gateway.mcp_server import IDEMPOTENCY_KEY_ARGUMENT, tool_definition
 from onceflow.retry_policy import RetryBudget
-from onceflow.tools import CATALOGUE
+from onceflow.tools.worker import CATALOGUE, IDEMPOTENCY_KEY_PATTERN
 from onceflow.workflows.task_models import (
     BudgetStatus,
     StepState,
@@ -261,3 +265,39 @@ async def test_temporals_updates_in_flight_limit_is_429_task_busy_and_an_outage_
         async with backend_errors():
             raise RPCError("connection refused", RPCStatusCode.UNAVAILABLE, b"")
     assert down.value.status == 503 and not isinstance(down.value, TaskBusy)
+
+
+def test_the_boundary_face_defines_each_request_as_its_own_method() -> None:
+    # Go-to-definition and the API docs reach every request the transports make: no
+    # public name of ``BoundaryService`` is another object's bound method set in __init__.
+    init = ast.parse(textwrap.dedent(inspect.getsource(gateway.BoundaryService.__init__)))
+    aliases = [
+        target.attr
+        for node in ast.walk(init)
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Attribute)
+        for target in node.targets
+        if isinstance(target, ast.Attribute) and not target.attr.startswith("_")
+    ]
+    assert aliases == []
+    for name in ("call_tool", "create_task", "open_task", "task_status", "call_in_task"):
+        assert inspect.iscoroutinefunction(getattr(gateway.BoundaryService, name)), name
+    assert callable(gateway.BoundaryService.check_call)
+
+
+def test_a_task_state_is_terminal_once_the_task_has_ended() -> None:
+    ended = {state for state in TaskState if state.is_terminal}
+    assert ended == {TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CLOSED}
+
+
+def test_the_key_schemas_hold_the_one_key_pattern() -> None:
+    from onceflow.gateway._http_parameters import key_header
+
+    pattern = key_header("a key")["schema"]["pattern"]
+    assert re.fullmatch(pattern, "order-1:a.b_c") and re.fullmatch(pattern, '"order-1"')
+    assert not re.fullmatch(pattern, "-order") and not re.fullmatch(pattern, "a b")
+    schema = tool_definition(CATALOGUE.get("issue_coupon")).input_schema
+    argument = schema["properties"][IDEMPOTENCY_KEY_ARGUMENT]["pattern"]
+    assert argument == f"^{IDEMPOTENCY_KEY_PATTERN}$"
+    for key in ("order-1:a.b_c", "-order", "a b", "é"):
+        valid = re.fullmatch(IDEMPOTENCY_KEY_PATTERN, key) is not None
+        assert (re.fullmatch(argument, key) is not None) == valid, key

@@ -19,7 +19,7 @@ from onceflow.gateway import (
     IdempotencyStore,
     NewClaim,
     RequestInProgress,
-    _task_requests,
+    _task_starts,
     request_fingerprint,
 )
 from onceflow.settings import OnceflowSettings
@@ -179,7 +179,7 @@ async def test_after_a_takeover_the_former_owner_can_no_longer_write(
 async def test_the_upkeep_pass_writes_the_outcome_a_starter_that_died_left(
     stack: Stack, agent: Caller, database: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_task_requests, "MARK_STARTED_AFTER", 0.1)
+    monkeypatch.setattr(_task_starts, "MARK_STARTED_AFTER", 0.1)
     # A task queue no worker polls yet: the task cannot finish while its starter waits.
     # The starter dies after marking the record (its request cancelled), so neither it
     # nor the task writes the outcome (a starter that stopped waiting would have told the

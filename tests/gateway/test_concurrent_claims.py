@@ -19,7 +19,7 @@ from onceflow.gateway import (
     request_fingerprint,
 )
 from onceflow.storage import build_pool
-from onceflow.tools import derive_task_workflow_id
+from onceflow.tools.worker import derive_task_workflow_id
 
 
 async def test_concurrent_claims_of_one_key_never_raise(database: str) -> None:

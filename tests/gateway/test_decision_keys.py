@@ -30,7 +30,7 @@ from onceflow.gateway import (
 )
 from onceflow.storage import build_pool
 from onceflow.task_api import DecisionAnswer, TaskClient
-from onceflow.tools import arguments_digest, key_digest
+from onceflow.tools.worker import arguments_digest, key_digest
 from onceflow.workflows.task_models import (
     AgentTaskInput,
     ApproveInput,

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from onceflow.tools import key_digest
+from onceflow.tools.worker import key_digest
 from tests.harness import HANG_SECONDS
 
 from .conftest import Caller, GatewayProcess, Stack, count, make_caller, new_tenant, rows

@@ -27,7 +27,7 @@ from onceflow.gateway import (
 )
 from onceflow.gateway._principals import Principal
 from onceflow.storage import build_pool
-from onceflow.tools import derive_task_workflow_id
+from onceflow.tools.worker import derive_task_workflow_id
 from tests.gateway.conftest import execute, rows
 
 SHARDS = 16

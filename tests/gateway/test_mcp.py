@@ -19,7 +19,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from onceflow.gateway.mcp_server import REPLAYED_META, TASK_STATUS_TOOL
-from onceflow.tools import CATALOGUE
+from onceflow.tools.worker import CATALOGUE
 from tests.harness import HANG_SECONDS, eventually, log_line_blocking
 
 from ..conftest import repo_root

@@ -27,7 +27,7 @@ from onceflow.gateway.mcp_server import (
     bearer_principal,
     build_mcp_server,
 )
-from onceflow.tools import CATALOGUE
+from onceflow.tools.worker import CATALOGUE
 from tests.harness import HANG_SECONDS
 
 from ..conftest import repo_root

@@ -26,7 +26,7 @@ from onceflow.gateway.mcp_server import (
     build_mcp_server,
     fixed_principal,
 )
-from onceflow.tools import CATALOGUE
+from onceflow.tools.worker import CATALOGUE
 
 from .conftest import Caller, Stack, make_caller, new_tenant, open_service, rows
 

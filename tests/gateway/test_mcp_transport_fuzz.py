@@ -31,7 +31,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INVALID_PARAMS
 
 from onceflow.gateway.mcp_server import IDEMPOTENCY_KEY_ARGUMENT, TASK_STATUS_TOOL
-from onceflow.tools import CATALOGUE
+from onceflow.tools.worker import CATALOGUE
 from tests.harness import HANG_SECONDS
 
 from .conftest import Caller, Stack, make_caller, new_tenant

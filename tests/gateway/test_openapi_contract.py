@@ -24,7 +24,7 @@ from fastapi.routing import APIRoute
 
 from onceflow.errors import ANSWERED_ERRORS
 from onceflow.gateway.http_api import build_app
-from onceflow.tools import CATALOGUE
+from onceflow.tools.worker import CATALOGUE
 from tests.harness import eventually
 
 from .conftest import (

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 from temporalio.service import RPCError
 
-from onceflow.gateway import _task_requests
+from onceflow.gateway import _task_starts
 from onceflow.settings import OnceflowSettings
 from onceflow.storage import build_pool
 from onceflow.worker import build_worker
@@ -35,7 +35,7 @@ async def test_a_task_that_ends_before_the_mark_is_marked_by_its_outcome_write(
     stack: Stack, agent: Caller, database: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Longer than any task here takes, so the outcome always comes first.
-    monkeypatch.setattr(_task_requests, "MARK_STARTED_AFTER", 60.0)
+    monkeypatch.setattr(_task_starts, "MARK_STARTED_AFTER", 60.0)
     async with open_service(stack, replay_wait_seconds=60) as service:
         answer = await service.call_tool(agent.principal, "create_order", ORDER, "order-mark-1")
     assert answer.status_code == 200, answer.body
@@ -50,7 +50,7 @@ async def test_a_task_that_ends_before_the_mark_is_marked_by_its_outcome_write(
 async def test_a_task_still_running_after_the_mark_delay_is_marked_while_its_starter_waits(
     stack: Stack, agent: Caller, database: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_task_requests, "MARK_STARTED_AFTER", 0.2)
+    monkeypatch.setattr(_task_starts, "MARK_STARTED_AFTER", 0.2)
     # No worker polls this queue: the task cannot end while the starter waits.
     idle = replace(stack, task_queue=f"{stack.task_queue}-idle")
     async with open_service(idle, replay_wait_seconds=60) as service:
@@ -78,7 +78,7 @@ async def test_a_task_still_running_after_the_mark_delay_is_marked_while_its_sta
 async def test_the_upkeep_pass_answers_an_unmarked_claim_only_with_its_own_requests_task(
     stack: Stack, agent: Caller, database: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_task_requests, "MARK_STARTED_AFTER", 60.0)
+    monkeypatch.setattr(_task_starts, "MARK_STARTED_AFTER", 60.0)
     idle = replace(stack, task_queue=f"{stack.task_queue}-idle")
     async with open_service(idle, replay_wait_seconds=60) as service:
         # The starter dies after starting the task and before marking it (its request
@@ -155,9 +155,9 @@ async def test_the_upkeep_pass_answers_an_unmarked_claim_only_with_its_own_reque
 async def test_a_task_its_starter_stopped_waiting_for_writes_its_own_outcome(
     stack: Stack, agent: Caller, database: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_task_requests, "MARK_STARTED_AFTER", 0.1)
+    monkeypatch.setattr(_task_starts, "MARK_STARTED_AFTER", 0.1)
     # Nobody answers the status query after the wait either: no need to wait long.
-    monkeypatch.setattr(_task_requests, "STATUS_QUERY_TIMEOUT", 1.0)
+    monkeypatch.setattr(_task_starts, "STATUS_QUERY_TIMEOUT", 1.0)
     # No worker polls this queue while the starter waits: its wait ends first (202).
     idle = replace(stack, task_queue=f"{stack.task_queue}-late")
     async with open_service(idle, replay_wait_seconds=1) as service:

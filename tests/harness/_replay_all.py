@@ -26,7 +26,8 @@ from temporalio.worker import Replayer
 from temporalio.workflow import NondeterminismError
 
 from onceflow.plugin import OnceflowPlugin
-from onceflow.tools import CATALOGUE, ENTRY_POINT_GROUP, load_tools, register_tools
+from onceflow.settings import ProcessSettings
+from onceflow.tools.worker import CATALOGUE, ENTRY_POINT_GROUP, load_tools, register_tools
 from onceflow.workflows import AgentTaskWorkflow
 
 
@@ -175,4 +176,6 @@ def register_replay_tools() -> None:
             sys.path.append(str(folder))
         specs.append(spec)
     for spec in dict.fromkeys(specs):
-        register_tools(tool for tool in load_tools([spec]) if tool.name not in CATALOGUE)
+        register_tools(
+            tool for tool in load_tools([spec], ProcessSettings()) if tool.name not in CATALOGUE
+        )

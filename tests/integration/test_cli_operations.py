@@ -18,7 +18,7 @@ from onceflow.gateway import KEY_REUSED_DETAIL
 from onceflow.retry_policy import OutcomeClass
 from onceflow.storage import build_pool
 from onceflow.task_api import TaskClient
-from onceflow.tools import tool_activities
+from onceflow.tools.worker import tool_activities
 from onceflow.workflows import AgentTaskWorkflow
 from onceflow.workflows.task_models import (
     AgentTaskInput,

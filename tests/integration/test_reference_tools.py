@@ -7,7 +7,7 @@ import psycopg
 from temporalio.testing import WorkflowEnvironment
 
 from onceflow.task_api import TaskClient
-from onceflow.tools import derive_task_workflow_id
+from onceflow.tools.worker import derive_task_workflow_id
 from onceflow.workflows.task_models import AgentTaskInput, StepInput, StepState, TaskState
 
 from .conftest import WorkerFactory

@@ -9,7 +9,7 @@ import psycopg
 from onceflow.orders import order_tools
 from onceflow.retry_policy import OutcomeClass
 from onceflow.storage import build_pool
-from onceflow.tools import ToolCallInput, tool_activities
+from onceflow.tools.worker import ToolCallInput, tool_activities
 from tests.harness import attempt_environment
 
 ARGUMENTS = {

@@ -43,9 +43,9 @@ from onceflow.retry_policy import OutcomeClass, RetryBudget
 from onceflow.settings import OnceflowSettings
 from onceflow.storage import build_pool
 from onceflow.task_api import TaskClient
-from onceflow.tools import (
+from onceflow.tools import Tool
+from onceflow.tools.worker import (
     Catalogue,
-    Tool,
     ToolCallInput,
     derive_task_workflow_id,
     tool_activities,

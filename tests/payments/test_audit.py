@@ -34,15 +34,8 @@ from onceflow.payments import (
 )
 from onceflow.payments._audit import unlisted_resources, unowned_steps
 from onceflow.retry_policy import OutcomeClass
-from onceflow.tools import (
-    AuditWindow,
-    EffectTotal,
-    FindingKind,
-    OperationRecord,
-    derive_child_key,
-    key_digest,
-    tool_activities,
-)
+from onceflow.tools import AuditWindow, EffectTotal, FindingKind, OperationRecord
+from onceflow.tools.worker import derive_child_key, key_digest, tool_activities
 from tests.harness import REPO, attempt_environment
 
 from .conftest import ACCOUNT, API_KEY, REFUND_PAYMENT, TENANT, Charge, step_call

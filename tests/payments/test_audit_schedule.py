@@ -23,7 +23,7 @@ from onceflow.cli._audit_schedule import audit_schedule_id, ensure_audit_schedul
 from onceflow.payments import ChargeRequest, PaymentsAuditor, StripePaymentProvider
 from onceflow.plugin import OnceflowPlugin
 from onceflow.settings import OnceflowSettings
-from onceflow.tools import AuditRunInput, AuditRunResult
+from onceflow.tools.worker import AuditRunInput, AuditRunResult
 from onceflow.worker import build_worker
 from onceflow.workflows.audit import AUDIT_FINDINGS_GAUGE, AuditWorkflow
 from tests.harness import REPO, eventually

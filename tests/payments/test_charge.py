@@ -13,7 +13,7 @@ from temporalio.worker import Worker
 from onceflow.payments import ChargeRequest, PaymentProviderError, StripePaymentProvider
 from onceflow.retry_policy import OutcomeClass
 from onceflow.task_api import TaskClient
-from onceflow.tools import derive_child_key, key_digest
+from onceflow.tools.worker import derive_child_key, key_digest
 from onceflow.workflows.task_models import ReconcileDecision, ReconcileInput, StepState, TaskState
 from tests.harness import REPO, onceflow_command, workflow_idle
 

@@ -9,7 +9,7 @@ from temporalio.worker import Worker
 
 from onceflow.payments import ChargeRequest, StripePaymentProvider
 from onceflow.task_api import DecisionRefused, TaskClient
-from onceflow.tools import derive_child_key
+from onceflow.tools.worker import derive_child_key
 from onceflow.workflows.task_models import (
     ReconcileDecision,
     ReconcileInput,

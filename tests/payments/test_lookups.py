@@ -25,7 +25,7 @@ from onceflow.payments import (
 )
 from onceflow.retry_policy import OutcomeClass
 from onceflow.settings import InvalidSettings
-from onceflow.tools import ToolCallInput, derive_child_key, key_digest, tool_activities
+from onceflow.tools.worker import ToolCallInput, derive_child_key, key_digest, tool_activities
 from tests.harness import attempt_environment
 
 from .conftest import (

@@ -7,7 +7,7 @@ from temporalio.worker import Worker
 
 from onceflow.payments import RefundPaymentInput
 from onceflow.task_api import TaskClient
-from onceflow.tools import derive_child_key
+from onceflow.tools.worker import derive_child_key
 from onceflow.workflows.task_models import ApproveInput, StepState, TaskState
 from tests.harness import workflow_idle
 

@@ -13,7 +13,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from onceflow.payments import PaymentToolSettings, StripePaymentProvider, charge_payment_contract
 from onceflow.retry_policy import OutcomeClass
-from onceflow.tools import (
+from onceflow.tools.worker import (
     FIRST_SENT_AT,
     KeyUnusable,
     ToolCallInput,

@@ -26,7 +26,7 @@ from onceflow.gateway._principals import Principal
 from onceflow.retry_policy import RetryBudget
 from onceflow.settings import OnceflowSettings
 from onceflow.task_api import TaskClient
-from onceflow.tools import derive_child_key
+from onceflow.tools.worker import derive_child_key
 from onceflow.workflows.task_models import AgentTaskInput, OpenTaskOptions, TaskState
 from tests.harness import HANG_SECONDS, eventually, is_key_window_timer
 

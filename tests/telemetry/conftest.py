@@ -38,7 +38,7 @@ from temporalio.testing import WorkflowEnvironment
 from onceflow.gateway import PrincipalStore
 from onceflow.storage import build_pool
 from onceflow.task_api import TaskClient
-from onceflow.tools import key_digest
+from onceflow.tools.worker import key_digest
 from onceflow.workflows.task_models import TaskStatus
 from tests.harness import (
     HANG_SECONDS,

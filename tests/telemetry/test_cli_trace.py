@@ -10,7 +10,7 @@ import json
 import os
 import uuid
 
-from onceflow.tools import key_digest
+from onceflow.tools.worker import key_digest
 from onceflow.workflows.agent_task import TRACE_ID_MEMO
 from onceflow.workflows.task_models import TaskState
 from tests.harness import REPO, onceflow_command

@@ -14,7 +14,7 @@ import httpx
 from onceflow_devstack.stripe_provider import Fault
 from temporalio.api.history.v1 import History
 
-from onceflow.tools import key_digest
+from onceflow.tools.worker import key_digest
 from onceflow.workflows.task_models import TaskState
 from tests.payments.conftest import VISA_CHARGE
 

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import psycopg
 
-from onceflow.tools import key_digest
+from onceflow.tools.worker import key_digest
 from onceflow.workflows.agent_task import TRACE_ID_MEMO
 from onceflow.workflows.task_models import TaskState
 

@@ -13,7 +13,7 @@ from onceflow_devstack.stripe_provider import Fault
 from opentelemetry.trace import SpanKind
 
 from onceflow.retry_policy import OutcomeClass
-from onceflow.tools import key_digest
+from onceflow.tools.worker import key_digest
 from onceflow.workflows.agent_task import TRACE_ID_MEMO
 from onceflow.workflows.task_models import TaskState
 from tests.payments.conftest import FAST_BUDGET, VISA_CHARGE

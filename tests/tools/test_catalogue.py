@@ -6,13 +6,10 @@ from decimal import Decimal
 import pytest
 from pydantic import BaseModel
 
-from onceflow.tools import (
+from onceflow.tools import ApprovalThreshold, DedupeStrategy, EffectFlags, ToolContract
+from onceflow.tools.worker import (
     CATALOGUE,
-    ApprovalThreshold,
     Catalogue,
-    DedupeStrategy,
-    EffectFlags,
-    ToolContract,
     UnknownTool,
     arguments_digest,
     derive_child_key,

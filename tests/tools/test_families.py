@@ -1,5 +1,5 @@
 """A user's tool family gets every start-up check, redaction rule and client check that
-onceflow's own families get, through the same route (``onceflow.tools.load_families``).
+onceflow's own families get, through the same route (``onceflow.tools.worker.load_families``).
 
 ``desk_family`` below is a user's family as an ``ONCEFLOW_TOOLS`` import path names it:
 it needs ``DESK_TOKEN`` to start, its tokens must never reach a log, a span or a task's
@@ -24,6 +24,7 @@ from onceflow.settings import (
     BUILTIN_TOOL_NAMES,
     FileBackedSettings,
     OnceflowSettings,
+    ProcessSettings,
     SettingsSource,
 )
 from onceflow.telemetry import scrub, sensitive_locations
@@ -33,11 +34,9 @@ from onceflow.tools import (
     StartupProblem,
     ToolFamily,
     ToolRegistrationError,
-    client_retry_problems,
-    load_families,
-    loaded_families,
 )
 from onceflow.tools import _family as tools_family
+from onceflow.tools.worker import client_retry_problems, load_families, loaded_families
 from tests.tool_configuration import configuration
 from tests.tools import sample_tools
 
@@ -143,7 +142,7 @@ def test_a_worker_refuses_to_start_while_a_served_family_lacks_its_service(
 
 
 def test_a_loaded_familys_redaction_is_scrubbed_and_refused_like_a_stripe_key() -> None:
-    [desk] = load_families([FAMILY])
+    [desk] = load_families([FAMILY], ProcessSettings())
     load_families(["onceflow.payments:payment_family"], configuration())
     assert desk in loaded_families()
 
@@ -164,7 +163,7 @@ def test_a_family_loaded_after_a_scan_is_scrubbed_and_refused_from_then_on(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The families' pattern is kept between scans: a family loaded later still counts."""
-    [desk] = load_families([FAMILY])
+    [desk] = load_families([FAMILY], ProcessSettings())
     ledger_key = "ldg_k3Jf9sLq2Wz8Xv"
     line = f"ledger key {ledger_key}"
     assert scrub(line) == line
@@ -183,7 +182,7 @@ def test_a_family_loaded_after_a_scan_is_scrubbed_and_refused_from_then_on(
 
 
 def test_a_loaded_familys_client_check_refuses_a_retrying_client_like_a_stripe_clients() -> None:
-    load_families([FAMILY])
+    load_families([FAMILY], ProcessSettings())
     load_families(["onceflow.payments:payment_family"], configuration())
 
     [(desk, desk_fix)] = client_retry_problems({"desk": DeskSession()})
@@ -206,7 +205,7 @@ BROKEN = ToolFamily(
 
 def test_a_family_with_a_broken_declaration_is_refused_with_the_fix() -> None:
     with pytest.raises(ToolRegistrationError) as refused:
-        load_families([f"{__name__}:BROKEN"])
+        load_families([f"{__name__}:BROKEN"], ProcessSettings())
     message = str(refused.value)
     assert "tool family 'broken' is refused" in message
     assert "names charge_payment, not one of its tools" in message

@@ -8,9 +8,9 @@ from datetime import timedelta
 import psycopg
 
 from onceflow.storage import build_pool
-from onceflow.tools import prune_intents
 from onceflow.tools._intent import IntentState
 from onceflow.tools._intent_claims import IntentKey, claim_intent, settle_intent
+from onceflow.tools.worker import prune_intents
 
 DIGEST = "sha256:" + "a" * 64
 

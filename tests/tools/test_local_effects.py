@@ -9,14 +9,8 @@ import pytest
 from psycopg import AsyncConnection
 
 from onceflow.storage import build_pool
-from onceflow.tools import (
-    OutcomeClass,
-    Tool,
-    ToolAttemptResult,
-    ToolCall,
-    ToolCallInput,
-    tool_activities,
-)
+from onceflow.tools import OutcomeClass, Tool, ToolAttemptResult, ToolCall
+from onceflow.tools.worker import ToolCallInput, tool_activities
 from tests.harness import attempt_environment
 from tests.tools import sample_tools
 

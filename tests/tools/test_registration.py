@@ -17,14 +17,16 @@ import stripe
 from requests.adapters import HTTPAdapter
 
 from onceflow.configuration import load_configuration
-from onceflow.settings import InvalidSettings
+from onceflow.settings import InvalidSettings, ProcessSettings
 from onceflow.tools import (
     ApprovalThreshold,
-    Catalogue,
     DedupeStrategy,
     EffectFlags,
     Tool,
     ToolRegistrationError,
+)
+from onceflow.tools.worker import (
+    Catalogue,
     client_retry_problems,
     load_configured_tools,
     load_tools,
@@ -38,7 +40,7 @@ SAMPLES = "tests.tools.sample_tools"
 
 def refusal(spec: str) -> str:
     with pytest.raises(ToolRegistrationError) as refused:
-        load_tools([spec])
+        load_tools([spec], ProcessSettings())
     return str(refused.value)
 
 
@@ -144,8 +146,9 @@ def test_a_setting_that_names_nothing_loadable_says_how_to_fix_it() -> None:
 
 def test_configured_tools_are_registered_once_and_a_taken_name_is_refused() -> None:
     catalogue = Catalogue()
-    loaded = load_configured_tools([f"{SAMPLES}:all_sound_tools"], catalogue)
-    load_configured_tools([f"{SAMPLES}:SOUND"], catalogue)  # the same tool again: no-op
+    loaded = load_configured_tools([f"{SAMPLES}:all_sound_tools"], ProcessSettings(), catalogue)
+    # The same tool again: a no-op.
+    load_configured_tools([f"{SAMPLES}:SOUND"], ProcessSettings(), catalogue)
     assert [tool.name for tool in loaded] == ["write_note"]
     assert catalogue.get("write_note") == sample_tools.CONTRACT
 

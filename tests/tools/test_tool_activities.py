@@ -8,15 +8,8 @@ from datetime import timedelta
 import psycopg
 
 from onceflow.storage import build_pool
-from onceflow.tools import (
-    NothingSent,
-    OutcomeClass,
-    Tool,
-    ToolAttemptResult,
-    ToolCall,
-    ToolCallInput,
-    tool_activities,
-)
+from onceflow.tools import NothingSent, OutcomeClass, Tool, ToolAttemptResult, ToolCall
+from onceflow.tools.worker import ToolCallInput, tool_activities
 from tests.harness import attempt_environment, eventually
 from tests.tools import sample_tools
 

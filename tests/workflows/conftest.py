@@ -4,6 +4,7 @@ import pytest
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from onceflow.tools.worker import CATALOGUE, Catalogue
 from onceflow.workflows import AgentTaskWorkflow
 
 from .scripted_tools import Script, register_scripted_tools
@@ -16,11 +17,14 @@ def script() -> Script:
     return Script()
 
 
-def scripted_worker(env: WorkflowEnvironment, task_queue: str, script: Script) -> Worker:
-    """A worker (not yet started) running the task workflow and the scripted tools."""
+def scripted_worker(
+    env: WorkflowEnvironment, task_queue: str, script: Script, catalogue: Catalogue = CATALOGUE
+) -> Worker:
+    """A worker (not yet started) running the task workflow and the scripted tools, its
+    tools' contracts those of ``catalogue`` (default the process's)."""
     return Worker(
         env.client,
         task_queue=task_queue,
         workflows=[AgentTaskWorkflow],
-        activities=script.activities(),
+        activities=script.activities(catalogue),
     )

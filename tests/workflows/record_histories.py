@@ -31,7 +31,7 @@ from temporalio.worker import Worker
 
 from onceflow.retry_policy import OutcomeClass, RetryBudget
 from onceflow.task_api import TaskClient
-from onceflow.tools import CATALOGUE, KeyUnusable
+from onceflow.tools.worker import CATALOGUE, KeyUnusable
 from onceflow.workflows import AgentTaskWorkflow
 from onceflow.workflows.task_models import (
     AgentTaskInput,
@@ -403,6 +403,15 @@ async def _record(
     )
     await left.signal(AgentTaskWorkflow.starter_stopped_waiting)
     await save("plan_starter_stopped_waiting_records_its_outcome", left)
+    # Every write of its outcome fails: the task ends after the last one (patch
+    # no-wait-after-last-outcome-write; its old side, plan_outcome_unrecorded_waited, was
+    # recorded before it and waited 32 s after the last write failed).
+    script.unrecordable.add("unrecorded")
+    unrecorded = await start(
+        StepInput(step_id="a", tool="scripted_safe", arguments={"label": "unrecorded"}),
+        record_outcome=True,
+    )
+    await save("plan_outcome_unrecorded", unrecorded)
     recorded_open = await open_task(record_outcome=True)
     await recorded_open.execute_update(
         AgentTaskWorkflow.call, calling("c1", "scripted_safe", script.plan("fo", T, S))

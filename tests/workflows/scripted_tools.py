@@ -13,23 +13,27 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from onceflow.activities.idempotency_records import TaskOutcomeResult
 from onceflow.retry_policy import OutcomeClass
 from onceflow.tools import (
-    CATALOGUE,
     ApprovalThreshold,
     DedupeStrategy,
     EffectFlags,
-    KeyUnusable,
-    PolicyPinning,
     ToolAttemptResult,
-    ToolCallInput,
     ToolContract,
-    lookup_activity_name,
 )
 from onceflow.tools._activities import miss_past_lag
 from onceflow.tools.providers import ProviderHealth, ProviderHold
+from onceflow.tools.worker import (
+    CATALOGUE,
+    Catalogue,
+    KeyUnusable,
+    PolicyPinning,
+    ToolCallInput,
+    lookup_activity_name,
+)
 from onceflow.workflows.task_models import RECORD_TASK_OUTCOME, TaskOutcomeInput
 
 
@@ -119,6 +123,8 @@ class Script:
         """Labels whose attempts take this long at the far side (each of them)."""
         self.recorded: dict[str, str] = {}
         self.outcomes: list[TaskOutcomeInput] = []
+        self.unrecordable: set[str] = set()
+        """Labels whose task's outcome write always fails (the record's database down)."""
         self.rejected: list[ToolCallInput] = []
         """Attempts whose arguments the tool's input model refused: nothing performed."""
 
@@ -129,14 +135,15 @@ class Script:
     def attempts(self, label: str) -> int:
         return len(self.calls[label])
 
-    def activities(self) -> list[Callable[..., Any]]:
+    def activities(self, catalogue: Catalogue = CATALOGUE) -> list[Callable[..., Any]]:
         """The scripted tools' activities, their lookup, and the policy pinning a worker
-        built by ``build_worker`` registers too."""
+        built by ``build_worker`` registers too, all reading ``catalogue`` (a release's
+        contracts; default the process's, where ``register_scripted_tools`` put them)."""
         return [
-            *(self._activity(contract.name) for contract in SCRIPTED_CONTRACTS),
+            *(self._activity(contract.name, catalogue) for contract in SCRIPTED_CONTRACTS),
             self._look_up(PROVIDER_KEYED.name),
             self._look_up(VERIFIED.name),
-            PolicyPinning().pin_task_policy,
+            PolicyPinning(catalogue).pin_task_policy,
         ]
 
     def outcome_recorder(self) -> Callable[..., Any]:
@@ -145,6 +152,9 @@ class Script:
 
         @activity.defn(name=RECORD_TASK_OUTCOME)
         async def record_task_outcome(outcome: TaskOutcomeInput) -> TaskOutcomeResult:
+            labels = {step.arguments.get("label") for step in outcome.status.steps}
+            if labels & self.unrecordable:
+                raise ApplicationError("scripted: the record's database is down")
             self.outcomes.append(outcome)
             return TaskOutcomeResult(recorded=True)
 
@@ -188,13 +198,13 @@ class Script:
 
         return look_up
 
-    def _activity(self, name: str) -> Callable[..., Any]:
+    def _activity(self, name: str, catalogue: Catalogue) -> Callable[..., Any]:
         @activity.defn(name=name)
         async def perform(call: ToolCallInput) -> ToolAttemptResult:
             try:
                 # With the registered contract's model, as every tool's attempt does
                 # (onceflow.tools._activities): a release's model, whatever started the task.
-                model = CATALOGUE.get(name).input_model
+                model = catalogue.get(name).input_model
                 label = str(model.model_validate(call.arguments).model_dump()["label"])
             except ValidationError:
                 self.rejected.append(call)

@@ -17,7 +17,8 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from onceflow.retry_policy import OutcomeClass, RetryBudget
-from onceflow.tools import CATALOGUE, ApprovalThreshold, KeyUnusable, arguments_digest
+from onceflow.tools import ApprovalThreshold
+from onceflow.tools.worker import CATALOGUE, Catalogue, KeyUnusable, arguments_digest
 from onceflow.workflows import AgentTaskWorkflow
 from onceflow.workflows.task_models import (
     AgentTaskInput,
@@ -32,7 +33,7 @@ from onceflow.workflows.task_models import (
 from tests.harness import eventually
 
 from .conftest import scripted_worker
-from .scripted_tools import NEEDS_APPROVAL, SAFE, Script
+from .scripted_tools import NEEDS_APPROVAL, SAFE, SCRIPTED_CONTRACTS, Script
 
 S, R, T, U = (
     OutcomeClass.SUCCEEDED,
@@ -624,7 +625,6 @@ async def test_a_task_decides_by_the_policy_pinned_when_it_started(
     dev_server: WorkflowEnvironment,
     task_queue: str,
     script: Script,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # The dev server: a stopped worker's sticky queue is reset, so the next worker
     # replays the whole history at once (the time-skipping server waits it out).
@@ -645,8 +645,12 @@ async def test_a_task_decides_by_the_policy_pinned_when_it_started(
         approval_threshold=ApprovalThreshold(argument="amount", above=Decimal(1000)),
         version="2",
     )
-    monkeypatch.setitem(CATALOGUE._contracts, NEEDS_APPROVAL.name, raised)
-    async with scripted_worker(dev_server, task_queue, script):
+    next_release = Catalogue(
+        tuple(
+            raised if contract.name == raised.name else contract for contract in SCRIPTED_CONTRACTS
+        )
+    )
+    async with scripted_worker(dev_server, task_queue, script, next_release):
         # A fresh worker replays the whole history: it still waits for the approval.
         status = await status_of(handle)
         assert status.state is TaskState.AWAITING_APPROVAL

@@ -11,7 +11,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.testing import WorkflowEnvironment
 
 from onceflow.task_api import TaskClient
-from onceflow.tools import ToolPolicy
+from onceflow.tools.worker import ToolPolicy
 from onceflow.workflows.task_models import AgentTaskInput, CallInput, OpenTaskOptions
 from tests.harness import eventually
 

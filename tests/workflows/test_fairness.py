@@ -109,26 +109,11 @@ async def test_the_worker_holds_its_task_queue_to_the_configured_activity_rate(
     assert limit.requests_per_second == 7.5
 
 
-async def test_unset_the_limit_is_the_slowest_documented_provider_rate_of_the_tools_served(
-    dev_server: WorkflowEnvironment, postgres_url: str, task_queue: str
-) -> None:
-    settings = OnceflowSettings(task_queue=task_queue)
-    async with (
-        build_pool(postgres_url, max_size=2) as pool,
-        build_worker(dev_server.client, pool, settings, tools=builtin()),
-    ):
-        limit = await _effective_limit(
-            dev_server.client, task_queue, RateLimitSource.RATE_LIMIT_SOURCE_WORKER
-        )
-    assert limit.requests_per_second == 100  # Stripe's, the payment tools' provider
-
-
-def test_the_rate_limit_comes_from_the_setting_else_from_the_providers_rates() -> None:
-    tools = builtin()
-    assert task_queue_rate_limit(None, tools) == 100  # Stripe's (onceflow.payments)
-    assert task_queue_rate_limit(None, coupon_tools()) is None  # a local tool: no provider
-    assert task_queue_rate_limit(12.5, tools) == 12.5
-    assert task_queue_rate_limit(0, tools) is None  # 0: the limit is off
+def test_the_rate_limit_is_the_setting_and_none_unless_set() -> None:
+    # Opt-in: a limit holds every tool's activities and turns eager starts off.
+    assert task_queue_rate_limit(None) is None
+    assert task_queue_rate_limit(12.5) == 12.5
+    assert task_queue_rate_limit(0) is None  # 0: the limit is off
 
 
 async def _effective_limit(

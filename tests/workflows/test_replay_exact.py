@@ -33,7 +33,7 @@ from temporalio.worker import Replayer, Worker
 from onceflow.plugin import OnceflowPlugin
 from onceflow.retry_policy import OutcomeClass, RetryBudget
 from onceflow.task_api import CallRefused, TaskClient
-from onceflow.tools import CATALOGUE, Catalogue
+from onceflow.tools.worker import CATALOGUE, Catalogue
 from onceflow.workflows import AgentTaskWorkflow
 from onceflow.workflows.task_models import (
     AgentTaskInput,

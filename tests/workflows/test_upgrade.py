@@ -13,7 +13,6 @@ import uuid
 from datetime import timedelta
 from decimal import Decimal
 
-import pytest
 from temporalio import workflow
 from temporalio.client import WorkflowHistory
 from temporalio.testing import WorkflowEnvironment
@@ -23,7 +22,8 @@ from temporalio.workflow import NondeterminismError
 from onceflow.plugin import OnceflowPlugin
 from onceflow.retry_policy import OutcomeClass
 from onceflow.task_api import TaskClient
-from onceflow.tools import CATALOGUE, ApprovalThreshold, Catalogue
+from onceflow.tools import ApprovalThreshold
+from onceflow.tools.worker import Catalogue
 from onceflow.workflows import AgentTaskWorkflow
 from onceflow.workflows.task_models import (
     AgentTaskInput,
@@ -48,9 +48,29 @@ async def _next_release_start() -> None:
     await workflow.sleep(timedelta(milliseconds=1), summary="release N+1's new first step")
 
 
+class NextScriptedInput(ScriptedInput):
+    """Release N+1's input model: a new field, with a default, as docs/production.md asks."""
+
+    currency: str = "usd"
+
+
+NEXT_APPROVAL = dataclasses.replace(
+    NEEDS_APPROVAL,
+    input_model=NextScriptedInput,
+    approval_threshold=ApprovalThreshold(argument="amount", above=Decimal(1000)),
+    version="2",
+)
+"""Release N+1's approval tool: a new input model, approval only above 1,000 (was 100)."""
+NEXT_RELEASE_TOOLS = Catalogue((SAFE, UNSAFE, NEXT_APPROVAL))
+"""Release N+1's catalogue: what its processes register."""
+
+
 @workflow.defn(name="AgentTaskWorkflow", sandboxed=False)
 class NextRelease(AgentTaskWorkflow):
-    """Release N+1: its new first command ships behind a patch."""
+    """Release N+1: its new first command ships behind a patch; its workers know
+    release N+1's tools."""
+
+    catalogue = NEXT_RELEASE_TOOLS
 
     @workflow.run
     async def run(self, task: AgentTaskInput) -> TaskStatus:
@@ -69,26 +89,10 @@ class NextReleaseUnguarded(AgentTaskWorkflow):
         return await super().run(task)
 
 
-class NextScriptedInput(ScriptedInput):
-    """Release N+1's input model: a new field, with a default, as docs/production.md asks."""
-
-    currency: str = "usd"
-
-
-NEXT_APPROVAL = dataclasses.replace(
-    NEEDS_APPROVAL,
-    input_model=NextScriptedInput,
-    approval_threshold=ApprovalThreshold(argument="amount", above=Decimal(1000)),
-    version="2",
-)
-"""Release N+1's approval tool: a new input model, approval only above 1,000 (was 100)."""
-
-
 async def test_release_n_plus_1_takes_over_parked_waiting_and_open_tasks_and_finishes_them(
     dev_server: WorkflowEnvironment,
     task_queue: str,
     script: Script,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     client = dev_server.client
     release_n = TaskClient(client, task_queue=task_queue)
@@ -145,15 +149,12 @@ async def test_release_n_plus_1_takes_over_parked_waiting_and_open_tasks_and_fin
 
     # Release N+1: its processes carry the new contract; its workers cache nothing, so
     # every workflow task of an old task replays that task's whole history.
-    monkeypatch.setitem(CATALOGUE._contracts, NEXT_APPROVAL.name, NEXT_APPROVAL)
-    next_client = TaskClient(
-        client, task_queue=task_queue, catalogue=Catalogue((SAFE, UNSAFE, NEXT_APPROVAL))
-    )
+    next_client = TaskClient(client, task_queue=task_queue, catalogue=NEXT_RELEASE_TOOLS)
     async with Worker(
         client,
         task_queue=task_queue,
         workflows=[NextRelease],
-        activities=script.activities(),
+        activities=script.activities(NEXT_RELEASE_TOOLS),
         max_cached_workflows=0,
     ):
         gated = client.get_workflow_handle(ids["gated"])

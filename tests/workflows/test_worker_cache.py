@@ -8,7 +8,7 @@ from temporalio.testing import WorkflowEnvironment
 from onceflow.settings import OnceflowSettings
 from onceflow.storage import build_pool
 from onceflow.task_api import TaskClient
-from onceflow.tools import arguments_digest
+from onceflow.tools.worker import arguments_digest
 from onceflow.worker import build_worker
 from onceflow.workflows.task_models import (
     AgentTaskInput,

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from onceflow_devstack.stripe_provider import Fault
 
-from onceflow.tools import key_digest
+from onceflow.tools.worker import key_digest
 from tests.harness import eventually
 
 from ..conftest import (

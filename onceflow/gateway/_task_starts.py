@@ -1,5 +1,5 @@
-"""Tasks at the boundary: one-step tool calls, plans and open tasks, started at most once
-per key and fingerprint, and their status.
+"""Task starts at the boundary: one-step tool calls, plans and open tasks, each started
+at most once per key and fingerprint (claim, start, answer).
 
 A new claim starts the task workflow (id derived from scope and key, ``USE_EXISTING``)
 and waits a bounded time for its result; a start that cannot reach Temporal releases the
@@ -15,13 +15,12 @@ then writes the outcome itself (``record_task_outcome``), as a task that asked p
 does. A record left processing after its task closed (its starter died) is answered
 from the workflow's result by the next repeat, which stores it, or by the upkeep pass.
 An open task is created the same way, but answered as soon as it runs (201): it ends only
-when it is closed.
+when it is closed. A task's status, once started, is the directory's (``_task_directory``).
 """
 
 import asyncio
 import hashlib
 import logging
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,17 +32,14 @@ from temporalio.client import (
     WorkflowQueryFailedError,
 )
 from temporalio.exceptions import WorkflowAlreadyStartedError
-from temporalio.service import RPCError, RPCStatusCode
+from temporalio.service import RPCError
 
 from onceflow.errors import (
     KEY_REUSED_DETAIL,
     InvalidRequest,
     KeyReusedWithDifferentRequest,
-    TaskNotFound,
-    TaskNotOpen,
-    TaskUnanswered,
 )
-from onceflow.gateway._backend import STATUS_QUERY_TIMEOUT, TEMPORAL_UNREACHABLE, backend_errors
+from onceflow.gateway._backend import STATUS_QUERY_TIMEOUT, TEMPORAL_UNREACHABLE
 from onceflow.gateway._claims import Claims
 from onceflow.gateway._fingerprint import request_fingerprint
 from onceflow.gateway._principals import ALL_TOOLS, Principal
@@ -65,32 +61,26 @@ from onceflow.gateway._requests import (
 from onceflow.gateway._responses import (
     CREATED_STATUS_CODE,
     IN_PROGRESS_STATUS_CODE,
-    TaskView,
-    is_terminal,
+    running_view,
     stored_outcome,
-    task_status_url,
     task_view,
 )
 from onceflow.gateway._settings import GatewaySettings
+from onceflow.gateway._task_directory import TaskDirectory
 from onceflow.task_api import TaskClient
 from onceflow.telemetry import boundary_span
-from onceflow.tools import Catalogue, derive_task_workflow_id, key_digest
+from onceflow.tools.worker import Catalogue, derive_task_workflow_id, key_digest
 from onceflow.workflows.task_models import (
+    REQUEST_HASH_MEMO,
+    STARTED_BY_CLAIM_MEMO,
     AgentTaskInput,
     OpenTaskOptions,
     StepInput,
-    TaskState,
     TaskStatus,
 )
 
 log = logging.getLogger("onceflow.gateway")
 
-REQUEST_HASH_MEMO = "onceflow_request_hash"
-"""Workflow memo field holding the fingerprint of the request that started the task."""
-STARTED_BY_CLAIM_MEMO = "onceflow_started_by_claim"
-"""Workflow memo field naming the claim whose owner started the task (a digest of its
-owner token): whether an answer is a replay depends on who started the task, not on
-whether the task is still running when the gateway looks."""
 TOOL_CALL_STEP_ID = "1"
 """Step id of the single step of a one-step task (a tool call)."""
 MARK_STARTED_AFTER = 1.0
@@ -101,8 +91,6 @@ record (it ends, or the mark comes) instead of waiting on the task; a starter th
 before marking leaves a claim whose lease runs out: a retry then takes it over and joins
 the task (its id is derived from the key), and the upkeep pass writes an ended task's
 outcome (``IdempotencyStore.started_unrecorded``)."""
-_TASK_KINDS_KEPT = 10_000
-"""Tasks whose tenant and kind one boundary process remembers (see ``_task_kinds``)."""
 
 
 @dataclass(frozen=True)
@@ -117,7 +105,7 @@ class _Submission:
     needs it)."""
 
 
-class TaskRequests:
+class TaskStarts:
     """Starts tasks once per key and fingerprint, waits for and replays their answers."""
 
     def __init__(
@@ -128,6 +116,7 @@ class TaskRequests:
         tasks: TaskClient,
         settings: GatewaySettings,
         catalogue: Catalogue,
+        directory: TaskDirectory,
         after_claim: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._claims = claims
@@ -135,10 +124,8 @@ class TaskRequests:
         self._tasks = tasks
         self._settings = settings
         self._catalogue = catalogue
+        self._directory = directory
         self._after_claim = after_claim
-        self._task_kinds: OrderedDict[str, tuple[str, bool]] = OrderedDict()
-        """Tenant and open-ness of tasks seen lately, by task id: both are fixed for the
-        task's life, and a task id is never reused, so they need asking only once."""
 
     async def call_tool(
         self,
@@ -149,9 +136,7 @@ class TaskRequests:
         *,
         deliberate_repeat: bool = False,
     ) -> BoundaryAnswer:
-        """Run one tool call as a one-step task, at most once per key and fingerprint;
-        ``deliberate_repeat``: a second effect identical to an earlier call's, on purpose
-        (the tool's contract must allow it)."""
+        """``BoundaryService.call_tool``."""
         # Only a catalogue name goes into the span: the path segment is the caller's text.
         known = tool if tool in self._catalogue else "unknown"
         attributes = request_attributes(
@@ -221,8 +206,7 @@ class TaskRequests:
     async def create_task(
         self, principal: Principal, body: Any, idempotency_key: str | None
     ) -> BoundaryAnswer:
-        """Run a multi-step task, or create an open task (a body with ``open``), at most
-        once per key and fingerprint."""
+        """``BoundaryService.create_task``."""
         if isinstance(body, dict) and "open" in body:
             return await self.open_task(principal, body, idempotency_key)
         attributes = request_attributes(
@@ -234,9 +218,7 @@ class TaskRequests:
     async def open_task(
         self, principal: Principal, body: Any, idempotency_key: str | None
     ) -> BoundaryAnswer:
-        """Create an open task (``CreateOpenTaskRequest``), at most once per key and
-        fingerprint; answered 201 as soon as it runs (the same key answers with the same
-        task: 201 while it is open, its stored final view once it closed)."""
+        """``BoundaryService.open_task``."""
         attributes = request_attributes(
             principal, request_scope(principal, "task", "create"), idempotency_key
         )
@@ -307,92 +289,6 @@ class TaskRequests:
             starter_records_outcome=True,
         )
         return await self._submit(task_submission(principal, key, normalized, task))
-
-    async def task_status(self, principal: Principal, task_id: str) -> TaskStatus:
-        """A task of the principal's tenant; ``TaskNotFound`` for any other."""
-        if len(task_id) > 1000:
-            raise TaskNotFound("no such task")
-        async with backend_errors():
-            try:
-                status = await asyncio.wait_for(self._tasks.status(task_id), STATUS_QUERY_TIMEOUT)
-            except TimeoutError:
-                raise await self.unanswered(task_id, tenant=principal.tenant) from None
-            except RPCError as error:
-                if error.status in (RPCStatusCode.NOT_FOUND, RPCStatusCode.INVALID_ARGUMENT):
-                    raise TaskNotFound("no such task") from None
-                if error.status in TEMPORAL_UNREACHABLE:
-                    raise
-                # E.g. FAILED_PRECONDITION while its workflow task fails: Temporal holds
-                # the task, no worker can answer for it now.
-                raise await self.unanswered(
-                    task_id, tenant=principal.tenant, failure=f"{error.status.name}: {error}"
-                ) from None
-            except WorkflowQueryFailedError as failed:
-                raise await self.unanswered(
-                    task_id, tenant=principal.tenant, failure=str(failed)
-                ) from None
-        # Another tenant's task is reported exactly like a missing one.
-        if status.tenant != principal.tenant:
-            raise TaskNotFound("no such task")
-        return status
-
-    async def unanswered(
-        self, task_id: str, *, tenant: str | None = None, failure: str | None = None
-    ) -> TaskNotFound | TaskUnanswered:
-        """Why a task did not answer, from what Temporal holds without a worker: no such
-        task (404, or another tenant's), its workflow task failing, no worker polling its
-        queue, or a worker too slow to answer in time."""
-        summary = await self._tasks.summary(task_id)
-        if summary is None or (tenant is not None and summary.tenant != tenant):
-            return TaskNotFound("no such task")
-        exists = f"task {task_id} exists ({summary.state}) but"
-        if summary.workflow_task_attempts > 1:
-            return TaskUnanswered(
-                f"{exists} its workflow task fails (attempt {summary.workflow_task_attempts}, "
-                "retried by Temporal), so no worker answers for it: see the failure in the "
-                "task's history in the Temporal UI (a worker without one of its tools, or a "
-                "release whose change to the workflow shipped without its patch)"
-                + (f"; the status query said: {failure}" if failure else "")
-            )
-        if failure is not None:
-            return TaskUnanswered(
-                f"{exists} its status query failed: {failure} (its workflow task fails: "
-                "see the task in the Temporal UI)"
-            )
-        if await self._tasks.workers_polling() == 0:
-            return TaskUnanswered(
-                f"{exists} no worker polls its task queue: start one (onceflow worker)",
-                retry_after_seconds=5,
-            )
-        return TaskUnanswered(
-            f"{exists} did not answer its status query within {STATUS_QUERY_TIMEOUT:g} s, "
-            "although workers polled its task queue lately (one may have just stopped, "
-            "or be too busy)"
-        )
-
-    def knows(self, task_id: str) -> bool:
-        """Whether this process remembers the task's tenant and kind."""
-        return task_id in self._task_kinds
-
-    def remember_task(self, task_id: str, *, tenant: str, is_open: bool) -> None:
-        """Remember a task's tenant and kind (both fixed for its life)."""
-        self._task_kinds[task_id] = (tenant, is_open)
-        self._task_kinds.move_to_end(task_id)
-        while len(self._task_kinds) > _TASK_KINDS_KEPT:
-            self._task_kinds.popitem(last=False)
-
-    def check_open_task(self, principal: Principal, task_id: str) -> None:
-        """Refuse a remembered task that is another tenant's or a plan."""
-        tenant, is_open = self._task_kinds[task_id]
-        if tenant != principal.tenant:
-            # Another tenant's task is reported exactly like a missing one.
-            raise TaskNotFound("no such task")
-        if not is_open:
-            raise TaskNotOpen(
-                "this task is a plan: its steps were given when it started; "
-                "create an open task (POST /v1/tasks with open) to send calls",
-                task_id=task_id,
-            )
 
     async def _submit(self, submission: _Submission) -> BoundaryAnswer:
         principal = submission.principal
@@ -470,18 +366,11 @@ class TaskRequests:
         if submission.is_open:
             if start.closed:
                 return await self._open_task_answer(record, replayed=True)
-            self.remember_task(record.workflow_id, tenant=record.tenant, is_open=True)
+            self._directory.remember_task(record.workflow_id, tenant=record.tenant, is_open=True)
             # Nothing has happened in the task yet: no need to ask it.
-            view = TaskView(
-                task_id=record.workflow_id,
-                state=TaskState.RUNNING,
-                steps=[],
-                status_url=task_status_url(record.workflow_id),
-                open=True,
-            )
             return BoundaryAnswer(
                 status_code=CREATED_STATUS_CODE,
-                body=view.model_dump(mode="json"),
+                body=running_view(record.workflow_id, is_open=True).model_dump(mode="json"),
                 task_id=record.workflow_id,
                 replayed=False,
             )
@@ -529,17 +418,11 @@ class TaskRequests:
             )
         except (TimeoutError, RPCError, WorkflowQueryFailedError):
             status = None
-        if status is None or not is_terminal(status):
+        if status is None or not status.state.is_terminal:
             view = (
                 task_view(status)
                 if status is not None
-                else TaskView(
-                    task_id=record.workflow_id,
-                    state=TaskState.RUNNING,
-                    steps=[],
-                    status_url=task_status_url(record.workflow_id),
-                    open=True,
-                )
+                else running_view(record.workflow_id, is_open=True)
             )
             return BoundaryAnswer(
                 status_code=CREATED_STATUS_CODE,
@@ -605,16 +488,11 @@ class TaskRequests:
                 # No worker answered the query (none polling, or the one holding the task
                 # died mid-query: "context canceled"): still accepted, nothing more to tell.
                 current = None
-            if current is None or not is_terminal(current):
+            if current is None or not current.state.is_terminal:
                 view = (
                     task_view(current)
                     if current is not None
-                    else TaskView(
-                        task_id=record.workflow_id,
-                        state=TaskState.RUNNING,
-                        steps=[],
-                        status_url=task_status_url(record.workflow_id),
-                    )
+                    else running_view(record.workflow_id, is_open=False)
                 )
                 return BoundaryAnswer(
                     status_code=IN_PROGRESS_STATUS_CODE,
