@@ -27,7 +27,7 @@ from onceflow.encryption import (
     UnknownEncryptionKey,
     onceflow_data_converter,
 )
-from onceflow.gateway import REQUEST_HASH_MEMO
+from onceflow.idempotency import REQUEST_HASH_MEMO
 from onceflow.workflows import AgentTaskWorkflow
 from onceflow.workflows.task_models import TaskState
 from tests.gateway.conftest import Caller, make_caller, new_tenant
