@@ -25,15 +25,8 @@ from psycopg_pool import AsyncConnectionPool
 from bench._bare import BareWorkflow
 from bench._report import Arm
 from bench._stack import TOOL, OneStepStack
-from onceflow.gateway import (
-    REQUEST_HASH_MEMO,
-    TOOL_CALL_STEP_ID,
-    IdempotencyStore,
-    NewClaim,
-    Principal,
-    request_fingerprint,
-    stored_outcome,
-)
+from onceflow.gateway import TOOL_CALL_STEP_ID, Principal, request_fingerprint
+from onceflow.idempotency import REQUEST_HASH_MEMO, IdempotencyStore, NewClaim, stored_outcome
 from onceflow.task_api import TaskClient
 from onceflow.tools.worker import derive_task_workflow_id
 from onceflow.workflows.task_models import AgentTaskInput, StepInput, TaskState

@@ -42,7 +42,8 @@ from temporalio.testing import WorkflowEnvironment
 
 from bench._report import Arm, report, run_info
 from onceflow.coupons import coupon_tools
-from onceflow.gateway import IdempotencyStore, NewClaim, PrincipalStore, request_fingerprint
+from onceflow.gateway import PrincipalStore, request_fingerprint
+from onceflow.idempotency import IdempotencyStore, NewClaim
 from onceflow.settings import OnceflowSettings
 from onceflow.storage import apply_migrations, build_pool
 from onceflow.worker import build_worker

@@ -1,11 +1,7 @@
-"""The boundary's records, written from inside Temporal: task outcomes and upkeep.
-
-A plan task's outcome is written by the request that started it, which awaits its
-result; the workflow writes it itself (``record_task_outcome``) for open tasks, for
-tasks that asked people and for tasks their starter stopped waiting for (a 202). The
-upkeep pass (``prune_idempotency_records``, run by the prune schedule) writes the outcome
-of every ended task whose starter died before it could, then deletes expired terminal
-records.
+"""The boundary's idempotency records, written from inside Temporal: two of a task
+outcome's four writers (the rules: ``onceflow.idempotency``), the workflow's own write
+(``record_task_outcome``) and the upkeep pass (``prune_idempotency_records``, run by the
+prune schedule), which then deletes expired terminal records.
 """
 
 from datetime import timedelta
@@ -14,15 +10,11 @@ from psycopg_pool import AsyncConnectionPool
 from pydantic import BaseModel
 from temporalio import activity
 
-from onceflow.gateway import IdempotencyStore, Unrecorded, stored_outcome
+from onceflow.idempotency import REQUEST_HASH_MEMO, IdempotencyStore, Unrecorded, stored_outcome
 from onceflow.task_api import TaskClient
 from onceflow.tools.worker import prune_intents
 from onceflow.workflows.pruning_models import PRUNE_IDEMPOTENCY_RECORDS, PruneInput, PruneResult
-from onceflow.workflows.task_models import (
-    RECORD_TASK_OUTCOME,
-    REQUEST_HASH_MEMO,
-    TaskOutcomeInput,
-)
+from onceflow.workflows.task_models import RECORD_TASK_OUTCOME, TaskOutcomeInput
 
 VISIBILITY_PAGE = 100
 """Tasks asked about in one visibility query."""

@@ -253,7 +253,8 @@ async def _start_or_join(client: TaskClient, task: AgentTaskInput, workflow_id: 
     same key with other arguments (or another principal) is refused instead of
     silently answered with the earlier task.
     """
-    from onceflow.gateway import KEY_REUSED_DETAIL, REQUEST_HASH_MEMO, request_fingerprint
+    from onceflow.gateway import KEY_REUSED_DETAIL, request_fingerprint
+    from onceflow.idempotency import REQUEST_HASH_MEMO
 
     [step] = task.steps
     fingerprint = request_fingerprint(

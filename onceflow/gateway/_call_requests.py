@@ -26,7 +26,6 @@ from onceflow.gateway._backend import STATUS_QUERY_TIMEOUT, backend_errors
 from onceflow.gateway._claims import Claims
 from onceflow.gateway._fingerprint import request_fingerprint
 from onceflow.gateway._principals import Principal
-from onceflow.gateway._records import IdempotencyRecord, IdempotencyStore, NewClaim, RecordState
 from onceflow.gateway._requests import (
     BoundaryAnswer,
     CallRequest,
@@ -42,6 +41,7 @@ from onceflow.gateway._requests import (
 from onceflow.gateway._responses import CallView, call_status_code, call_view
 from onceflow.gateway._settings import GatewaySettings
 from onceflow.gateway._task_directory import TaskDirectory
+from onceflow.idempotency import IdempotencyRecord, IdempotencyStore, NewClaim, RecordState
 from onceflow.task_api import TaskClient
 from onceflow.telemetry import boundary_span
 from onceflow.tools import ToolContract

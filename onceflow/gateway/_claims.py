@@ -26,7 +26,8 @@ from onceflow.errors import (
 )
 from onceflow.gateway._backend import backend_errors
 from onceflow.gateway._principals import Principal
-from onceflow.gateway._records import (
+from onceflow.gateway._settings import GatewaySettings
+from onceflow.idempotency import (
     AlreadyClaimed,
     Claimed,
     IdempotencyRecord,
@@ -34,7 +35,6 @@ from onceflow.gateway._records import (
     NewClaim,
     RecordState,
 )
-from onceflow.gateway._settings import GatewaySettings
 from onceflow.tools.worker import key_digest
 
 log = logging.getLogger("onceflow.gateway")

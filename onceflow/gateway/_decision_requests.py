@@ -18,7 +18,6 @@ from onceflow.gateway._backend import backend_errors
 from onceflow.gateway._claims import Claims
 from onceflow.gateway._fingerprint import request_fingerprint
 from onceflow.gateway._principals import Principal
-from onceflow.gateway._records import IdempotencyRecord, IdempotencyStore, NewClaim, RecordState
 from onceflow.gateway._requests import (
     ApproveRequest,
     DecisionReply,
@@ -32,6 +31,7 @@ from onceflow.gateway._requests import (
     request_scope,
 )
 from onceflow.gateway._task_directory import TaskDirectory
+from onceflow.idempotency import IdempotencyRecord, IdempotencyStore, NewClaim, RecordState
 from onceflow.task_api import DecisionAnswer, TaskClient
 from onceflow.telemetry import boundary_span
 from onceflow.tools.worker import derive_task_workflow_id

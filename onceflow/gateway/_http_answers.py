@@ -36,7 +36,7 @@ from onceflow.errors import (
 from onceflow.gateway._http_json import SortedJSONResponse
 from onceflow.gateway._openapi import REPLAYED_HEADER, TASK_ANSWER_HEADERS, problem_answers
 from onceflow.gateway._requests import BoundaryAnswer, DecisionReply
-from onceflow.gateway._responses import TaskView
+from onceflow.idempotency import TaskView
 
 
 def answer_response(answer: BoundaryAnswer) -> Response:

@@ -29,7 +29,8 @@ from onceflow.gateway._http_parameters import (
 from onceflow.gateway._openapi import TASK_ANSWER_HEADERS, problem_answers
 from onceflow.gateway._openapi_document import create_task_body, model_body
 from onceflow.gateway._requests import CallRequest
-from onceflow.gateway._responses import CallView, TaskView
+from onceflow.gateway._responses import CallView
+from onceflow.idempotency import TaskView
 from onceflow.workflows.task_models import TaskStatus
 
 router = APIRouter(tags=["tasks"])

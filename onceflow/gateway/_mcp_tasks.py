@@ -43,9 +43,9 @@ from pydantic import Field
 from onceflow.errors import OnceflowError, TaskNotFound
 from onceflow.gateway._principals import Principal
 from onceflow.gateway._requests import BoundaryAnswer
-from onceflow.gateway._responses import stored_outcome
 from onceflow.gateway._service import TOOL_CALL_STEP_ID, BoundaryService
 from onceflow.gateway._task_handles import CancelOutcome, TaskHandle
+from onceflow.idempotency import stored_outcome
 from onceflow.workflows.agent_task import NO_EFFECT_STEP_STATES
 from onceflow.workflows.task_models import StepState, StepStatus, TaskStatus
 

@@ -19,14 +19,13 @@ from onceflow.errors import (
     validation_problems,
 )
 from onceflow.gateway._principals import Principal
-from onceflow.gateway._records import IdempotencyRecord
 from onceflow.gateway._responses import (
     CREATED_STATUS_CODE,
     IN_PROGRESS_STATUS_CODE,
-    task_status_url,
 )
 from onceflow.gateway._settings import GatewaySettings
 from onceflow.gateway._strict import validate_strictly
+from onceflow.idempotency import IdempotencyRecord, task_status_url
 from onceflow.retry_policy import RetryBudget
 from onceflow.task_api import DecisionAnswer
 from onceflow.telemetry import sensitive_locations, unstorable_locations

@@ -8,9 +8,9 @@ from onceflow.encryption import PayloadEncryptionSettings
 from onceflow.gateway._principal_cache import principal_cache
 from onceflow.gateway._principals import PrincipalStore
 from onceflow.gateway._pruning import ensure_prune_schedule
-from onceflow.gateway._records import IdempotencyStore
 from onceflow.gateway._service import BoundaryService
 from onceflow.gateway._settings import GatewaySettings, check_retention
+from onceflow.idempotency import IdempotencyStore
 from onceflow.settings import OnceflowSettings, ProcessSettings
 from onceflow.storage import build_pool
 from onceflow.task_api import TaskClient, connect_temporal

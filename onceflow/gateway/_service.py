@@ -20,7 +20,6 @@ from onceflow.gateway._call_requests import CallRequests
 from onceflow.gateway._claims import Claims
 from onceflow.gateway._decision_requests import DecisionRequests
 from onceflow.gateway._principals import Principal, PrincipalStore
-from onceflow.gateway._records import IdempotencyStore
 from onceflow.gateway._requests import (
     BoundaryAnswer,
     DecisionReply,
@@ -33,6 +32,7 @@ from onceflow.gateway._settings import GatewaySettings
 from onceflow.gateway._task_directory import TaskDirectory
 from onceflow.gateway._task_handles import TaskHandles, TaskHandleStore
 from onceflow.gateway._task_starts import TOOL_CALL_STEP_ID, TaskStarts
+from onceflow.idempotency import IdempotencyStore
 from onceflow.task_api import TaskClient
 from onceflow.tools import ToolContract
 from onceflow.tools.worker import CATALOGUE, Catalogue, derive_task_workflow_id

@@ -9,13 +9,13 @@ one it waits a bounded time, else answers in progress (202 and the task's URL; 4
 the claim's owner has not marked the task started: ``MARK_STARTED_AFTER``). Another
 fingerprint is refused.
 
-The request that started a plan task writes its outcome into the record when the task
-ends within its wait. When the wait ends first (202), the request tells the task, which
-then writes the outcome itself (``record_task_outcome``), as a task that asked people
-does. A record left processing after its task closed (its starter died) is answered
-from the workflow's result by the next repeat, which stores it, or by the upkeep pass.
-An open task is created the same way, but answered as soon as it runs (201): it ends only
-when it is closed. A task's status, once started, is the directory's (``_task_directory``).
+This is two of a task outcome's four writers (the rules: ``onceflow.idempotency``): the
+starter of a plan task writes its outcome when the task ends within its wait
+(``_store_ended``), or tells the task it stopped waiting (``_stop_waiting``) before it
+answers 202; and the next repeat of a request whose record its task's end left
+processing stores the task's result. An open task is created the same way, but answered
+as soon as it runs (201): it ends only when it is closed. A task's status, once started,
+is the directory's (``_task_directory``).
 """
 
 import asyncio
@@ -43,7 +43,6 @@ from onceflow.gateway._backend import STATUS_QUERY_TIMEOUT, TEMPORAL_UNREACHABLE
 from onceflow.gateway._claims import Claims
 from onceflow.gateway._fingerprint import request_fingerprint
 from onceflow.gateway._principals import ALL_TOOLS, Principal
-from onceflow.gateway._records import IdempotencyRecord, IdempotencyStore
 from onceflow.gateway._requests import (
     BoundaryAnswer,
     CreateOpenTaskRequest,
@@ -62,17 +61,22 @@ from onceflow.gateway._responses import (
     CREATED_STATUS_CODE,
     IN_PROGRESS_STATUS_CODE,
     running_view,
-    stored_outcome,
-    task_view,
 )
 from onceflow.gateway._settings import GatewaySettings
 from onceflow.gateway._task_directory import TaskDirectory
+from onceflow.idempotency import (
+    REQUEST_HASH_MEMO,
+    STARTED_BY_CLAIM_MEMO,
+    IdempotencyRecord,
+    IdempotencyStore,
+    OutcomeWriter,
+    stored_outcome,
+    task_view,
+)
 from onceflow.task_api import TaskClient
 from onceflow.telemetry import boundary_span
 from onceflow.tools.worker import Catalogue, derive_task_workflow_id, key_digest
 from onceflow.workflows.task_models import (
-    REQUEST_HASH_MEMO,
-    STARTED_BY_CLAIM_MEMO,
     AgentTaskInput,
     OpenTaskOptions,
     StepInput,
@@ -197,8 +201,7 @@ class TaskStarts:
                         deliberate_repeat=deliberate_repeat,
                     )
                 ],
-                record_outcome=True,
-                starter_records_outcome=True,
+                outcome_writer=OutcomeWriter.STARTER,
             ),
         )
         return await self._submit(submission)
@@ -247,7 +250,7 @@ class TaskStarts:
                 max_lifetime=request.open.max_lifetime,
                 allowed_tools=allowed,
             ),
-            record_outcome=True,
+            outcome_writer=OutcomeWriter.WORKFLOW,
         )
         return await self._submit(task_submission(principal, key, normalized, task))
 
@@ -285,8 +288,7 @@ class TaskStarts:
             principal=principal.name,
             steps=steps,
             budget=request.budget,
-            record_outcome=True,
-            starter_records_outcome=True,
+            outcome_writer=OutcomeWriter.STARTER,
         )
         return await self._submit(task_submission(principal, key, normalized, task))
 

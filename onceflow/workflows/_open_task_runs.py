@@ -19,6 +19,7 @@ with workflow.unsafe.imports_passed_through():
         AgentTaskInput,
         CallAnswer,
         CallInput,
+        OutcomeWriter,
         StepInput,
         StepState,
         StepStatus,
@@ -103,11 +104,11 @@ class OpenTaskRuns(StepRuns):
                         if lifetime_ends <= idle_ends
                         else f"idle for {options.idle_timeout}"
                     )
-        if task.record_outcome:
+        if task.outcome_writer is not OutcomeWriter.NONE:
             await self._end_durably()
         self._publish_state(TaskState.CLOSED)
         workflow.set_current_details(self._open_details())
-        if task.record_outcome:
+        if task.outcome_writer is not OutcomeWriter.NONE:
             await self._record_outcome()
         await workflow.wait_condition(workflow.all_handlers_finished)
         return self._status()

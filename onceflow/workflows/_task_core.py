@@ -38,6 +38,7 @@ with workflow.unsafe.imports_passed_through():
         ApproveInput,
         AttemptRecord,
         BudgetStatus,
+        OutcomeWriter,
         ReconcileInput,
         StepState,
         StepStatus,
@@ -330,17 +331,15 @@ class TaskCore:
         )
 
     def _writes_its_outcome(self) -> bool:
-        """Whether this workflow writes the task's outcome into its idempotency record:
-        always when asked to, unless the starter writes it and is still waiting (its
-        request is answered with a 202 once a step waits for a person, or when its
-        bounded wait ends first: ``starter_stopped_waiting``)."""
-        if not self._task.record_outcome:
-            return False
-        return (
-            not self._task.starter_records_outcome
-            or self._asked_people
-            or self._starter_stopped_waiting
-        )
+        """Whether this workflow writes the task's outcome into its idempotency record
+        (``AgentTaskInput.outcome_writer``; the rules: ``onceflow.idempotency``): when it
+        is the writer, or when the starter is and no longer waits (its request was
+        answered with a 202 once a step waited for a person, or when its bounded wait
+        ended first: ``starter_stopped_waiting``)."""
+        writer = self._task.outcome_writer
+        if writer is OutcomeWriter.STARTER:
+            return self._asked_people or self._starter_stopped_waiting
+        return writer is OutcomeWriter.WORKFLOW
 
     def _decision_admitted(self) -> None:
         self._decision_admitted_at = workflow.info().get_current_history_length()

@@ -27,8 +27,10 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     field_serializer,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -36,18 +38,13 @@ from onceflow.retry_policy import OutcomeClass, RetryBudget
 from onceflow.tools.worker import ToolPolicy
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$"
+_OUTCOME_FLAGS = {"record_outcome", "starter_records_outcome"}
+"""The flags ``AgentTaskInput.outcome_writer`` replaced, still the input's wire form."""
 
-# The task's memo fields: stored with the workflow when it starts, never changed.
+# The task's memo field the workflow reads (the boundary's own: ``onceflow.idempotency``).
 TRACE_ID_MEMO = "trace_id"
 """The id of the trace that started the task (set by ``TaskClient``; the workflow names
 it in a parked task's details)."""
-REQUEST_HASH_MEMO = "onceflow_request_hash"
-"""The fingerprint of the request that started the task (set by the boundary): a repeat
-after its record was pruned joins the task only with the same fingerprint."""
-STARTED_BY_CLAIM_MEMO = "onceflow_started_by_claim"
-"""The claim whose owner started the task (a digest of its owner token, set by the
-boundary): whether an answer is a replay depends on who started the task, not on whether
-the task is still running when the gateway looks."""
 
 
 class TaskState(StrEnum):
@@ -176,6 +173,20 @@ class TaskMemory(BaseModel):
         )
 
 
+class OutcomeWriter(StrEnum):
+    """Who writes a task's outcome into the boundary's idempotency record, beside the next
+    repeat of its request and the upkeep pass, which repair what a dead writer left (the
+    four writers and why each exists: ``onceflow.idempotency``)."""
+
+    NONE = "none"
+    """No record names the task (started by hand, not through the gateway)."""
+    WORKFLOW = "workflow"
+    """The workflow writes it as it ends: nobody waits for its end (an open task)."""
+    STARTER = "starter"
+    """The request that started it awaits its result and writes it; the workflow writes
+    it only once the task asked people or its starter stopped waiting (a 202)."""
+
+
 class AgentTaskInput(BaseModel):
     """Everything a task needs: who asked, which tool calls, and how much retrying."""
 
@@ -187,16 +198,10 @@ class AgentTaskInput(BaseModel):
     """A plan's tool calls, in order (at least one); empty for an open task."""
     budget: RetryBudget | None = None
     """The task's retry budget; None takes ``RetryBudget()``'s defaults."""
-    record_outcome: bool = False
-    """Write the terminal result back to the boundary's idempotency record (set by the
-    gateway), so a repeated request can be answered even if the gateway died."""
-    starter_records_outcome: bool = False
-    """With ``record_outcome``: the request that started the task awaits its result and
-    writes the record itself (the gateway's plan tasks), so the workflow writes it only
-    when the task asked people (that request was answered long before) or its starter
-    said it stopped waiting (``starter_stopped_waiting``), and a task that ends promptly
-    ends without a write of its own. A record a dead starter left is
-    written by the next repeat or by the prune schedule's settling pass."""
+    outcome_writer: OutcomeWriter = OutcomeWriter.NONE
+    """Who writes the task's outcome into the boundary's idempotency record (set by the
+    gateway; the rules: ``onceflow.idempotency``). Default ``none``: no record names the
+    task. In history as the two flags it replaced (``_outcome_writer_as_flags``)."""
     started_with_attributes: bool = False
     """The starter set the plan's search attributes (tools, state) with the start
     (``TaskClient``), so the first workflow task upserts none."""
@@ -214,6 +219,53 @@ class AgentTaskInput(BaseModel):
     def plan_tools(self) -> list[str]:
         """The plan's tools, each once, sorted (the ``OnceflowTools`` attribute)."""
         return sorted({step.tool for step in self.steps})
+
+    @model_validator(mode="before")
+    @classmethod
+    def _outcome_writer_from_flags(cls, data: Any) -> Any:
+        """Read the two flags ``outcome_writer`` replaced, as every task's input still holds
+        them (``_outcome_writer_as_flags``); an ``outcome_writer`` given wins.
+
+        Reachable for every task until the flags stop being written, then for inputs
+        written before: remove once no task whose input holds them is open (an open task's
+        continued runs carry its input).
+        """
+        if not isinstance(data, dict) or not _OUTCOME_FLAGS & data.keys():
+            return data
+        data = dict(data)
+        records = data.pop("record_outcome", False)
+        by_starter = data.pop("starter_records_outcome", False)
+        if "outcome_writer" not in data:
+            data["outcome_writer"] = (
+                OutcomeWriter.NONE
+                if not records
+                else OutcomeWriter.STARTER
+                if by_starter
+                else OutcomeWriter.WORKFLOW
+            )
+        return data
+
+    @model_serializer(mode="wrap")
+    def _outcome_writer_as_flags(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """Write ``outcome_writer`` as the two flags it replaced, in their place.
+
+        A worker of 0.2.0 or earlier refuses an input with a field it does not know (its
+        model forbids extras), and workers are replaced one by one after the gateways
+        may already run this release: keep writing the flags until the oldest worker a
+        gateway can meet reads ``outcome_writer``, then write the field itself.
+        """
+        data = handler(self)
+        if not isinstance(data, dict) or "outcome_writer" not in data:
+            return data
+        flags = {
+            "record_outcome": self.outcome_writer is not OutcomeWriter.NONE,
+            "starter_records_outcome": self.outcome_writer is OutcomeWriter.STARTER,
+        }
+        return {
+            name: value
+            for key, field_value in data.items()
+            for name, value in (flags.items() if key == "outcome_writer" else [(key, field_value)])
+        }
 
     @model_validator(mode="after")
     def _step_ids_are_unique(self) -> "AgentTaskInput":

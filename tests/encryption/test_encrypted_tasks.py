@@ -26,7 +26,7 @@ from onceflow.encryption import (
     PayloadEncryptionSettings,
     UnknownEncryptionKey,
 )
-from onceflow.gateway import REQUEST_HASH_MEMO
+from onceflow.idempotency import REQUEST_HASH_MEMO
 from onceflow.plugin import OnceflowPlugin
 from onceflow.workflows import AgentTaskWorkflow
 from onceflow.workflows.task_models import TaskState

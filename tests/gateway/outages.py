@@ -24,9 +24,10 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RetryConfig
 
-from onceflow.gateway import BoundaryService, GatewaySettings, IdempotencyStore, PrincipalStore
+from onceflow.gateway import BoundaryService, GatewaySettings, PrincipalStore
 from onceflow.gateway.http_api import build_app
 from onceflow.gateway.http_server import HttpServer
+from onceflow.idempotency import IdempotencyStore
 from onceflow.task_api import TaskClient
 
 from .conftest import Stack

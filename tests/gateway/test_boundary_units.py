@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 
 from onceflow import errors, gateway
 from onceflow.errors import OnceflowError
-from onceflow.gateway import IdempotencyRecord, RecordState, request_fingerprint
+from onceflow.gateway import request_fingerprint
 from onceflow.gateway._http_json import SortedJSONResponse, read_json
-from onceflow.gateway._responses import stored_outcome, task_view
 from onceflow.gateway.mcp_server import IDEMPOTENCY_KEY_ARGUMENT, tool_definition
+from onceflow.idempotency import IdempotencyRecord, RecordState, stored_outcome, task_view
 from onceflow.retry_policy import RetryBudget
 from onceflow.tools.worker import CATALOGUE, IDEMPOTENCY_KEY_PATTERN
 from onceflow.workflows.task_models import (

@@ -13,15 +13,8 @@ from datetime import timedelta
 import httpx
 import pytest
 
-from onceflow.gateway import (
-    AlreadyClaimed,
-    Claimed,
-    IdempotencyStore,
-    NewClaim,
-    RequestInProgress,
-    _task_starts,
-    request_fingerprint,
-)
+from onceflow.gateway import RequestInProgress, _task_starts, request_fingerprint
+from onceflow.idempotency import AlreadyClaimed, Claimed, IdempotencyStore, NewClaim
 from onceflow.settings import OnceflowSettings
 from onceflow.storage import build_pool
 from onceflow.task_api import TaskClient

@@ -10,14 +10,8 @@ import asyncio
 import uuid
 from datetime import timedelta
 
-from onceflow.gateway import (
-    AlreadyClaimed,
-    Claimed,
-    IdempotencyStore,
-    NewClaim,
-    PrincipalStore,
-    request_fingerprint,
-)
+from onceflow.gateway import PrincipalStore, request_fingerprint
+from onceflow.idempotency import AlreadyClaimed, Claimed, IdempotencyStore, NewClaim
 from onceflow.storage import build_pool
 from onceflow.tools.worker import derive_task_workflow_id
 

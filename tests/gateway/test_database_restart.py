@@ -24,7 +24,7 @@ from onceflow.settings import OnceflowSettings
 from onceflow.storage import apply_migrations, build_pool
 from onceflow.task_api import TaskClient
 from onceflow.worker import build_worker
-from onceflow.workflows.task_models import AgentTaskInput, StepInput, TaskState
+from onceflow.workflows.task_models import AgentTaskInput, OutcomeWriter, StepInput, TaskState
 from tests.harness import HANG_SECONDS, wait_for
 from tests.tool_configuration import builtin
 
@@ -124,7 +124,7 @@ async def test_a_task_waits_out_its_databases_outage_without_spending_its_budget
         principal="agent-7",
         steps=[StepInput(step_id="1", tool="create_order", arguments=ORDER)],
         budget=one_attempt,
-        record_outcome=False,
+        outcome_writer=OutcomeWriter.NONE,
     )
     settings = OnceflowSettings(task_queue=queue, shutdown_grace_seconds=2)
     async with (
@@ -178,7 +178,7 @@ async def test_after_a_long_outage_the_gateway_answers_as_soon_as_the_server_is_
         tenant="acme",
         principal="agent-7",
         steps=[StepInput(step_id="1", tool="create_order", arguments=ORDER)],
-        record_outcome=False,
+        outcome_writer=OutcomeWriter.NONE,
     )
     try:
         async with (

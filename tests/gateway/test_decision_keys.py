@@ -25,9 +25,9 @@ from onceflow.gateway import (
     BackendUnavailable,
     BoundaryService,
     GatewaySettings,
-    IdempotencyStore,
     PrincipalStore,
 )
+from onceflow.idempotency import IdempotencyStore
 from onceflow.storage import build_pool
 from onceflow.task_api import DecisionAnswer, TaskClient
 from onceflow.tools.worker import arguments_digest, key_digest

@@ -16,16 +16,9 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from onceflow.gateway import (
-    AlreadyClaimed,
-    Claimed,
-    IdempotencyStore,
-    NewClaim,
-    PrincipalStore,
-    QuotaExceeded,
-    request_fingerprint,
-)
+from onceflow.gateway import PrincipalStore, QuotaExceeded, request_fingerprint
 from onceflow.gateway._principals import Principal
+from onceflow.idempotency import AlreadyClaimed, Claimed, IdempotencyStore, NewClaim
 from onceflow.storage import build_pool
 from onceflow.tools.worker import derive_task_workflow_id
 from tests.gateway.conftest import execute, rows

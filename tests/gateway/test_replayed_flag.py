@@ -6,7 +6,8 @@ from typing import Any
 
 from temporalio.client import WorkflowHandle
 
-from onceflow.gateway import BoundaryService, GatewaySettings, IdempotencyStore, PrincipalStore
+from onceflow.gateway import BoundaryService, GatewaySettings, PrincipalStore
+from onceflow.idempotency import IdempotencyStore
 from onceflow.storage import build_pool
 from onceflow.task_api import TaskClient
 from onceflow.workflows.task_models import AgentTaskInput

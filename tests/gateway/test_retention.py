@@ -28,12 +28,12 @@ from temporalio.testing import WorkflowEnvironment
 from onceflow.gateway import (
     BoundaryService,
     GatewaySettings,
-    IdempotencyStore,
     PrincipalStore,
     RetentionTooShort,
     check_retention,
     prune_schedule_id,
 )
+from onceflow.idempotency import IdempotencyStore
 from onceflow.retry_policy import RetryBudget
 from onceflow.settings import OnceflowSettings
 from onceflow.storage import build_pool

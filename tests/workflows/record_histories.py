@@ -38,6 +38,7 @@ from onceflow.workflows.task_models import (
     ApproveInput,
     CallInput,
     OpenTaskOptions,
+    OutcomeWriter,
     ReconcileDecision,
     ReconcileInput,
     StepInput,
@@ -76,16 +77,13 @@ async def _record(
 ) -> None:
     tasks = TaskClient(env.client, task_queue=queue)
 
-    async def start(
-        *steps: StepInput, record_outcome: bool = False, by_starter: bool = False
-    ) -> Handle:
+    async def start(*steps: StepInput, writer: OutcomeWriter = OutcomeWriter.NONE) -> Handle:
         task = AgentTaskInput(
             tenant="acme",
             principal="agent",
             steps=list(steps),
             budget=BUDGET,
-            record_outcome=record_outcome,
-            starter_records_outcome=by_starter,
+            outcome_writer=writer,
         )
         return await tasks.start(task, workflow_id=f"history-{uuid.uuid4().hex[:8]}")
 
@@ -301,13 +299,13 @@ async def _record(
 
     # An open task: a call retried, the model's repeat answered by it, a call parked
     # and decided, then closed by the agent.
-    async def open_task(record_outcome: bool = False, **options: Any) -> Handle:
+    async def open_task(writer: OutcomeWriter = OutcomeWriter.NONE, **options: Any) -> Handle:
         task = AgentTaskInput(
             tenant="acme",
             principal="agent",
             budget=BUDGET,
             open=OpenTaskOptions(**options),
-            record_outcome=record_outcome,
+            outcome_writer=writer,
         )
         return await tasks.start(task, workflow_id=f"history-{uuid.uuid4().hex[:8]}")
 
@@ -363,15 +361,14 @@ async def _record(
     # taking their start patches as one marker.
     folded = await start(
         StepInput(step_id="a", tool="scripted_safe", arguments={"label": script.plan("f", T, S)}),
-        record_outcome=True,
+        writer=OutcomeWriter.WORKFLOW,
     )
     await save("plan_outcome_recorded", folded)
     # As the gateway starts them since 0.2.0: the starter writes a prompt task's outcome
     # (no local activity), and one that asked people still records its own.
     by_starter = await start(
         StepInput(step_id="a", tool="scripted_safe", arguments={"label": script.plan("bs", T, S)}),
-        record_outcome=True,
-        by_starter=True,
+        writer=OutcomeWriter.STARTER,
     )
     await save("plan_outcome_written_by_starter", by_starter)
     asked = await start(
@@ -380,8 +377,7 @@ async def _record(
             tool="scripted_approval",
             arguments={"label": script.plan("ba", S), "amount": 500},
         ),
-        record_outcome=True,
-        by_starter=True,
+        writer=OutcomeWriter.STARTER,
     )
     awaiting = await _until(env, asked, TaskState.AWAITING_APPROVAL)
     await asked.execute_update(
@@ -398,8 +394,7 @@ async def _record(
     # Its starter stopped waiting before it ended (a 202): it records its own outcome.
     left = await start(
         StepInput(step_id="a", tool="scripted_safe", arguments={"label": script.plan("sw", T, S)}),
-        record_outcome=True,
-        by_starter=True,
+        writer=OutcomeWriter.STARTER,
     )
     await left.signal(AgentTaskWorkflow.starter_stopped_waiting)
     await save("plan_starter_stopped_waiting_records_its_outcome", left)
@@ -409,10 +404,10 @@ async def _record(
     script.unrecordable.add("unrecorded")
     unrecorded = await start(
         StepInput(step_id="a", tool="scripted_safe", arguments={"label": "unrecorded"}),
-        record_outcome=True,
+        writer=OutcomeWriter.WORKFLOW,
     )
     await save("plan_outcome_unrecorded", unrecorded)
-    recorded_open = await open_task(record_outcome=True)
+    recorded_open = await open_task(OutcomeWriter.WORKFLOW)
     await recorded_open.execute_update(
         AgentTaskWorkflow.call, calling("c1", "scripted_safe", script.plan("fo", T, S))
     )
@@ -426,7 +421,7 @@ async def _record(
         StepInput(
             step_id="d", tool="scripted_approval", arguments={"label": "denied", "amount": 900}
         ),
-        record_outcome=True,
+        writer=OutcomeWriter.WORKFLOW,
     )
     awaiting = await _until(env, denied, TaskState.AWAITING_APPROVAL)
     await denied.execute_update(
@@ -440,7 +435,7 @@ async def _record(
         ),
     )
     await save("denied_outcome_after_durable_decision", denied)
-    closed = await open_task(record_outcome=True)
+    closed = await open_task(OutcomeWriter.WORKFLOW)
     await closed.execute_update(
         AgentTaskWorkflow.call, calling("c1", "scripted_safe", script.plan("fc", S))
     )

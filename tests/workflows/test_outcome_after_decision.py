@@ -29,6 +29,7 @@ from onceflow.workflows.task_models import (
     ApproveInput,
     CallInput,
     OpenTaskOptions,
+    OutcomeWriter,
     StepInput,
     TaskOutcomeInput,
     TaskState,
@@ -93,7 +94,7 @@ async def test_a_denial_is_in_history_before_the_task_records_that_it_failed(
                     arguments={"label": "deny-me", "amount": 900},
                 )
             ],
-            record_outcome=True,
+            outcome_writer=OutcomeWriter.WORKFLOW,
         ),
         workflow_id=f"task-{uuid.uuid4().hex}",
     )
@@ -123,7 +124,10 @@ async def test_a_close_is_in_history_before_the_task_records_that_it_closed(
     tasks = TaskClient(own_time_skipping_env.client, task_queue=task_queue)
     handle: Handle = await tasks.start(
         AgentTaskInput(
-            tenant="acme", principal="agent", open=OpenTaskOptions(), record_outcome=True
+            tenant="acme",
+            principal="agent",
+            open=OpenTaskOptions(),
+            outcome_writer=OutcomeWriter.WORKFLOW,
         ),
         workflow_id=f"task-{uuid.uuid4().hex}",
     )

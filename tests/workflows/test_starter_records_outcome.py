@@ -1,7 +1,7 @@
 """A plan task whose starter writes its outcome ends without a write of its own.
 
 The gateway awaits each plan task it starts and writes the outcome into the idempotency
-record itself (``starter_records_outcome``): the task's last workflow task then holds no
+record itself (``OutcomeWriter.STARTER``): the task's last workflow task then holds no
 local activity, and its first no upsert (``TaskClient`` sets the plan's attributes with the
 start). A task that asked people still writes its own outcome: the request that started it
 may have been answered long before its end.
@@ -19,6 +19,7 @@ from onceflow.workflows import AgentTaskWorkflow
 from onceflow.workflows.task_models import (
     AgentTaskInput,
     ApproveInput,
+    OutcomeWriter,
     StepInput,
     TaskState,
     TaskStatus,
@@ -37,8 +38,7 @@ def gateway_task(*steps: StepInput) -> AgentTaskInput:
         tenant="acme",
         principal="agent",
         steps=list(steps),
-        record_outcome=True,
-        starter_records_outcome=True,
+        outcome_writer=OutcomeWriter.STARTER,
     )
 
 

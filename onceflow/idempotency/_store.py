@@ -1,4 +1,5 @@
-"""Idempotency records in PostgreSQL: atomic claim, lease takeover, fenced completion, pruning.
+"""Idempotency records in PostgreSQL: atomic claim, lease takeover, fenced completion, pruning
+(who writes a task's outcome, and why: the package's docstring).
 
 State machine of one record, keyed by ``(scope, idempotency_key)``::
 
@@ -14,7 +15,8 @@ A plan task's starter marks it started only once it ran for ``MARK_STARTED_AFTER
 that ends sooner goes from processing[lease] to its outcome in one write, which marks it
 too. A claim whose owner died before marking it keeps its lease: a retry takes it over
 after the lease and joins the task (its workflow id is derived from the key), and the
-upkeep pass writes the outcome of an ended task started for the claim's request.
+upkeep pass writes the outcome of an ended task started for the claim's request
+(``started_unrecorded``).
 
 A keyed decision (approve or reconcile of an existing task) starts nothing: its owner
 sends the decision and completes the record (``complete``) with the task's answer, a
