@@ -78,6 +78,7 @@ async def start(
     task_queue: str,
     *steps: tuple[str, str, dict[str, object]],
     budget: RetryBudget | None = FAST_BUDGET,
+    catalogue: Catalogue = CATALOGUE,
 ) -> Handle:
     # Carries its tools' policies as TaskClient's tasks do (None for an unknown tool).
     task = AgentTaskInput(
@@ -85,7 +86,7 @@ async def start(
         principal="agent-1",
         steps=[StepInput(step_id=sid, tool=tool, arguments=args) for sid, tool, args in steps],
         budget=budget,
-        policies=CATALOGUE.policies(tool for _, tool, _ in steps),
+        policies=catalogue.policies(tool for _, tool, _ in steps),
     )
     return await env.client.start_workflow(
         AgentTaskWorkflow.run, task, id=f"task-{uuid.uuid4().hex}", task_queue=task_queue
@@ -667,11 +668,12 @@ async def test_a_task_decides_by_the_policy_pinned_when_it_started(
             ),
         )
         result = await handle.result()
-        # A task started now pins the new values and needs no approval.
+        # A task admitted now carries the new values and needs no approval.
         fresh = await start(
             dev_server,
             task_queue,
             ("r", "scripted_approval", {"label": "new-threshold", "amount": 500}),
+            catalogue=next_release,
         )
         fresh_result = await fresh.result()
 
