@@ -13,8 +13,9 @@ with workflow.unsafe.imports_passed_through():
     # Summaries are identifiers only: readable in the UI when payloads are encrypted.
     from onceflow.encryption import ClearText
     from onceflow.errors import describe_validation
-    from onceflow.tools.worker import UnknownTool
+    from onceflow.tools.worker import ToolPolicy, UnknownTool
     from onceflow.tools.worker import arguments_digest as digest_arguments
+    from onceflow.workflows.patches import POLICIES_CARRIED
     from onceflow.workflows.task_models import (
         AgentTaskInput,
         CallAnswer,
@@ -32,6 +33,10 @@ with workflow.unsafe.imports_passed_through():
         TASK_TENANT,
         TASK_TOOLS,
     )
+from onceflow.workflows._retired_policy_pin import (
+    call_without_policy,
+    pin_policies_as_before_0_3_0,
+)
 from onceflow.workflows._step_runs import StepRuns
 from onceflow.workflows._task_core import (
     ENDED_STEP_STATES,
@@ -130,7 +135,10 @@ class OpenTaskRuns(StepRuns):
         published from the Update handler, before the call is accepted."""
         if self._known_call(request.call_id):
             return
-        await self._pin_tool(request.tool)
+        if not await self._pin_tool(request.tool, carried=request.policy):
+            raise ApplicationError(
+                call_without_policy(request.tool), type="CallRefused", non_retryable=True
+            )
         problem = self._call_state_problem(request)
         if problem:
             raise ApplicationError(problem, type="CallRefused", non_retryable=True)
@@ -151,6 +159,8 @@ class OpenTaskRuns(StepRuns):
             return problem
         if request.policy is not None and request.policy.tool != request.tool:
             return f"the call carries tool {request.policy.tool!r}'s policy, not {request.tool!r}'s"
+        if request.policy is None and request.tool not in self._memory.policies:
+            return call_without_policy(request.tool)
         try:
             self.catalogue.get(request.tool).input_model.model_validate(request.arguments)
         except UnknownTool as unknown:
@@ -185,7 +195,7 @@ class OpenTaskRuns(StepRuns):
         allowed = self._open.allowed_tools
         if allowed is not None and request.tool not in allowed:
             return f"tool {request.tool!r} is not allowed in this task"
-        if request.deliberate_repeat and not self._allows_deliberate_repeats(request, live=live):
+        if request.deliberate_repeat and not self._allows_deliberate_repeats(request):
             return (
                 f"tool {request.tool!r} does not allow deliberate repeats: an identical "
                 "earlier call answers this one"
@@ -201,19 +211,13 @@ class OpenTaskRuns(StepRuns):
             return f"the task's deadline ({budget.deadline} of machine time) has passed"
         return None
 
-    def _allows_deliberate_repeats(self, request: CallInput, *, live: bool = False) -> bool:
-        """From the pinned policy, or the call's. A call admitted without one, of a tool
-        not pinned yet, is checked against this worker's contract only ``live`` (by the
-        validator) and again by its coroutine once the tool is pinned."""
+    def _allows_deliberate_repeats(self, request: CallInput) -> bool:
+        """From the pinned policy, or the call's. A call without either is refused by the
+        validator for that; one a task of an earlier release accepted so (and pinned in
+        its coroutine, patch ``POLICIES_CARRIED``) is checked there once the tool is
+        pinned."""
         policy = self._memory.policies.get(request.tool) or request.policy
-        if policy is not None:
-            return policy.deliberate_repeats
-        if not live:
-            return True
-        try:
-            return self.catalogue.get(request.tool).deliberate_repeats
-        except UnknownTool:
-            return False
+        return True if policy is None else policy.deliberate_repeats
 
     def _accept_call(self, request: CallInput) -> None:
         digest = digest_arguments(request.tool, request.arguments)
@@ -249,11 +253,14 @@ class OpenTaskRuns(StepRuns):
         acceptances in an order replay does not reproduce."""
         in_workflow = True
         try:
-            pinned_at = None
-            if step.tool not in self._memory.policies:
-                pinned_at = workflow.now()
-                await self._pin_tool(step.tool)
             status = self._memory.calls[step.step_id]
+            if step.tool not in self._memory.policies:
+                # Only a call a task of an earlier release accepted without its policy:
+                # the validator refuses those now.
+                self._clock_before_pin[step.step_id] = workflow.now()
+                if not await self._pin_tool(step.tool, carried=None):
+                    self._clock_before_pin.pop(step.step_id, None)
+                    self._stop_step(status, StepState.FAILED, call_without_policy(step.tool))
             if status.deliberate_repeat and not self._policy(step.tool).deliberate_repeats:
                 self._stop_step(
                     status,
@@ -261,7 +268,7 @@ class OpenTaskRuns(StepRuns):
                     f"tool {step.tool!r} does not allow deliberate repeats: an identical "
                     "earlier call answers this one",
                 )
-            await self._run_step(step, pinned_at=pinned_at)
+            await self._run_step(step)
         except StepStopped:
             pass  # the call's own state says how it ended; the task goes on
         except Exception as crash:
@@ -278,19 +285,32 @@ class OpenTaskRuns(StepRuns):
                 self._memory.last_call_at = workflow.now()
                 self._changed = True
 
-    async def _pin_tool(self, tool: str) -> None:
-        """Pin a tool's policy the first time a call uses it (recorded in history)."""
+    async def _pin_tool(self, tool: str, *, carried: ToolPolicy | None) -> bool:
+        """Pin a tool's policy the first time a call of it runs: the one the call carries.
+        False when it carries none and nothing else may pin it.
+
+        Before 0.3.0 a local activity pinned it (the retired branch of
+        ``POLICIES_CARRIED``): a task that did replays that; a 0.1.0 open task, whose
+        handler pinned every new tool so, keeps doing it live once its replay answered
+        ``patched`` with False (the answer holds for the run).
+        """
         if tool in self._memory.policies:
-            return
+            return True
+        if workflow.patched(POLICIES_CARRIED):
+            if carried is None:
+                return False
+            self._memory.policies[tool] = carried
+            return True
         if tool in self._pinning:
             await workflow.wait_condition(lambda: tool in self._memory.policies)
-            return
+            return True
         self._pinning.add(tool)
         try:
-            for name, policy in (await self._pin_policies([tool])).items():
+            for name, policy in (await pin_policies_as_before_0_3_0([tool])).items():
                 self._memory.policies.setdefault(name, policy)  # an admitted call's came first
         finally:
             self._pinning.discard(tool)
+        return True
 
     def _known_call(self, call_id: str) -> bool:
         return call_id in self._memory.calls or call_id in self._memory.repeat_of

@@ -6,7 +6,7 @@ import contextlib
 from datetime import datetime, timedelta
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError
 
 with workflow.unsafe.imports_passed_through():
     # Summaries are identifiers only: readable in the UI when payloads are encrypted.
@@ -20,14 +20,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from onceflow.tools import ToolAttemptResult
     from onceflow.tools.providers import ProviderHold, Send
-    from onceflow.tools.worker import (
-        PIN_TASK_POLICY,
-        KeyUnusable,
-        PinPolicyInput,
-        TaskPolicy,
-        ToolCallInput,
-        ToolPolicy,
-    )
+    from onceflow.tools.worker import KeyUnusable, ToolCallInput, ToolPolicy
     from onceflow.workflows.patches import (
         DATABASE_WAITS,
         KEY_GENERATIONS,
@@ -46,7 +39,6 @@ with workflow.unsafe.imports_passed_through():
 from onceflow.workflows._task_core import (
     MIN_TIMER,
     ONE_ATTEMPT,
-    PIN_TIMEOUT,
     RETRYABLE,
     DecisionCheck,
     KeyWindow,
@@ -72,11 +64,11 @@ class StepRuns(TaskCore):
     """Runs steps: attempts, retries within the budget and the key's window, look-ups,
     waits for approval, parks."""
 
-    async def _run_step(self, step: StepInput, *, pinned_at: datetime | None = None) -> None:
+    async def _run_step(self, step: StepInput) -> None:
         """Run one step to its end (or until it parks for good), then stop its key
         window's timer: it matters only while the step may still send."""
         try:
-            await self._run_step_attempts(step, pinned_at=pinned_at)
+            await self._run_step_attempts(step)
         except GeneratorExit:
             raise  # closed outside the workflow's event loop (evicted): nothing to stop
         except BaseException:
@@ -84,32 +76,29 @@ class StepRuns(TaskCore):
             raise
         self._stop_key_window(step.step_id)
 
-    async def _run_step_attempts(self, step: StepInput, *, pinned_at: datetime | None) -> None:
+    async def _run_step_attempts(self, step: StepInput) -> None:
         """Attempt the step until it succeeds, stops, or an operator ends it.
 
         Decides from history alone: the pinned policy and the arguments as recorded (the
         approval threshold reads them; the attempt validates them with the tool's input
         model and records a rejection as its outcome), never from this worker's input
         model, so a worker whose model changed still replays and finishes old tasks.
-
-        ``pinned_at``: the time before a local activity pinned the step's policy, when
-        the step runs right after it. A clock read there would not replay (Core may
-        deliver the activity's result a workflow task later live than on replay), so
-        the first attempt's start, or the wait for approval, counts from it instead.
         """
         status = self._memory.calls[step.step_id]
         policy = self._policy(step.tool)
+        # Set only by the retired pin (POLICIES_CARRIED), for a task of an earlier release.
+        started_at = self._clock_before_pin.pop(step.step_id, None)
         if policy.needs_approval(step.arguments):
-            await self._await_approval(status, now=pinned_at)
-            pinned_at = None
+            await self._await_approval(status, now=started_at)
+            started_at = None
         operator_authorised = False
         saw_unknown = False
         reserved = False
         while True:
             result = await self._attempt(
-                step, policy, status, operator_authorised, started_at=pinned_at, reserved=reserved
+                step, policy, status, operator_authorised, started_at=started_at, reserved=reserved
             )
-            pinned_at, reserved = None, False
+            started_at, reserved = None, False
             if result.outcome is OutcomeClass.SUCCEEDED:
                 self._finish_step(status, result.resource_id, result.result)
                 return
@@ -280,33 +269,6 @@ class StepRuns(TaskCore):
         return await self._look_up(
             step, policy, status, why="once the old key's requests have settled"
         )
-
-    async def _pin_policies(self, tools: list[str]) -> dict[str, ToolPolicy]:
-        """Resolve the tools' policies once (a plan's in its first workflow task, an open
-        task's as calls bring them): Temporal records the local activity's answer, and
-        every replay reads it from history."""
-        try:
-            pinned: TaskPolicy = await workflow.execute_local_activity(
-                PIN_TASK_POLICY,
-                PinPolicyInput(tools=tools),
-                result_type=TaskPolicy,
-                start_to_close_timeout=PIN_TIMEOUT,
-                retry_policy=ONE_ATTEMPT,
-                summary=ClearText("pin the task's policy"),
-            )
-        except (ActivityError, ApplicationError) as failure:
-            # A local activity's failure may arrive unwrapped.
-            cause = failure.cause if isinstance(failure, ActivityError) else failure
-            if isinstance(cause, ApplicationError) and cause.type == "ToolNotOnThisWorker":
-                # Fail the workflow task (Temporal retries it) until a worker with the
-                # tool pins the policy; nothing is recorded, nothing fails for good.
-                raise ToolNotOnThisWorker(cause.message) from None
-            raise ToolNotOnThisWorker(
-                f"this worker could not pin the task's policy ({type(cause).__name__}: "
-                f"{cause}); build workers with onceflow.worker.build_worker, which "
-                "registers pin_task_policy"
-            ) from None
-        return dict(pinned.tools)
 
     def _policy(self, tool: str) -> ToolPolicy:
         return self._memory.policies[tool]  # pinned before any of its steps runs

@@ -169,6 +169,12 @@ class TaskCore:
         self._open = task.open
         self._closing: str | None = None
         self._pinning: set[str] = set()
+        """Tools a call's coroutine is pinning (retired with ``POLICIES_CARRIED``)."""
+        self._clock_before_pin: dict[str, datetime] = {}
+        """Per step: the time before a local activity pinned its policy, when the step
+        runs right after it (retired with ``POLICIES_CARRIED``). A clock read there would
+        not replay (Core may deliver the activity's result a workflow task later live than
+        on replay), so the step's first attempt, or its wait for approval, counts from it."""
         self._published_tools: list[str] = []
         self._calls_this_run = 0
         self._changed = False

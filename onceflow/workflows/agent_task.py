@@ -8,12 +8,12 @@ whose repeat is not provably safe parks the step until an operator decides.
 It decides only from its pinned policy: every tool's ``ToolPolicy`` comes in the start
 input (a plan) or with the tool's first call (an open task), resolved by the process
 that admitted it, so a process with other settings changes new tasks, never this one. A
-task started without them pins them with the local activity ``pin_task_policy``,
-recorded in history (a time read right after that activity would not replay: Core may
-deliver its result one workflow task later live than on replay, so the admitted path
-reads none). A repeat under a key the provider forgets is checked against the key's
-send window after every backoff, bounded by it while it waits for a worker, and
-checked again by the attempt itself.
+plan started without them fails at its first workflow task, a call without its policy is
+refused by the ``call`` validator; tasks of earlier releases that pinned them with a local
+activity replay that path (``_retired_policy_pin``, patch ``POLICIES_CARRIED``). A
+repeat under a key the provider forgets is checked against the key's send window after
+every backoff, bounded by it while it waits for a worker, and checked again by the
+attempt itself.
 
 This module holds the workflow's entry points (run, the query, the Updates and signals);
 its parts, one job each, are the classes it is made of: ``_task_core.TaskCore`` (the
@@ -54,6 +54,7 @@ from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    from onceflow.workflows.patches import POLICIES_CARRIED
     from onceflow.workflows.task_models import (
         TRACE_ID_MEMO,
         AgentTaskInput,
@@ -72,6 +73,10 @@ with workflow.unsafe.imports_passed_through():
     )
 from onceflow.workflows._open_task_runs import OpenTaskRuns
 from onceflow.workflows._people_decisions import PeopleDecisions
+from onceflow.workflows._retired_policy_pin import (
+    pin_policies_as_before_0_3_0,
+    started_without_policies,
+)
 from onceflow.workflows._task_core import (
     ENDED_STEP_STATES,
     NO_EFFECT_STEP_STATES,
@@ -100,6 +105,10 @@ class AgentTaskWorkflow(OpenTaskRuns, PeopleDecisions):
 
     @workflow.run
     async def run(self, task: AgentTaskInput) -> TaskStatus:
+        if task.open is None and task.policies is None and workflow.patched(POLICIES_CARRIED):
+            # Started by hand without what every admitted plan carries: refused before it
+            # does anything (a task of an earlier release replays the pin below).
+            raise started_without_policies()
         if task.open is not None:
             return await self._run_open(task)
         if not task.started_with_attributes:
@@ -111,17 +120,21 @@ class AgentTaskWorkflow(OpenTaskRuns, PeopleDecisions):
                 ]
             )
         self._take_release_of_start()
-        pinned_at = None
         if task.policies is not None:
             self._memory.policies = dict(task.policies)
         else:
-            pinned_at = workflow.now()
-            self._memory.policies = await self._pin_policies(sorted({s.tool for s in task.steps}))
+            # Retired (POLICIES_CARRIED): only a plan started without policies before
+            # 0.3.0 gets here. Its first step counts from the time before the local
+            # activity (see StepRuns._clock_before_pin).
+            if task.steps:
+                self._clock_before_pin[task.steps[0].step_id] = workflow.now()
+            self._memory.policies = await pin_policies_as_before_0_3_0(
+                sorted({s.tool for s in task.steps})
+            )
         failure = None
         try:
             for step in task.steps:
-                await self._run_step(step, pinned_at=pinned_at)
-                pinned_at = None
+                await self._run_step(step)
         except StepStopped as stopped:
             failure = str(stopped)
         records = self._writes_its_outcome()

@@ -52,6 +52,7 @@ OLD_KEY_SETTLES = "new-key-after-old-key-settles"
 DATABASE_WAITS = "database-outage-attempts-are-free"
 UNVERIFIED_RECORDED = "unverified-happened-recorded"
 UNREGISTERED_ACTIVITY_IS_TRANSIENT = "unregistered-activity-is-transient"
+POLICIES_CARRIED = "policies-carried-no-pin"
 
 _RETIRE_0_1_0 = (
     "remove once no task started on 0.1.0 is open (docs/production.md, the count query "
@@ -151,6 +152,25 @@ PATCHES: tuple[Patch, ...] = (
             "deprecate once no task started before the release that brought it can be "
             "waiting out that backoff (it ends 32 s after its last write failed); remove "
             "once none started before the release that deprecated it is open"
+        ),
+    ),
+    Patch(
+        id=POLICIES_CARRIED,
+        change=(
+            "A plan started without its tools' policies fails at its first workflow task "
+            "(StartedWithoutPolicies), and a call of a tool the task has not pinned uses "
+            "the policy it carries, instead of pinning either with the local activity "
+            "pin_task_policy (workflows/_retired_policy_pin.py)."
+        ),
+        since="0.3.0",
+        stage="patched",
+        retire_when=(
+            "deprecate once no task started before the release that brought it is open "
+            "(the count query with StartTime before its deploy): until then a 0.1.0 or "
+            "0.2.0 task started without policies replays the pin, and a 0.1.0 open task "
+            "pins a new call's tool live, so workers keep registering pin_task_policy; "
+            "remove once none started before the release that deprecated it is open, "
+            "with PolicyPinning, PIN_TASK_POLICY, PinPolicyInput and TaskPolicy"
         ),
     ),
 )

@@ -6,7 +6,8 @@ replay test pass without knowing why it failed: that failure means running tasks
 
 Every history replays the baseline release (``onceflow.workflows.patches``): tasks
 admitted as ``TaskClient`` admits them (their policies in the input) and, named
-``by_hand_*``, tasks started without policies (pinned by a local activity). Once a patch
+``by_hand_*``, tasks started without policies (refused; before 0.3.0 pinned by a local
+activity, histories kept from then). Once a patch
 ships, its old side is the histories recorded before it: record only the new ones by
 name. The negative control ``nondeterministic/*.json`` must fail replay.
 
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from onceflow_devstack.binaries import installed_binary
-from temporalio.client import WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.client import WorkflowFailureError, WorkflowHandle, WorkflowUpdateFailedError
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
@@ -455,42 +456,30 @@ async def _record(
     await idle.execute_update(AgentTaskWorkflow.call, calling("c1", "scripted_safe", "idle-1"))
     await save("open_task_closed_idle", idle)
 
-    # Started without policies (by hand, or by a process that lacks a tool): the plan
-    # pins them with a local activity; the open task pins each tool in its first call's
-    # coroutine, here for several first calls at once with a close racing them.
+    # Started without policies (by hand): refused at its first workflow task (patch
+    # policies-carried-no-pin). Its old side, a plan and an open task pinning them with a
+    # local activity, is by_hand_plan_pins_its_policy and
+    # by_hand_open_task_parallel_first_calls, recorded before it and kept as they are.
     by_hand = await env.client.start_workflow(
         AgentTaskWorkflow.run,
         AgentTaskInput(
             tenant="acme",
             principal="agent",
-            steps=[
-                StepInput(
-                    step_id="k",
-                    tool="scripted_provider",
-                    arguments={"label": script.plan("bh", U, S)},
-                )
-            ],
+            steps=[StepInput(step_id="k", tool="scripted_provider", arguments={"label": "bh"})],
             budget=BUDGET,
         ),
         id=f"history-{uuid.uuid4().hex[:8]}",
         task_queue=queue,
     )
-    await save("by_hand_plan_pins_its_policy", by_hand)
-    parallel = await env.client.start_workflow(
-        AgentTaskWorkflow.run,
-        AgentTaskInput(tenant="acme", principal="agent", budget=BUDGET, open=OpenTaskOptions()),
-        id=f"history-{uuid.uuid4().hex[:8]}",
-        task_queue=queue,
-    )
-    first_calls = [
-        CallInput(call_id=f"c{n}", tool=tool, arguments={"label": f"par-{n}"})
-        for n, tool in enumerate(("scripted_safe", "scripted_unsafe", "scripted_provider"))
-    ]
-    await asyncio.gather(
-        *(parallel.execute_update(AgentTaskWorkflow.call, call) for call in first_calls)
-    )
-    await parallel.execute_update(AgentTaskWorkflow.close)
-    await save("by_hand_open_task_parallel_first_calls", parallel)
+    try:
+        await by_hand.result()
+    except WorkflowFailureError:
+        pass
+    else:
+        raise RuntimeError("a plan started without policies ran")
+    if not only or "by_hand_plan_refused" in only:
+        history = await by_hand.fetch_history()
+        (HISTORIES / "by_hand_plan_refused.json").write_text(history.to_json())
 
     # A step resumed by a decision Update acts only once the decision is in history: a
     # timer first (patch decision-durable-before-acting, whose old side is

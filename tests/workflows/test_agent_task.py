@@ -12,7 +12,12 @@ from decimal import Decimal
 
 import pytest
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import WorkflowExecutionStatus, WorkflowHandle, WorkflowUpdateFailedError
+from temporalio.client import (
+    WorkflowFailureError,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+)
+from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
@@ -73,12 +78,15 @@ async def start(
     task_queue: str,
     *steps: tuple[str, str, dict[str, object]],
     budget: RetryBudget | None = FAST_BUDGET,
+    catalogue: Catalogue = CATALOGUE,
 ) -> Handle:
+    # Carries its tools' policies as TaskClient's tasks do (None for an unknown tool).
     task = AgentTaskInput(
         tenant="acme",
         principal="agent-1",
         steps=[StepInput(step_id=sid, tool=tool, arguments=args) for sid, tool, args in steps],
         budget=budget,
+        policies=catalogue.policies(tool for _, tool, _ in steps),
     )
     return await env.client.start_workflow(
         AgentTaskWorkflow.run, task, id=f"task-{uuid.uuid4().hex}", task_queue=task_queue
@@ -501,22 +509,14 @@ async def test_invalid_arguments_fail_the_task_by_the_attempts_rejection_and_not
 async def test_a_tool_this_worker_lacks_waits_for_one_that_has_it(
     time_skipping_env: WorkflowEnvironment, task_queue: str, script: Script, worker: Worker
 ) -> None:
-    # The boundary starts only catalogued tools: an unknown one means a worker without
-    # the custom tool. The workflow task fails (and Temporal retries it) instead of the step.
+    # A task started by hand without its tools' policies (here: a tool nobody catalogued)
+    # is refused at its first workflow task, saying what to do; nothing ran.
     unknown = await start(time_skipping_env, task_queue, ("s", "no_such_tool", {}))
-
-    async def failures() -> list[str]:
-        return [
-            event.workflow_task_failed_event_attributes.failure.message
-            async for event in unknown.fetch_history_events()
-            if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED
-        ]
-
-    failed = await eventually(failures, what="a workflow task of the task failed", timeout=10)
-    assert "tool 'no_such_tool' is not registered on this worker" in failed[0]
-    description = await unknown.describe()
-    assert description.status == WorkflowExecutionStatus.RUNNING  # nothing failed for good
-    await unknown.terminate("test over")
+    with pytest.raises(WorkflowFailureError) as refused:
+        await unknown.result()
+    assert isinstance(refused.value.cause, ApplicationError)
+    assert refused.value.cause.type == "StartedWithoutPolicies"
+    assert "AgentTaskInput.policies" in str(refused.value.cause)
 
     # A tool whose activity no worker registered: the attempts ran nothing (transient),
     # and the step fails with the fix once the budget is spent, never parks.
@@ -668,11 +668,12 @@ async def test_a_task_decides_by_the_policy_pinned_when_it_started(
             ),
         )
         result = await handle.result()
-        # A task started now pins the new values and needs no approval.
+        # A task admitted now carries the new values and needs no approval.
         fresh = await start(
             dev_server,
             task_queue,
             ("r", "scripted_approval", {"label": "new-threshold", "amount": 500}),
+            catalogue=next_release,
         )
         fresh_result = await fresh.result()
 

@@ -9,10 +9,11 @@ does every deadline counted from it (the key's send-by, the first attempt's age)
 task's first replay decides otherwise and the task is stuck for good.
 
 A task admitted through ``TaskClient`` carries its policies, so no local activity runs
-before its first attempt; a task started by hand still pins them with one, and counts
-from the time before it. Each test compares what the task recorded live with what a
-worker that caches nothing rebuilds from its history (its status query, after the task
-ended, replays the whole history).
+before its first attempt; a task started by hand without them is refused (before 0.3.0
+it pinned them with one and counted from the time before it: its saved histories
+replay). Each test compares what the task recorded live with what a worker that caches
+nothing rebuilds from its history (its status query, after the task ended, replays the
+whole history).
 
 A live worker may also read an earlier workflow task's time (seen after a Temporal
 restart): the key's window is decided by a timer, never by comparing that clock.
@@ -26,14 +27,14 @@ from datetime import datetime, timedelta
 import pytest
 from temporalio import workflow
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import WorkflowHandle, WorkflowHistory
+from temporalio.client import WorkflowFailureError, WorkflowHandle, WorkflowHistory
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, Worker
 
 from onceflow.plugin import OnceflowPlugin
 from onceflow.retry_policy import OutcomeClass, RetryBudget
 from onceflow.task_api import CallRefused, TaskClient
-from onceflow.tools.worker import CATALOGUE, Catalogue
+from onceflow.tools.worker import CATALOGUE
 from onceflow.workflows import AgentTaskWorkflow
 from onceflow.workflows.task_models import (
     AgentTaskInput,
@@ -128,27 +129,21 @@ async def test_an_admitted_task_runs_no_local_activity_and_replays_its_attempts_
     assert replayed.step("pay").attempts == live.step("pay").attempts
 
 
-async def test_a_task_started_by_hand_counts_its_first_attempt_from_before_the_pin(
+async def test_a_task_started_by_hand_is_refused_before_it_pins_anything(
     dev_server: WorkflowEnvironment, task_queue: str, script: Script
 ) -> None:
-    rounds = []
-    for lead in LEADS:
-        handle = await dev_server.client.start_workflow(
-            AgentTaskWorkflow.run,
-            a_plan(script.plan(f"by-hand-{lead}")),
-            id=f"by-hand-{uuid.uuid4().hex}",
-            task_queue=task_queue,
-        )
-        live = await run_with_a_query_waiting(dev_server, task_queue, script, handle, lead)
-        assert live.state is TaskState.SUCCEEDED
-        replayed = await replayed_status(dev_server, task_queue, script, handle)
-        # Live and replayed, whichever workflow task the pin's result came in.
-        assert replayed.step("pay").attempts == live.step("pay").attempts
-        rounds.append(await pin_answered_a_task_late(handle))
-        if rounds[-1]:
-            break
-    # The scenario happened: the first attempt came a workflow task after the pin.
-    assert rounds[-1], rounds
+    # Before 0.3.0 it pinned its policies with a local activity and counted from the time
+    # before it; those tasks replay from their saved histories (by_hand_*.json).
+    handle = await dev_server.client.start_workflow(
+        AgentTaskWorkflow.run,
+        a_plan(script.plan("by-hand")),
+        id=f"by-hand-{uuid.uuid4().hex}",
+        task_queue=task_queue,
+    )
+    with pytest.raises(WorkflowFailureError):
+        await run_with_a_query_waiting(dev_server, task_queue, script, handle, LEADS[0])
+    assert await pin_answered_a_task_late(handle) is None  # no local activity ran
+    assert script.attempts("by-hand") == 0
 
 
 PARALLEL_TOOLS = ("scripted_safe", "scripted_unsafe", "scripted_provider", "scripted_verified")
@@ -180,14 +175,11 @@ async def one_round(tasks: TaskClient, script: Script, number: int) -> str:
     return workflow_id
 
 
-@pytest.mark.parametrize("admitted", [True, False], ids=["admitted", "pinned-by-the-task"])
 async def test_parallel_first_calls_of_several_tools_and_a_racing_close_replay(
-    dev_server: WorkflowEnvironment, task_queue: str, script: Script, admitted: bool
+    dev_server: WorkflowEnvironment, task_queue: str, script: Script
 ) -> None:
-    # Not admitted: a client that knows none of the tools sends calls without policies,
-    # and the task pins each tool with a local activity when its first call runs.
-    catalogue = CATALOGUE if admitted else Catalogue()
-    tasks = TaskClient(dev_server.client, task_queue=task_queue, catalogue=catalogue)
+    # Each call carries its policy (a call without one is refused by the validator).
+    tasks = TaskClient(dev_server.client, task_queue=task_queue, catalogue=CATALOGUE)
     async with Worker(
         dev_server.client,
         task_queue=task_queue,
