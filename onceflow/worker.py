@@ -77,9 +77,10 @@ async def build_worker(
     Leaving the block shuts it down: no new work is taken and running activities get the
     shutdown grace, so their completions are kept.
 
-    The tools are registered with the catalogue first: a task starting on this worker
-    pins its tools' policies from their contracts there (``pin_task_policy``), and keeps
-    them for its whole life whatever worker runs it later. Each tool's client is opened
+    The tools are registered with the catalogue first: a call of an open task is
+    checked against their contracts there. (A task started before 0.3.0 without
+    policies pins them from there with ``pin_task_policy``, and keeps them for its whole
+    life whatever worker runs it later.) Each tool's client is opened
     once for the worker's lifetime; tools sharing one ``open_client`` (one family's)
     share the client it opened. Tracing comes with ``client`` (``connect_temporal`` puts
     Temporal's interceptor on it, and a worker inherits its client's);
@@ -131,7 +132,8 @@ async def build_worker(
                 AuditActivities(auditors or {}).run_audit,
                 records.record_task_outcome,
                 records.prune_idempotency_records,
-                # Pins each new task's policy from this worker's contracts (local activity).
+                # Pins the policies of a task started without them before 0.3.0 (local
+                # activity; retired with patch policies-carried-no-pin).
                 PolicyPinning().pin_task_policy,
             ]
         )

@@ -8,9 +8,9 @@ as plain data resolved once when a task starts and carried in the task's history
 
 A process restarted with other settings builds other contracts, which only tasks
 started afterwards pin; a task in flight keeps deciding by its own ``ToolPolicy``. A task
-started without policies (by hand, with ``temporal workflow start``) pins them on its
-first workflow task with the local activity ``pin_task_policy``, as every task did
-before. Pure code: no I/O, no clock.
+started without policies (by hand, with ``temporal workflow start``) is refused; one
+started so before 0.3.0 pins them with the local activity ``pin_task_policy``, as every
+task once did (patch ``policies-carried-no-pin``). Pure code: no I/O, no clock.
 """
 
 from collections.abc import Mapping

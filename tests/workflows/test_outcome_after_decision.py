@@ -22,6 +22,7 @@ from temporalio.worker import Worker
 
 from onceflow.activities.idempotency_records import TaskOutcomeResult
 from onceflow.task_api import TaskClient
+from onceflow.tools.worker import CATALOGUE
 from onceflow.workflows import AgentTaskWorkflow
 from onceflow.workflows.task_models import (
     RECORD_TASK_OUTCOME,
@@ -131,7 +132,9 @@ async def test_a_close_is_in_history_before_the_task_records_that_it_closed(
         ),
         workflow_id=f"task-{uuid.uuid4().hex}",
     )
-    call = CallInput(call_id="c1", tool="scripted_safe", arguments={"label": "one"})
+    # Sent as TaskClient sends a call: with its tool's policy.
+    policy = CATALOGUE.get("scripted_safe").policy()
+    call = CallInput(call_id="c1", tool="scripted_safe", arguments={"label": "one"}, policy=policy)
     await handle.execute_update(AgentTaskWorkflow.call, call)
     await handle.execute_update(AgentTaskWorkflow.close)
     assert (await handle.result()).state is TaskState.CLOSED
