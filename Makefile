@@ -7,7 +7,7 @@ VENV := .venv
 STAMP := $(VENV)/.installed-from-pyproject
 PYPROJECTS := pyproject.toml client/pyproject.toml devstack/pyproject.toml
 
-.PHONY: demo demo-agent test lint dev docs
+.PHONY: demo demo-agent test lint dev docs bench
 
 $(STAMP): $(PYPROJECTS) Makefile
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,11 @@ demo-agent: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -n 3 --dist loadfile
+
+# What the benchmarks need beyond the tests' set (the plots' matplotlib); then run any of
+# them as BENCHMARKS.md shows, e.g. `.venv/bin/python -m bench.task_overhead`.
+bench: $(STAMP)
+	$(VENV)/bin/uv pip install --python $(VENV)/bin/python --quiet -e '.[bench]'
 
 dev: $(STAMP)
 	$(VENV)/bin/onceflow dev

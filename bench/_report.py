@@ -218,12 +218,25 @@ def report(
     return ratios
 
 
-def _plot(title: str, slug: str, *arms: Arm) -> None:
-    import matplotlib
-
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` drawing to files, or None (said once) when the ``bench``
+    extra is not installed (``make bench`` installs it): a plot is extra, and every
+    benchmark writes its results file before it plots."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib is not installed (`make bench` installs it): no plot")
+        return None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def _plot(title: str, slug: str, *arms: Arm) -> None:
+    plt = pyplot()
+    if plt is None:
+        return
     figure, axis = plt.subplots(figsize=(7, 3.5))
     for arm in arms:
         axis.hist([latency * 1000 for latency in arm.latencies], bins=50, alpha=0.6, label=arm.name)

@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench._report import RESULTS, Arm, machine, run_info
+from bench._report import RESULTS, Arm, machine, pyplot, run_info
 from bench._servers import running_servers
 from bench._slow_tool import SECONDS_VARIABLE, SLOW_TOOL
 from bench._stack import start_process, stop_process
@@ -238,14 +238,9 @@ async def main(arguments: argparse.Namespace) -> None:
 
 
 def _plot(timelines: dict[str, list[tuple[float, float]]], limit: float) -> None:
-    try:
-        import matplotlib
-    except ImportError:  # the plot is extra: the results file is written already
-        print("matplotlib is not installed: no plot")
+    plt = pyplot()
+    if plt is None:
         return
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(7, 3.5))
     for name, points in timelines.items():

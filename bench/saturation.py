@@ -72,7 +72,7 @@ from bench._one_step import (
     coupons_and_records,
     one_step_paths,
 )
-from bench._report import RESULTS, run_info
+from bench._report import RESULTS, pyplot, run_info
 from bench._stack import OneStepStack, one_step_stack
 from bench.open_task_calls import CpuMeter
 
@@ -434,10 +434,9 @@ def _save(
 def _plot(paths: dict[str, Any], rates: Rates) -> None:
     """Achieved vs offered rate, one panel a path: both arms, their knees, and the line
     where achieved equals offered."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    if plt is None:
+        return
 
     figure, axes = plt.subplots(1, len(paths), figsize=(6 * len(paths), 4), squeeze=False)
     for axis, (name, result) in zip(axes[0], paths.items(), strict=True):

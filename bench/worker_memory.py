@@ -38,7 +38,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from bench._bare import BareWaitingWorkflow
-from bench._report import RESULTS, machine, run_info
+from bench._report import RESULTS, machine, pyplot, run_info
 from onceflow.storage import apply_migrations
 from onceflow.task_api import TaskClient
 from onceflow.tools.worker import Catalogue, register_tools
@@ -275,10 +275,9 @@ def _report(
             indent=2,
         )
     )
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    if plt is None:
+        return
 
     figure, axis = plt.subplots(figsize=(7, 3.5))
     for name, samples in (("bare worker", baseline), ("onceflow worker", onceflow)):
