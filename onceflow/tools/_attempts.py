@@ -38,9 +38,9 @@ class ToolCallInput(BaseModel):
     """1-based attempt number of this step: for logs only, never part of a key."""
     evidence: dict[str, str] = Field(default_factory=dict)
     """What earlier attempts of this step learnt (resource and request ids), for lookups."""
-    policy: ToolPolicy | None = None
-    """The tool's policy as the task pinned it (its send-by window above all); None from
-    a task started before policies were pinned: the tool's registered contract applies."""
+    policy: ToolPolicy
+    """The tool's policy as the task carries it (its send-by window above all): every
+    release's workflow sends it with each attempt (its saved histories show it)."""
     key_generation: int = Field(default=1, ge=1)
     """The step's key generation (part of its derived child keys): raised when an
     operator authorises a new attempt after the old key became unusable."""

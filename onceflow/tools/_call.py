@@ -60,9 +60,8 @@ class ToolCall(Generic[ArgsT]):
 
     @property
     def policy(self) -> ToolPolicy:
-        """The tool's policy as the task pinned it (the send-by window comes from here);
-        for a task started before policies were pinned, the registered contract's."""
-        return self.identity.policy or ToolPolicy.from_contract(self.contract)
+        """The tool's policy as the task carries it (the send-by window comes from here)."""
+        return self.identity.policy
 
     @property
     def tenant(self) -> str:

@@ -20,6 +20,7 @@ def call(arguments: dict[str, object], *, workflow_id: str = "wf-1") -> ToolCall
         tool="issue_coupon",
         arguments=arguments,
         attempt=1,
+        policy=coupon_tools()[0].registered_contract.policy(),
     )
 
 

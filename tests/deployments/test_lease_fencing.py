@@ -36,6 +36,9 @@ def attempt(number: int) -> ToolCallInput:
         tool="start_deployment",
         arguments=RELEASE,
         attempt=number,
+        policy=deployment_tools(DeploymentToolSettings(), DeployTargetSettings())[
+            0
+        ].registered_contract.policy(),
     )
 
 

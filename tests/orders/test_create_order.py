@@ -30,6 +30,7 @@ def call(
         tool="create_order",
         arguments=arguments,
         attempt=1,
+        policy=order_tools()[0].registered_contract.policy(),
     )
 
 

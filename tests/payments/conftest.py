@@ -47,6 +47,7 @@ from onceflow.tools import Tool
 from onceflow.tools.worker import (
     Catalogue,
     ToolCallInput,
+    ToolPolicy,
     derive_task_workflow_id,
     tool_activities,
 )
@@ -313,6 +314,13 @@ def queue_boundary(
     )
 
 
+def policy_of(tool: str) -> ToolPolicy:
+    """The policy a task carries for ``tool`` (its contract's), as the workflow hands it
+    to every attempt."""
+    [found] = [candidate for candidate in PAYMENT_TOOLS if candidate.name == tool]
+    return found.registered_contract.policy()
+
+
 def step_call(
     workflow_id: str, step_id: str, tool: str, arguments: dict[str, Any]
 ) -> ToolCallInput:
@@ -325,6 +333,7 @@ def step_call(
         tool=tool,
         arguments=arguments,
         attempt=1,
+        policy=policy_of(tool),
     )
 
 

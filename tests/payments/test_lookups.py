@@ -35,6 +35,7 @@ from .conftest import (
     TENANT,
     VISA_CHARGE,
     operation_row,
+    policy_of,
     stripe_settings,
 )
 
@@ -74,6 +75,7 @@ def call(tool: str, arguments: dict[str, object], **evidence: str) -> ToolCallIn
         arguments=arguments,
         attempt=2,
         evidence=evidence,
+        policy=policy_of(tool),
     )
 
 

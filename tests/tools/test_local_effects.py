@@ -24,6 +24,7 @@ def attempt(*, step_id: str = "s1", number: int = 1) -> ToolCallInput:
         tool="write_note",
         arguments={"text": f"note of {step_id}"},  # each step its own intent
         attempt=number,
+        policy=sample_tools.CONTRACT.policy(),
     )
 
 

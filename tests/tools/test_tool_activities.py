@@ -23,6 +23,7 @@ def attempt(arguments: dict[str, object], *, number: int = 1, step_id: str = "s1
         tool="write_note",
         arguments=arguments,
         attempt=number,
+        policy=sample_tools.CONTRACT.policy(),
     )
 
 
