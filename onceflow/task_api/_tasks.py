@@ -118,7 +118,9 @@ class TaskClient:
 
         A running task is joined (``USE_EXISTING``) and a closed one is never run again
         (``REJECT_DUPLICATE``): the same id always means the same task and its result.
-        ``memo`` is stored only when this call starts the task (the boundary keeps the
+        A plan is given its tools' policies here (``UnknownTool`` for a tool this process
+        does not know: nothing is started). ``memo`` is stored only when this call starts
+        the task (the boundary keeps the
         request fingerprint there, to tell a joined task's request from its own).
         ``join=False`` starts the task or raises ``WorkflowAlreadyStartedError`` when the
         id is taken, running or closed: the caller then knows without asking Temporal
@@ -157,12 +159,12 @@ class TaskClient:
                 return self._client.get_workflow_handle_for(AgentTaskWorkflow.run, workflow_id)
 
     def _pinned(self, task: AgentTaskInput) -> AgentTaskInput:
-        """``task`` with its plan's policies, when it has none yet and every tool is known
-        here (an open task's come with each call)."""
+        """``task`` with its plan's policies when it has none yet (an open task's come
+        with each call); raises ``UnknownTool`` for a tool this process does not know."""
         if task.policies is not None or task.open is not None:
             return task
         policies = self._catalogue.policies(step.tool for step in task.steps)
-        return task if policies is None else task.model_copy(update={"policies": policies})
+        return task.model_copy(update={"policies": policies})
 
     def _start_options(
         self, task: AgentTaskInput, workflow_id: str, memo: Mapping[str, Any] | None
@@ -219,6 +221,7 @@ class TaskClient:
 
         Raises:
             CallRefused: The task refused the call (or has ended); nothing was recorded.
+            UnknownTool: This process does not know the tool; nothing was sent.
         """
         request = self._with_policy(request)
         async with _refused_calls(workflow_id):
@@ -240,6 +243,7 @@ class TaskClient:
 
         Raises:
             CallRefused: The task refused the call (or has ended); nothing was recorded.
+            UnknownTool: This process does not know the tool; nothing was sent.
         """
         request = self._with_policy(request)
         handle = self._client.get_workflow_handle_for(AgentTaskWorkflow.run, workflow_id)
@@ -255,8 +259,6 @@ class TaskClient:
         if request.policy is not None:
             return request
         policies = self._catalogue.policies([request.tool])
-        if policies is None:
-            return request
         return request.model_copy(update={"policy": policies[request.tool]})
 
     async def close(self, workflow_id: str) -> TaskStatus:

@@ -44,13 +44,21 @@ class Catalogue:
         except KeyError:
             raise UnknownTool(f"unknown tool {name!r}") from None
 
-    def policies(self, tools: Iterable[str]) -> dict[str, ToolPolicy] | None:
+    def policies(self, tools: Iterable[str]) -> dict[str, ToolPolicy]:
         """Every named tool's policy under this process's contracts, for a task or a call
-        to carry from its admission into its history; None when one of them is not
-        registered here (the task then pins it on a worker that knows it)."""
+        to carry from its admission into its history.
+
+        Raises:
+            UnknownTool: One of them is not registered here (a task without its policies
+                would be refused by the workflow: this says so before anything is sent).
+        """
         names = sorted(set(tools))
-        if not all(name in self._contracts for name in names):
-            return None
+        unknown = [name for name in names if name not in self._contracts]
+        if unknown:
+            raise UnknownTool(
+                f"no tool named {', '.join(map(repr, unknown))} is registered in this "
+                "process: load the tools (register_tools) before starting tasks that use them"
+            )
         return {name: self._contracts[name].policy() for name in names}
 
     def __contains__(self, name: object) -> bool:

@@ -18,16 +18,25 @@ from temporalio.client import (
     WorkflowUpdateFailedError,
 )
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from onceflow.retry_policy import OutcomeClass, RetryBudget
+from onceflow.task_api import TaskClient
 from onceflow.tools import ApprovalThreshold
-from onceflow.tools.worker import CATALOGUE, Catalogue, KeyUnusable, arguments_digest
+from onceflow.tools.worker import (
+    CATALOGUE,
+    Catalogue,
+    KeyUnusable,
+    UnknownTool,
+    arguments_digest,
+)
 from onceflow.workflows import AgentTaskWorkflow
 from onceflow.workflows.task_models import (
     AgentTaskInput,
     ApproveInput,
+    CallInput,
     ReconcileDecision,
     ReconcileInput,
     StepInput,
@@ -80,13 +89,15 @@ async def start(
     budget: RetryBudget | None = FAST_BUDGET,
     catalogue: Catalogue = CATALOGUE,
 ) -> Handle:
-    # Carries its tools' policies as TaskClient's tasks do (None for an unknown tool).
+    # Carries its tools' policies as TaskClient's tasks do; none with a tool nobody
+    # catalogued (started by hand: TaskClient would refuse it, ``UnknownTool``).
+    tools = [tool for _, tool, _ in steps]
     task = AgentTaskInput(
         tenant="acme",
         principal="agent-1",
         steps=[StepInput(step_id=sid, tool=tool, arguments=args) for sid, tool, args in steps],
         budget=budget,
-        policies=catalogue.policies(tool for _, tool, _ in steps),
+        policies=catalogue.policies(tools) if all(t in catalogue for t in tools) else None,
     )
     return await env.client.start_workflow(
         AgentTaskWorkflow.run, task, id=f"task-{uuid.uuid4().hex}", task_queue=task_queue
@@ -517,6 +528,20 @@ async def test_a_tool_this_worker_lacks_waits_for_one_that_has_it(
     assert isinstance(refused.value.cause, ApplicationError)
     assert refused.value.cause.type == "StartedWithoutPolicies"
     assert "AgentTaskInput.policies" in str(refused.value.cause)
+    # TaskClient says so before it sends anything: no task of that id exists.
+    tasks = TaskClient(time_skipping_env.client, task_queue=task_queue)
+    plan = AgentTaskInput(
+        tenant="acme",
+        principal="agent-1",
+        steps=[StepInput(step_id="s", tool="no_such_tool", arguments={})],
+    )
+    with pytest.raises(UnknownTool, match="no_such_tool"):
+        await tasks.start(plan, workflow_id="never-started")
+    with pytest.raises(UnknownTool, match="no_such_tool"):
+        await tasks.call("never-started", CallInput(call_id="c", tool="no_such_tool", arguments={}))
+    with pytest.raises(RPCError) as missing:
+        await time_skipping_env.client.get_workflow_handle("never-started").describe()
+    assert missing.value.status is RPCStatusCode.NOT_FOUND
 
     # A tool whose activity no worker registered: the attempts ran nothing (transient),
     # and the step fails with the fix once the budget is spent, never parks.
