@@ -151,15 +151,13 @@ async def profile_arm(
     warm: int,
     tasks: int,
     *,
-    pinned: bool = False,
     trace: bool,
     track: bool,
     scratch: Path,
 ) -> dict[str, Any]:
-    """One pass: a fresh worker, filled and read twice; its per-task figures. ``pinned``:
-    the tasks carry their policies from the start, as the gateway starts them (the
-    benchmark's driver knows no tools, so its tasks pin them with a local activity);
-    ``trace``: with the Python heap by owner; ``track``: with the native heap by owner."""
+    """One pass: a fresh worker, filled and read twice; its per-task figures (the tasks
+    carry their policies, as every task since 0.3.0 does); ``trace``: with the Python heap
+    by owner; ``track``: with the native heap by owner."""
     from bench._bare import BareWaitingWorkflow
     from bench._servers import embedded_servers
     from bench.worker_memory import (
@@ -196,8 +194,7 @@ async def profile_arm(
             env = onceflow_worker_env(database_url, address, queue, out)
             ready = "onceflow worker ready"
             catalogue = Catalogue()
-            if pinned:
-                register_tools([builtin_tool("start_deployment")], catalogue)
+            register_tools([builtin_tool("start_deployment")], catalogue)
             task_client = TaskClient(client, task_queue=queue, catalogue=catalogue)
 
             def start(n: int) -> Awaitable[object]:
@@ -303,19 +300,14 @@ def _per_task(owners: collections.Counter[str], tasks: int) -> dict[str, float]:
 
 
 async def main(warm: int, tasks: int) -> None:
-    arms = {
-        "bare worker": ("bare", False),
-        "onceflow worker": ("onceflow", False),
-        "onceflow worker, tasks started with their policies": ("onceflow", True),
-    }
+    arms = ("bare", "onceflow")
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory() as directory:
         scratch = Path(directory)
-        for name, (arm, pinned) in arms.items():
+        for arm in arms:
+            name = f"{arm} worker"
             plain, traced, tracked = (
-                functools.partial(
-                    profile_arm, arm, warm, tasks, pinned=pinned, scratch=scratch, **passes
-                )
+                functools.partial(profile_arm, arm, warm, tasks, scratch=scratch, **passes)
                 for passes in (
                     {"trace": False, "track": False},
                     {"trace": True, "track": False},
