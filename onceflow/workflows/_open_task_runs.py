@@ -56,33 +56,37 @@ class OpenTaskRuns(StepRuns):
         options = task.open
         assert options is not None
         self._take_release_of_start()
-        self._state = self._open_state()
-        self._published_tools = sorted({call.tool for call in self._memory.calls.values()})
+        self._run.state = self._open_state()
+        self._run.published_tools = sorted({call.tool for call in self._memory.calls.values()})
         workflow.upsert_search_attributes(
             [
                 TASK_TENANT.value_set(task.tenant),
                 TASK_KIND.value_set("open"),
-                TASK_STATE.value_set(self._state.value),
-                *([TASK_TOOLS.value_set(self._published_tools)] if self._published_tools else []),
+                TASK_STATE.value_set(self._run.state.value),
+                *(
+                    [TASK_TOOLS.value_set(self._run.published_tools)]
+                    if self._run.published_tools
+                    else []
+                ),
             ]
         )
         lifetime_ends = self._memory.started_at + options.max_lifetime
         while True:
-            if self._call_crash is not None:
+            if self._run.call_crash is not None:
                 # Visible in the UI and retried by Temporal (on a worker with the tool, or
                 # after a fix); never a call left running with its Update unanswered.
-                raise self._call_crash
-            self._changed = False
+                raise self._run.call_crash
+            self._run.changed = False
             self._publish_state(self._open_state())
             workflow.set_current_details(self._open_details())
             unfinished = self._unfinished_calls()
-            if self._started_on_0_1_0:
+            if self._run.started_on_0_1_0:
                 self._close_by_the_clock_as_0_1_0(lifetime_ends, bool(unfinished))
-            if self._closing is not None and not unfinished:
+            if self._run.closing is not None and not unfinished:
                 break
-            if self._closing is None and not unfinished and self._should_continue_as_new():
+            if self._run.closing is None and not unfinished and self._should_continue_as_new():
                 await workflow.wait_condition(workflow.all_handlers_finished)
-                if not self._unfinished_calls() and not self._changed:
+                if not self._unfinished_calls() and not self._run.changed:
                     workflow.continue_as_new(self._carried(task))
                 continue
             # Idle and lifetime ends are decided by a timer firing (in history), never by
@@ -90,21 +94,21 @@ class OpenTaskRuns(StepRuns):
             # times. A timer only while nothing runs: a call in flight keeps the task
             # from idling, and the validator refuses calls past the lifetime, so a busy
             # task adds no timer per call.
-            if unfinished or self._closing is not None:
-                await workflow.wait_condition(lambda: self._changed)
+            if unfinished or self._run.closing is not None:
+                await workflow.wait_condition(lambda: self._run.changed)
                 continue
             idle_ends = self._memory.last_call_at + options.idle_timeout
             try:
                 await workflow.wait_condition(
-                    lambda: self._changed,
+                    lambda: self._run.changed,
                     timeout=max(min(lifetime_ends, idle_ends) - workflow.now(), MIN_TIMER),
                     timeout_summary=ClearText("idle timeout or maximum lifetime"),
                 )
             except TimeoutError:
-                if self._started_on_0_1_0:
+                if self._run.started_on_0_1_0:
                     continue  # the clock decides, at the top of the loop
-                if not self._changed and not self._unfinished_calls():
-                    self._closing = (
+                if not self._run.changed and not self._unfinished_calls():
+                    self._run.closing = (
                         f"its maximum lifetime ({options.max_lifetime}) ended"
                         if lifetime_ends <= idle_ends
                         else f"idle for {options.idle_timeout}"
@@ -124,11 +128,11 @@ class OpenTaskRuns(StepRuns):
         options = self._open
         assert options is not None
         now = workflow.now()
-        if self._closing is None and now >= lifetime_ends:
-            self._closing = f"its maximum lifetime ({options.max_lifetime}) ended"
-        elif self._closing is None and not unfinished:
+        if self._run.closing is None and now >= lifetime_ends:
+            self._run.closing = f"its maximum lifetime ({options.max_lifetime}) ended"
+        elif self._run.closing is None and not unfinished:
             if now >= self._memory.last_call_at + options.idle_timeout:
-                self._closing = f"idle for {options.idle_timeout}"
+                self._run.closing = f"idle for {options.idle_timeout}"
 
     async def _take_call_as_0_1_0(self, request: CallInput) -> None:
         """Take a call as 0.1.0 did, for its tasks: the tool pinned and the task's tools
@@ -146,9 +150,9 @@ class OpenTaskRuns(StepRuns):
             return  # another Update with this call id was accepted while pinning
         self._accept_call(request)
         tools = sorted({call.tool for call in self._memory.calls.values()})
-        if tools != self._published_tools:
+        if tools != self._run.published_tools:
             workflow.upsert_search_attributes([TASK_TOOLS.value_set(tools)])
-            self._published_tools = tools
+            self._run.published_tools = tools
 
     def _call_problem(self, request: CallInput) -> str | None:
         """Why a call cannot run, checked by the validator before anything is written;
@@ -188,8 +192,8 @@ class OpenTaskRuns(StepRuns):
                     f"({original.tool} with arguments {original.arguments_digest}) in this task"
                 )
             return None  # the same call again: answered with its status
-        if self._closing is not None:
-            return f"the task takes no more calls: {self._closing}"
+        if self._run.closing is not None:
+            return f"the task takes no more calls: {self._run.closing}"
         if live and workflow.now() >= self._memory.started_at + self._open.max_lifetime:
             return f"the task's maximum lifetime ({self._open.max_lifetime}) has ended"
         allowed = self._open.allowed_tools
@@ -235,7 +239,7 @@ class OpenTaskRuns(StepRuns):
             self._memory.repeat_of[request.call_id] = earlier.step_id
             return
         self._memory.calls[request.call_id] = status
-        self._calls_this_run += 1
+        self._run.calls_this_run += 1
         step = StepInput(step_id=request.call_id, tool=request.tool, arguments=request.arguments)
         asyncio.create_task(self._run_call(step))
 
@@ -257,9 +261,9 @@ class OpenTaskRuns(StepRuns):
             if step.tool not in self._memory.policies:
                 # Only a call a task of an earlier release accepted without its policy:
                 # the validator refuses those now.
-                self._clock_before_pin[step.step_id] = workflow.now()
+                self._run.clock_before_pin[step.step_id] = workflow.now()
                 if not await self._pin_tool(step.tool, carried=None):
-                    self._clock_before_pin.pop(step.step_id, None)
+                    self._run.clock_before_pin.pop(step.step_id, None)
                     self._stop_step(status, StepState.FAILED, call_without_policy(step.tool))
             if status.deliberate_repeat and not self._policy(step.tool).deliberate_repeats:
                 self._stop_step(
@@ -272,7 +276,7 @@ class OpenTaskRuns(StepRuns):
         except StepStopped:
             pass  # the call's own state says how it ended; the task goes on
         except Exception as crash:
-            self._call_crash = crash
+            self._run.call_crash = crash
         except GeneratorExit:
             # Closed by the garbage collector after the task left the worker's cache: no
             # longer in the workflow's event loop, where workflow.now() would raise.
@@ -283,7 +287,7 @@ class OpenTaskRuns(StepRuns):
                 # Idle counts from the last call's end too: a call a person decided after
                 # a long wait does not leave the agent's next call to a closed task.
                 self._memory.last_call_at = workflow.now()
-                self._changed = True
+                self._run.changed = True
 
     async def _pin_tool(self, tool: str, *, carried: ToolPolicy | None) -> bool:
         """Pin a tool's policy the first time a call of it runs: the one the call carries.
@@ -301,15 +305,15 @@ class OpenTaskRuns(StepRuns):
                 return False
             self._memory.policies[tool] = carried
             return True
-        if tool in self._pinning:
+        if tool in self._run.pinning:
             await workflow.wait_condition(lambda: tool in self._memory.policies)
             return True
-        self._pinning.add(tool)
+        self._run.pinning.add(tool)
         try:
             for name, policy in (await pin_policies_as_before_0_3_0([tool])).items():
                 self._memory.policies.setdefault(name, policy)  # an admitted call's came first
         finally:
-            self._pinning.discard(tool)
+            self._run.pinning.discard(tool)
         return True
 
     def _known_call(self, call_id: str) -> bool:
@@ -329,7 +333,7 @@ class OpenTaskRuns(StepRuns):
     def _should_continue_as_new(self) -> bool:
         assert self._open is not None
         per_run = self._open.calls_per_run
-        if per_run is not None and self._calls_this_run >= per_run:
+        if per_run is not None and self._run.calls_this_run >= per_run:
             return True
         return workflow.info().is_continue_as_new_suggested()
 
@@ -340,7 +344,9 @@ class OpenTaskRuns(StepRuns):
         repeat_of = self._memory.repeat_of.get(call_id)
         return CallAnswer(
             task_id=workflow.info().workflow_id,
-            task_state=self._open_state() if self._state is not TaskState.CLOSED else self._state,
+            task_state=self._open_state()
+            if self._run.state is not TaskState.CLOSED
+            else self._run.state,
             call=self._call_status(call_id),
             repeat_of=repeat_of,
         )

@@ -22,10 +22,8 @@ with workflow.unsafe.imports_passed_through():
         StepStatus,
     )
 from onceflow.workflows._step_runs import StepRuns
-from onceflow.workflows._task_core import (
-    DecisionCheck,
-    describe_finding,
-)
+from onceflow.workflows._task_core import describe_finding
+from onceflow.workflows._task_run import DecisionCheck
 
 
 class PeopleDecisions(StepRuns):
@@ -35,7 +33,10 @@ class PeopleDecisions(StepRuns):
         status = self._memory.calls.get(decision.step_id)
         if status is None:
             return f"this task has no step {decision.step_id!r}"
-        if status.state is not StepState.AWAITING_APPROVAL or decision.step_id in self._approvals:
+        if (
+            status.state is not StepState.AWAITING_APPROVAL
+            or decision.step_id in self._run.approvals
+        ):
             return (
                 f"step {decision.step_id!r} is not awaiting approval (it is {status.state.value})"
             )
@@ -50,9 +51,9 @@ class PeopleDecisions(StepRuns):
         status = self._memory.calls.get(decision.step_id)
         if status is None:
             return f"this task has no step {decision.step_id!r}"
-        if status.state is not StepState.PARKED or decision.step_id in self._reconciliations:
+        if status.state is not StepState.PARKED or decision.step_id in self._run.reconciliations:
             return f"step {decision.step_id!r} is not parked (it is {status.state.value})"
-        if decision.step_id in self._checking:
+        if decision.step_id in self._run.checking:
             return (
                 f"another decision on step {decision.step_id!r} is being checked with the "
                 "tool's look-up; send yours again once it is answered"
@@ -64,16 +65,16 @@ class PeopleDecisions(StepRuns):
         coroutine (``_wait_for_reconciliation``): the look-up is a command, and commands
         from handlers interleave with other Updates' acceptances in an order a replay
         does not reproduce. A task started on 0.1.0 checks in the handler, as it did."""
-        if self._started_on_0_1_0:
+        if self._run.started_on_0_1_0:
             return await self._check_reconciliation(decision)
         step_id = decision.step_id
-        self._checking.add(step_id)
+        self._run.checking.add(step_id)
         try:
-            self._check_requests[step_id] = decision
-            await workflow.wait_condition(lambda: step_id in self._check_verdicts)
-            return self._check_verdicts.pop(step_id)
+            self._run.check_requests[step_id] = decision
+            await workflow.wait_condition(lambda: step_id in self._run.check_verdicts)
+            return self._run.check_verdicts.pop(step_id)
         finally:
-            self._checking.discard(step_id)
+            self._run.checking.discard(step_id)
 
     async def _check_reconciliation(self, decision: ReconcileInput) -> "DecisionCheck":
         """Check a decision against the provider before it acts (invariant 16).
@@ -94,11 +95,11 @@ class PeopleDecisions(StepRuns):
             and not policy.lookup_verifies_resource_ids
         ):
             return DecisionCheck(verified=False)
-        if self._started_on_0_1_0 and decision.unverified:
+        if self._run.started_on_0_1_0 and decision.unverified:
             workflow.deprecate_patch(UNVERIFIED_RECORDED)
         claimed = decision.resource_id
         happened = decision.decision is ReconcileDecision.HAPPENED
-        self._checking.add(decision.step_id)
+        self._run.checking.add(decision.step_id)
         try:
             answer = await self._ask_look_up(
                 step,
@@ -109,7 +110,7 @@ class PeopleDecisions(StepRuns):
                 why=f"to check {decision.operator}'s decision {decision.decision.value}",
             )
         finally:
-            self._checking.discard(decision.step_id)
+            self._run.checking.discard(decision.step_id)
         found = answer if answer is not None and answer.outcome is OutcomeClass.SUCCEEDED else None
         finding = describe_finding(found) if found else status.evidence.get("lookup")
         if decision.decision is ReconcileDecision.DID_NOT_HAPPEN:
@@ -118,7 +119,7 @@ class PeopleDecisions(StepRuns):
             # Accepted whatever the look-up found; it recorded the resource if it could.
             return DecisionCheck(verified=False, finding=finding)
         if found is not None and found.resource_id == claimed:
-            self._verified[decision.step_id] = found
+            self._run.verified[decision.step_id] = found
             return DecisionCheck(verified=True, finding=finding)
         return DecisionCheck(
             finding=finding,
@@ -150,7 +151,7 @@ class PeopleDecisions(StepRuns):
             )
         if decision.unverified:
             return DecisionCheck(verified=False, finding=finding)
-        if self._started_on_0_1_0:
+        if self._run.started_on_0_1_0:
             return DecisionCheck(finding=finding)  # 0.1.0 took any miss, and its tasks do
         if answer is not None and answer.miss_proves_absence:
             # Past an eventual look-up's lag too: the activity judged it, and its answer
@@ -173,7 +174,7 @@ class PeopleDecisions(StepRuns):
     def _accept_approval(
         self, decision: ApproveInput, *, via: Literal["update", "signal"]
     ) -> DecisionResult:
-        self._approvals[decision.step_id] = decision
+        self._run.approvals[decision.step_id] = decision
         self._memory.decisions.append(
             DecisionRecord(
                 kind="approve",
@@ -201,7 +202,7 @@ class PeopleDecisions(StepRuns):
         via: Literal["update", "signal"],
         check: "DecisionCheck | None" = None,
     ) -> DecisionResult:
-        self._reconciliations[decision.step_id] = decision
+        self._run.reconciliations[decision.step_id] = decision
         self._memory.decisions.append(
             DecisionRecord(
                 kind="reconcile",
@@ -224,7 +225,7 @@ class PeopleDecisions(StepRuns):
                 f" under a new key (generation {status.key_generation + 1}: the old key can "
                 "no longer be sent)"
             )
-            if self._unusable_keys.get(status.step_id) is not KeyUnusable.STORED_FAILURE:
+            if self._run.unusable_keys.get(status.step_id) is not KeyUnusable.STORED_FAILURE:
                 retry += (
                     ", once no request under the old key can still take effect and a "
                     "look-up then finds nothing"

@@ -40,8 +40,6 @@ from onceflow.workflows._task_core import (
     MIN_TIMER,
     ONE_ATTEMPT,
     RETRYABLE,
-    DecisionCheck,
-    KeyWindow,
     TaskCore,
     ToolNotOnThisWorker,
     approval_details,
@@ -51,6 +49,7 @@ from onceflow.workflows._task_core import (
     not_started_in_time,
     park_details,
 )
+from onceflow.workflows._task_run import DecisionCheck, KeyWindow
 from onceflow.workflows.fairness import tenant_priority
 
 MIN_PROVIDER_RECHECK = timedelta(seconds=1)
@@ -87,7 +86,7 @@ class StepRuns(TaskCore):
         status = self._memory.calls[step.step_id]
         policy = self._policy(step.tool)
         # Set only by the retired pin (POLICIES_CARRIED), for a task of an earlier release.
-        started_at = self._clock_before_pin.pop(step.step_id, None)
+        started_at = self._run.clock_before_pin.pop(step.step_id, None)
         if policy.needs_approval(step.arguments):
             await self._await_approval(status, now=started_at)
             started_at = None
@@ -150,7 +149,7 @@ class StepRuns(TaskCore):
                 # The retry takes its place in the task-wide budget now, not when it is
                 # made: calls running side by side decide one at a time, each seeing the
                 # retries the others have decided, so N calls spend at most N + B.
-                if not self._started_on_0_1_0:  # 0.1.0 counted each attempt as it ended
+                if not self._run.started_on_0_1_0:  # 0.1.0 counted each attempt as it ended
                     self._memory.budgeted_attempts += 1
                     reserved = True
                 status.state = StepState.BACKING_OFF
@@ -164,7 +163,7 @@ class StepRuns(TaskCore):
                     )
                 closed = (
                     self._send_by_passed_on_0_1_0(policy, status)
-                    if self._started_on_0_1_0
+                    if self._run.started_on_0_1_0
                     else self._key_window_closed(policy, status)
                 )
                 if closed is not None:
@@ -205,21 +204,21 @@ class StepRuns(TaskCore):
             self._finish_step(status, found.resource_id, found.result)
             return True
         if key_unusable is not None:
-            self._unusable_keys[status.step_id] = key_unusable
+            self._run.unusable_keys[status.step_id] = key_unusable
             self._stop_key_window(status.step_id)  # the key is done with: no timer waits
         finding = await self._park(status, reason)
         new_key = self._old_key_unusable(status)
-        why_unusable = self._unusable_keys.pop(status.step_id, None)
+        why_unusable = self._run.unusable_keys.pop(status.step_id, None)
         if finding.decision is ReconcileDecision.DID_NOT_HAPPEN and new_key:
             # Sending the old key again could not make progress (the provider replays
             # its stored failure) or could make a second effect (it may have forgotten
             # the key): the operator's attempt goes out under a new key.
-            if self._started_on_0_1_0:
+            if self._run.started_on_0_1_0:
                 workflow.deprecate_patch(KEY_GENERATIONS)
             if why_unusable is not KeyUnusable.STORED_FAILURE:
                 # A stored failure proves the provider finished with the old key; past
                 # its send-by, its last request may still be held there and commit.
-                if self._started_on_0_1_0:
+                if self._run.started_on_0_1_0:
                     workflow.deprecate_patch(OLD_KEY_SETTLES)
                 late = await self._old_key_settled(step, policy, status)
                 if late is not None:
@@ -230,7 +229,7 @@ class StepRuns(TaskCore):
             status.key_generation += 1
             status.evidence["key_generation"] = str(status.key_generation)
         if finding.decision is ReconcileDecision.HAPPENED:
-            verified = self._verified.pop(status.step_id, None)
+            verified = self._run.verified.pop(status.step_id, None)
             result = {**verified.result, "reconciled": True} if verified else {"reconciled": True}
             self._finish_step(status, finding.resource_id, result)
             return True
@@ -256,7 +255,7 @@ class StepRuns(TaskCore):
         # Always a timer, however little is left: whether any is left reads the clock,
         # which a replay may read otherwise; the timer's length is no decision. (0.1.0
         # compared the clock, and its tasks still do.)
-        if not self._started_on_0_1_0 or workflow.now() < settled_at:
+        if not self._run.started_on_0_1_0 or workflow.now() < settled_at:
             status.state = StepState.BACKING_OFF
             status.evidence["old_key_settles_at"] = settled_at.isoformat()
             await workflow.sleep(
@@ -293,13 +292,13 @@ class StepRuns(TaskCore):
         started before the attempt can send, so it closes no later than the attempt's
         own check (against the database's first-send time) refuses to send."""
         window = policy.send_window
-        current = self._key_windows.get(status.step_id)
+        current = self._run.key_windows.get(status.step_id)
         if window is None or (current is not None and current.generation == status.key_generation):
             return
-        if self._started_on_0_1_0:
+        if self._run.started_on_0_1_0:
             return  # 0.1.0 compared the clock with the key's send-by instead
         self._stop_key_window(status.step_id)
-        self._key_windows[status.step_id] = KeyWindow(
+        self._run.key_windows[status.step_id] = KeyWindow(
             generation=status.key_generation,
             timer=asyncio.create_task(
                 workflow.sleep(
@@ -310,13 +309,13 @@ class StepRuns(TaskCore):
         )
 
     def _stop_key_window(self, step_id: str) -> None:
-        window = self._key_windows.pop(step_id, None)
+        window = self._run.key_windows.pop(step_id, None)
         if window is not None and not window.timer.done():
             window.timer.cancel()
 
     def _key_window_open(self, status: StepStatus) -> bool:
         """False once the window timer of the step's current key fired."""
-        window = self._key_windows.get(status.step_id)
+        window = self._run.key_windows.get(status.step_id)
         return not (
             window is not None
             and window.generation == status.key_generation
@@ -329,7 +328,7 @@ class StepRuns(TaskCore):
         it fired, else at most the whole window (a retry whose backoff outlasts what is
         left finds the timer fired after it, and looks up instead of sending)."""
         key_age = timedelta(0)
-        if self._started_on_0_1_0:
+        if self._run.started_on_0_1_0:
             first = self._first_attempt_of_key(status) or status.attempts[0]
             key_age = workflow.now() - first.started_at
         elif not self._key_window_open(status) and policy.send_window is not None:
@@ -339,10 +338,10 @@ class StepRuns(TaskCore):
     def _old_key_unusable(self, status: StepStatus) -> bool:
         """Whether the step's current key can no longer be sent: an attempt said so, or
         its window closed (while the step waited for a person, say)."""
-        if status.step_id in self._unusable_keys:
+        if status.step_id in self._run.unusable_keys:
             return True
         policy = self._policy(status.tool)
-        if self._started_on_0_1_0:
+        if self._run.started_on_0_1_0:
             return self._send_by_passed_on_0_1_0(policy, status) is not None
         return self._key_window_closed(policy, status) is not None
 
@@ -432,7 +431,7 @@ class StepRuns(TaskCore):
             result = await self._send(step, policy, call, send_by, wait_for_worker)
         count_event("onceflow_attempts", tool=step.tool, outcome=result.outcome.value)
         waited_for_database = result.database_unavailable
-        if waited_for_database and self._started_on_0_1_0:
+        if waited_for_database and self._run.started_on_0_1_0:
             workflow.deprecate_patch(DATABASE_WAITS)
         free = (
             waited_for_database
@@ -491,7 +490,7 @@ class StepRuns(TaskCore):
         delay = min(max(hold.recheck_in, MIN_PROVIDER_RECHECK) * spread, left)
         status.state = StepState.BACKING_OFF
         status.waiting_for_provider = hold.reason
-        self._changed = True
+        self._run.changed = True
         self._show_details(f"step {step.step_id} ({step.tool}): {hold.reason}")
         began = workflow.now()
         self._begin_off_the_clock()
@@ -502,7 +501,7 @@ class StepRuns(TaskCore):
         status.provider_waited += workflow.now() - began
         status.state = StepState.RUNNING
         status.waiting_for_provider = None
-        self._changed = True
+        self._run.changed = True
         self._show_details("")
         return True
 
@@ -544,7 +543,7 @@ class StepRuns(TaskCore):
                     key_unusable=KeyUnusable.SEND_BY_PASSED,
                 )
             elif not_registered(failure):
-                if self._started_on_0_1_0:
+                if self._run.started_on_0_1_0:
                     workflow.deprecate_patch(UNREGISTERED_ACTIVITY_IS_TRANSIENT)
                 result = ToolAttemptResult(
                     outcome=OutcomeClass.TRANSIENT,
@@ -630,9 +629,9 @@ class StepRuns(TaskCore):
         self._set_state(TaskState.AWAITING_APPROVAL)
         self._show_details(approval_details(status))
         self._begin_waiting_for_people(now)
-        await workflow.wait_condition(lambda: status.step_id in self._approvals)
+        await workflow.wait_condition(lambda: status.step_id in self._run.approvals)
         self._end_waiting_for_people()
-        approval = self._approvals[status.step_id]
+        approval = self._run.approvals[status.step_id]
         self._show_details("")
         if not approval.approved:
             self._stop_step(
@@ -658,7 +657,7 @@ class StepRuns(TaskCore):
         self._begin_waiting_for_people()
         await self._wait_for_reconciliation(status.step_id)
         self._end_waiting_for_people()
-        finding = self._reconciliations.pop(status.step_id)
+        finding = self._run.reconciliations.pop(status.step_id)
         # Decided: no longer parked, even while a look-up or a settle wait follows.
         status.state = StepState.RUNNING
         status.park_reason = None
@@ -672,13 +671,13 @@ class StepRuns(TaskCore):
         """Wait, parked, for a reconciliation to be accepted; meanwhile check each
         decision sent (its look-up runs here, in the step's coroutine: an Update or
         signal handler issues no command) and hand the verdict back to its handler."""
-        while step_id not in self._reconciliations:
+        while step_id not in self._run.reconciliations:
             await workflow.wait_condition(
-                lambda: step_id in self._reconciliations or step_id in self._check_requests
+                lambda: step_id in self._run.reconciliations or step_id in self._run.check_requests
             )
-            decision = self._check_requests.pop(step_id, None)
+            decision = self._run.check_requests.pop(step_id, None)
             if decision is not None:
-                self._check_verdicts[step_id] = await self._check_reconciliation(decision)
+                self._run.check_verdicts[step_id] = await self._check_reconciliation(decision)
 
     async def _check_reconciliation(self, decision: ReconcileInput) -> DecisionCheck:
         """Check a decision with the tool's look-up (``PeopleDecisions``)."""

@@ -1,8 +1,6 @@
 """The state every part of ``AgentTaskWorkflow`` shares, its bookkeeping and its
 outcome record."""
 
-import asyncio
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
@@ -12,8 +10,6 @@ from temporalio.exceptions import ActivityError, ApplicationError, TimeoutType
 from temporalio.exceptions import TimeoutError as TemporalTimeout
 
 with workflow.unsafe.imports_passed_through():
-    from pydantic import BaseModel
-
     # Summaries are identifiers only: readable in the UI when payloads are encrypted.
     from onceflow.encryption import ClearText
     from onceflow.errors import OnceflowError
@@ -23,7 +19,7 @@ with workflow.unsafe.imports_passed_through():
         StepUsage,
     )
     from onceflow.tools import ToolAttemptResult
-    from onceflow.tools.worker import CATALOGUE, Catalogue, KeyUnusable
+    from onceflow.tools.worker import CATALOGUE, Catalogue
     from onceflow.tools.worker import arguments_digest as digest_arguments
     from onceflow.workflows.patches import (
         DECISION_DURABLE_BEFORE_ACTING,
@@ -35,11 +31,9 @@ with workflow.unsafe.imports_passed_through():
         RECORD_TASK_OUTCOME,
         TRACE_ID_MEMO,
         AgentTaskInput,
-        ApproveInput,
         AttemptRecord,
         BudgetStatus,
         OutcomeWriter,
-        ReconcileInput,
         StepState,
         StepStatus,
         TaskMemory,
@@ -52,6 +46,7 @@ with workflow.unsafe.imports_passed_through():
         TASK_STATE,
         TASK_TOOLS,
     )
+from onceflow.workflows._task_run import TaskRun
 
 ONE_ATTEMPT = RetryPolicy(maximum_attempts=1)
 OUTCOME_WRITES = 5
@@ -85,25 +80,6 @@ class ToolNotOnThisWorker(OnceflowError, RuntimeError):
 
 class StepStopped(Exception):
     """The step ended without success; the task stops with the step's reason."""
-
-
-@dataclass(frozen=True)
-class KeyWindow:
-    """The send window of one key generation of a step: closed once ``timer`` fired."""
-
-    generation: int
-    timer: "asyncio.Task[None]"
-
-
-class DecisionCheck(BaseModel):
-    """What checking a reconcile decision with the tool's look-up concluded."""
-
-    refusal: str | None = None
-    """Why the decision is refused; None when it may act."""
-    verified: bool | None = None
-    """Whether the look-up confirmed the decision (see ``DecisionRecord.verified``)."""
-    finding: str | None = None
-    """What the look-up found, in words (ids, amounts)."""
 
 
 class TaskCore:
@@ -143,52 +119,8 @@ class TaskCore:
             )
         # The rest is this run's own; a continued run starts it afresh (none of it is
         # about an unfinished call: a task continues as new only when none is).
-        self._state = TaskState.RUNNING
-        self._failure_reason: str | None = None
-        self._approvals: dict[str, ApproveInput] = {}
-        self._reconciliations: dict[str, ReconcileInput] = {}
-        self._checking: set[str] = set()
-        """Steps whose reconcile decision is being checked: others wait for the answer."""
-        self._check_requests: dict[str, ReconcileInput] = {}
-        """Per parked step: a decision its handler asks the step's coroutine to check."""
-        self._check_verdicts: dict[str, DecisionCheck] = {}
-        """Per parked step: the check of that decision, for its handler to take."""
-        self._verified: dict[str, ToolAttemptResult] = {}
-        """Per step: what the look-up found when it verified an accepted ``happened``."""
-        self._unusable_keys: dict[str, KeyUnusable] = {}
-        """Steps parked because no attempt may send under their key any more, and why."""
-        self._key_windows: dict[str, KeyWindow] = {}
-        """Per running step of a tool whose provider forgets keys: its key's send window."""
-        self._waiting_for_people = 0
-        self._waiting_since = self._memory.started_at
-        self._asked_people = False
-        """Whether a step ever waited for a person (an approval, a reconciliation)."""
-        self._starter_stopped_waiting = False
-        """Whether the request that started the plan answered before it ended."""
-        # Open tasks only.
+        self._run = TaskRun(waiting_since=self._memory.started_at)
         self._open = task.open
-        self._closing: str | None = None
-        self._pinning: set[str] = set()
-        """Tools a call's coroutine is pinning (retired with ``POLICIES_CARRIED``)."""
-        self._clock_before_pin: dict[str, datetime] = {}
-        """Per step: the time before a local activity pinned its policy, when the step
-        runs right after it (retired with ``POLICIES_CARRIED``). A clock read there would
-        not replay (Core may deliver the activity's result a workflow task later live than
-        on replay), so the step's first attempt, or its wait for approval, counts from it."""
-        self._published_tools: list[str] = []
-        self._calls_this_run = 0
-        self._changed = False
-        """Something the open task's main loop reacts to happened (a call, an end)."""
-        self._call_crash: BaseException | None = None
-        """What a call's coroutine raised that was not the call's own end (a worker
-        without the tool, a bug): the main loop raises it, failing the workflow task."""
-        self._decision_admitted_at = 0
-        """History length of the workflow task that admitted the last decision Update
-        (approve, reconcile, close): see ``_end_durably``."""
-        self._started_on_0_1_0 = False
-        """This run was started by release 0.1.0: it issues the commands 0.1.0 did where
-        a later release changed them (``_take_release_of_start``)."""
-        self._release_known = False
 
     def _take_release_of_start(self) -> None:
         """Learn whether release 0.1.0 started this run: its first workflow task recorded
@@ -199,23 +131,23 @@ class TaskCore:
         on a later release, since 0.1.0's worker ran it. Once per run, by whichever
         asks first: an open task's first call can come with its start (Update-with-Start),
         and its handler runs before ``run``."""
-        if self._release_known:
+        if self._run.release_known:
             return
-        self._release_known = True
-        self._started_on_0_1_0 = workflow.unsafe.is_replaying() and workflow.patched(
+        self._run.release_known = True
+        self._run.started_on_0_1_0 = workflow.unsafe.is_replaying() and workflow.patched(
             START_PATCHES_FOLDED
         )
 
     def _finish_step(
         self, status: StepStatus, resource_id: str | None, result: dict[str, Any]
     ) -> None:
-        self._changed = True
+        self._run.changed = True
         status.state = StepState.SUCCEEDED
         status.resource_id = resource_id
         status.result = result
 
     def _stop_step(self, status: StepStatus, state: StepState, reason: str) -> None:
-        self._changed = True
+        self._run.changed = True
         status.state = state
         status.failure_reason = reason
         raise StepStopped(reason)
@@ -250,7 +182,7 @@ class TaskCore:
         if self._open is not None and state is not TaskState.CLOSED:
             # Calls run side by side: the task is as its calls are (parked wins), which
             # the open task's loop publishes.
-            self._changed = True
+            self._run.changed = True
             return
         self._publish_state(state)
 
@@ -258,24 +190,24 @@ class TaskCore:
         """One upsert per change, from the main coroutine only: the parked-at time and an
         open task's new tools ride along, adding no command."""
         updates: list[SearchAttributeUpdate[Any]] = []
-        if state is not self._state:
+        if state is not self._run.state:
             updates.append(TASK_STATE.value_set(state.value))
             if state is TaskState.PARKED:
                 updates.append(TASK_PARKED_AT.value_set(workflow.now()))
-            elif self._state is TaskState.PARKED:
+            elif self._run.state is TaskState.PARKED:
                 updates.append(TASK_PARKED_AT.value_unset())
-            self._state = state
+            self._run.state = state
         if self._open is not None:
             tools = sorted({call.tool for call in self._memory.calls.values()})
-            if tools != self._published_tools:
+            if tools != self._run.published_tools:
                 updates.append(TASK_TOOLS.value_set(tools))
-                self._published_tools = tools
+                self._run.published_tools = tools
         if updates:
             workflow.upsert_search_attributes(updates)
 
     def _begin_waiting_for_people(self, now: datetime | None = None) -> None:
         self._begin_off_the_clock(now)
-        self._asked_people = True
+        self._run.asked_people = True
 
     def _end_waiting_for_people(self) -> None:
         self._end_off_the_clock()
@@ -284,14 +216,14 @@ class TaskCore:
         """A wait the deadline does not count begins: for a person, or for a provider.
         Calls of an open task may wait side by side: the time at least one of them
         waits counts once."""
-        if self._waiting_for_people == 0:
-            self._waiting_since = now or workflow.now()
-        self._waiting_for_people += 1
+        if self._run.waiting_for_people == 0:
+            self._run.waiting_since = now or workflow.now()
+        self._run.waiting_for_people += 1
 
     def _end_off_the_clock(self) -> None:
-        self._waiting_for_people -= 1
-        if self._waiting_for_people == 0:
-            self._memory.waited_for_people += workflow.now() - self._waiting_since
+        self._run.waiting_for_people -= 1
+        if self._run.waiting_for_people == 0:
+            self._memory.waited_for_people += workflow.now() - self._run.waiting_since
 
     def _show_details(self, details: str) -> None:
         """The Temporal UI's current details: a plan's waiting step; an open task's
@@ -312,7 +244,7 @@ class TaskCore:
             workflow_id=workflow.info().workflow_id,
             tenant=self._task.tenant,
             principal=self._task.principal,
-            state=self._state,
+            state=self._run.state,
             steps=(
                 [self._call_status(call_id) for call_id in self._memory.order]
                 if self._open is not None
@@ -330,9 +262,9 @@ class TaskCore:
             ),
             decisions=self._memory.decisions,
             policies=self._memory.policies,
-            failure_reason=self._failure_reason,
+            failure_reason=self._run.failure_reason,
             open=self._open is not None,
-            closing=self._closing,
+            closing=self._run.closing,
             runs=self._memory.runs,
         )
 
@@ -344,11 +276,11 @@ class TaskCore:
         ended first: ``starter_stopped_waiting``)."""
         writer = self._task.outcome_writer
         if writer is OutcomeWriter.STARTER:
-            return self._asked_people or self._starter_stopped_waiting
+            return self._run.asked_people or self._run.starter_stopped_waiting
         return writer is OutcomeWriter.WORKFLOW
 
     def _decision_admitted(self) -> None:
-        self._decision_admitted_at = workflow.info().get_current_history_length()
+        self._run.decision_admitted_at = workflow.info().get_current_history_length()
 
     async def _end_durably(self) -> None:
         """Before a task that records its outcome shows its end: make sure the decision
@@ -361,7 +293,7 @@ class TaskCore:
         awaits the decision. A timer completes that workflow task first; the end is shown
         and recorded in the next one.
         """
-        if self._decision_admitted_at == workflow.info().get_current_history_length():
+        if self._run.decision_admitted_at == workflow.info().get_current_history_length():
             if workflow.patched(OUTCOME_AFTER_DURABLE_DECISION):
                 await workflow.sleep(MIN_TIMER, summary=ClearText("make the decision durable"))
 
@@ -374,7 +306,7 @@ class TaskCore:
         leave the operator's command waiting. A timer completes this workflow task first;
         the step acts in the next one.
         """
-        if self._decision_admitted_at == workflow.info().get_current_history_length():
+        if self._run.decision_admitted_at == workflow.info().get_current_history_length():
             if workflow.patched(DECISION_DURABLE_BEFORE_ACTING):
                 await workflow.sleep(MIN_TIMER, summary=ClearText("make the decision durable"))
 

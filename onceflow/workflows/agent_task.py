@@ -116,7 +116,7 @@ class AgentTaskWorkflow(OpenTaskRuns, PeopleDecisions):
                 [
                     TASK_TENANT.value_set(task.tenant),
                     TASK_TOOLS.value_set(task.plan_tools()),
-                    TASK_STATE.value_set(self._state.value),
+                    TASK_STATE.value_set(self._run.state.value),
                 ]
             )
         self._take_release_of_start()
@@ -127,7 +127,7 @@ class AgentTaskWorkflow(OpenTaskRuns, PeopleDecisions):
             # 0.3.0 gets here. Its first step counts from the time before the local
             # activity (see StepRuns._clock_before_pin).
             if task.steps:
-                self._clock_before_pin[task.steps[0].step_id] = workflow.now()
+                self._run.clock_before_pin[task.steps[0].step_id] = workflow.now()
             self._memory.policies = await pin_policies_as_before_0_3_0(
                 sorted({s.tool for s in task.steps})
             )
@@ -140,7 +140,7 @@ class AgentTaskWorkflow(OpenTaskRuns, PeopleDecisions):
         records = self._writes_its_outcome()
         if records:
             await self._end_durably()
-        self._failure_reason = failure
+        self._run.failure_reason = failure
         self._set_state(TaskState.SUCCEEDED if failure is None else TaskState.FAILED)
         if records:
             await self._record_outcome()
@@ -181,7 +181,7 @@ class AgentTaskWorkflow(OpenTaskRuns, PeopleDecisions):
         """The request that started this plan task answered before the task ended (202):
         the task writes its outcome into its idempotency record itself, as one that asked
         people does, instead of leaving it to the next repeat or the upkeep pass."""
-        self._starter_stopped_waiting = True
+        self._run.starter_stopped_waiting = True
 
     @workflow.update
     async def reconcile(self, decision: ReconcileInput) -> DecisionResult:
@@ -232,8 +232,8 @@ class AgentTaskWorkflow(OpenTaskRuns, PeopleDecisions):
         """
         self._take_release_of_start()
         self._memory.last_call_at = workflow.now()
-        self._changed = True
-        if self._started_on_0_1_0:
+        self._run.changed = True
+        if self._run.started_on_0_1_0:
             await self._take_call_as_0_1_0(request)
         elif not self._known_call(request.call_id):
             # The validator checked the same on a live worker; replay has no validator
@@ -260,9 +260,9 @@ class AgentTaskWorkflow(OpenTaskRuns, PeopleDecisions):
     def close(self) -> TaskStatus:
         """Take no more calls: the task ends once its unfinished calls end."""
         self._decision_admitted()
-        if self._closing is None:
-            self._closing = "closed by the agent"
-            self._changed = True
+        if self._run.closing is None:
+            self._run.closing = "closed by the agent"
+            self._run.changed = True
         return self._status()
 
     @close.validator

@@ -63,7 +63,7 @@ class WithoutTheRulesOf010(AgentTaskWorkflow):
 
     def _take_release_of_start(self) -> None:
         workflow.deprecate_patch(START_PATCHES_FOLDED)
-        self._started_on_0_1_0 = False
+        self._run.started_on_0_1_0 = False
 
 
 async def replay_failure(path: Path, release: type = AgentTaskWorkflow) -> Exception | None:
