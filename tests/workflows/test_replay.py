@@ -57,13 +57,22 @@ class WithoutTheRulesOf010(AgentTaskWorkflow):
     """The current code taking 0.1.0's first marker but not its rules: what a release
     that only deprecated 0.1.0's patch ids would run."""
 
+    @workflow.init
+    def __init__(self, task: AgentTaskInput) -> None:
+        super().__init__(task)
+        run = self._book.run
+
+        def take_release_of_start() -> None:
+            workflow.deprecate_patch(START_PATCHES_FOLDED)
+            run.started_on_0_1_0 = False
+
+        # Where the task's books learn which release started the run, they learn 0.1.0's
+        # marker and none of its rules.
+        self._book.take_release_of_start = take_release_of_start  # type: ignore[method-assign]
+
     @workflow.run
     async def run(self, task: AgentTaskInput) -> TaskStatus:
         return await super().run(task)
-
-    def _take_release_of_start(self) -> None:
-        workflow.deprecate_patch(START_PATCHES_FOLDED)
-        self._run.started_on_0_1_0 = False
 
 
 async def replay_failure(path: Path, release: type = AgentTaskWorkflow) -> Exception | None:

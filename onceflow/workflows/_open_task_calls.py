@@ -1,5 +1,5 @@
-"""An open task's life: calls taken one by one, the repeat guard, idle and lifetime
-ends, continue-as-new."""
+"""``OpenTaskCalls``: an open task's life, its calls taken one by one, the repeat guard,
+idle and lifetime ends, continue-as-new."""
 
 import asyncio
 from datetime import datetime
@@ -13,7 +13,7 @@ with workflow.unsafe.imports_passed_through():
     # Summaries are identifiers only: readable in the UI when payloads are encrypted.
     from onceflow.encryption import ClearText
     from onceflow.errors import describe_validation
-    from onceflow.tools.worker import ToolPolicy, UnknownTool
+    from onceflow.tools.worker import Catalogue, ToolPolicy, UnknownTool
     from onceflow.tools.worker import arguments_digest as digest_arguments
     from onceflow.workflows.patches import POLICIES_CARRIED
     from onceflow.workflows.task_models import (
@@ -37,25 +37,36 @@ from onceflow.workflows._retired_policy_pin import (
     call_without_policy,
     pin_policies_as_before_0_3_0,
 )
-from onceflow.workflows._step_runs import StepRuns
-from onceflow.workflows._task_core import (
+from onceflow.workflows._step_runner import StepRunner
+from onceflow.workflows._task_book import (
     ENDED_STEP_STATES,
     MIN_TIMER,
     NO_EFFECT_STEP_STATES,
+    SETTLED_STEP_STATES,
     StepStopped,
+    TaskBook,
     approval_details,
     count_event,
     park_details,
 )
 
 
-class OpenTaskRuns(StepRuns):
+class OpenTaskCalls:
     """Takes an open task's calls, runs each as a step, ends it, continues it as new."""
 
-    async def _run_open(self, task: AgentTaskInput) -> TaskStatus:
+    def __init__(self, book: TaskBook, steps: StepRunner, catalogue: Catalogue) -> None:
+        self._book = book
+        self._task = book.task
+        self._memory = book.memory
+        self._run = book.run
+        self._steps = steps
+        self._catalogue = catalogue
+        """The tools this worker knows, asked only live (``call_problem``)."""
+
+    async def run(self, task: AgentTaskInput) -> TaskStatus:
         options = task.open
         assert options is not None
-        self._take_release_of_start()
+        self._book.take_release_of_start()
         self._run.state = self._open_state()
         self._run.published_tools = sorted({call.tool for call in self._memory.calls.values()})
         workflow.upsert_search_attributes(
@@ -77,7 +88,7 @@ class OpenTaskRuns(StepRuns):
                 # after a fix); never a call left running with its Update unanswered.
                 raise self._run.call_crash
             self._run.changed = False
-            self._publish_state(self._open_state())
+            self._book.publish_state(self._open_state())
             workflow.set_current_details(self._open_details())
             unfinished = self._unfinished_calls()
             if self._run.started_on_0_1_0:
@@ -114,18 +125,55 @@ class OpenTaskRuns(StepRuns):
                         else f"idle for {options.idle_timeout}"
                     )
         if task.outcome_writer is not OutcomeWriter.NONE:
-            await self._end_durably()
-        self._publish_state(TaskState.CLOSED)
+            await self._book.end_durably()
+        self._book.publish_state(TaskState.CLOSED)
         workflow.set_current_details(self._open_details())
         if task.outcome_writer is not OutcomeWriter.NONE:
-            await self._record_outcome()
+            await self._book.record_outcome()
         await workflow.wait_condition(workflow.all_handlers_finished)
-        return self._status()
+        return self._book.status()
+
+    async def take(self, request: CallInput) -> CallAnswer:
+        """The Update ``call``, validated by ``call_problem``: the call's answer once it
+        ends, or once it parks or awaits approval (unless ``wait_until_ended``)."""
+        self._book.take_release_of_start()
+        self._memory.last_call_at = workflow.now()
+        self._run.changed = True
+        if self._run.started_on_0_1_0:
+            await self._take_call_as_0_1_0(request)
+        elif not self._known_call(request.call_id):
+            # The validator checked the same on a live worker; replay has no validator
+            # and decides again from history alone (this handler issues no command).
+            problem = self._call_state_problem(request)
+            if problem:
+                raise ApplicationError(problem, type="CallRefused", non_retryable=True)
+            if request.policy is not None:
+                # Admitted with its policy: the first call of a tool pins it for the task.
+                self._memory.policies.setdefault(request.tool, request.policy)
+            self._accept_call(request)
+        original = self._memory.calls[self._memory.repeat_of.get(request.call_id, request.call_id)]
+        done = ENDED_STEP_STATES if request.wait_until_ended else SETTLED_STEP_STATES
+        await workflow.wait_condition(lambda: original.state in done)
+        return self._call_answer(request.call_id)
+
+    def close(self) -> TaskStatus:
+        """The Update ``close``, validated by ``close_problem``: no more calls."""
+        self._book.decision_admitted()
+        if self._run.closing is None:
+            self._run.closing = "closed by the agent"
+            self._run.changed = True
+        return self._book.status()
+
+    def close_problem(self) -> str | None:
+        """Why the task cannot be closed; None when it can."""
+        if self._task.open is None:
+            return "this task is a plan: it ends with its last step"
+        return None
 
     def _close_by_the_clock_as_0_1_0(self, lifetime_ends: datetime, unfinished: bool) -> None:
         """0.1.0 decided an open task's idle and lifetime ends by comparing the clock at
         each turn of its loop; its tasks still do (a timer firing decides for the rest)."""
-        options = self._open
+        options = self._task.open
         assert options is not None
         now = workflow.now()
         if self._run.closing is None and now >= lifetime_ends:
@@ -154,7 +202,7 @@ class OpenTaskRuns(StepRuns):
             workflow.upsert_search_attributes([TASK_TOOLS.value_set(tools)])
             self._run.published_tools = tools
 
-    def _call_problem(self, request: CallInput) -> str | None:
+    def call_problem(self, request: CallInput) -> str | None:
         """Why a call cannot run, checked by the validator before anything is written;
         None if it can. Validators never run on replay: this is the one place a call's
         arguments meet this worker's input model."""
@@ -166,7 +214,7 @@ class OpenTaskRuns(StepRuns):
         if request.policy is None and request.tool not in self._memory.policies:
             return call_without_policy(request.tool)
         try:
-            self.catalogue.get(request.tool).input_model.model_validate(request.arguments)
+            self._catalogue.get(request.tool).input_model.model_validate(request.arguments)
         except UnknownTool as unknown:
             return str(unknown)
         except ValidationError as invalid:
@@ -180,10 +228,10 @@ class OpenTaskRuns(StepRuns):
         lifetime, the deadline): the handler runs in the validator's activation, so it
         would decide the same live, and a replay, which has no validator, might read
         another time."""
-        if self._open is None:
+        if self._task.open is None:
             return "this task is a plan: its steps were given when it started"
         if self._known_call(request.call_id):
-            original = self._call_status(request.call_id)
+            original = self._book.call_status(request.call_id)
             if original.tool != request.tool or original.arguments_digest != digest_arguments(
                 request.tool, request.arguments
             ):
@@ -194,9 +242,9 @@ class OpenTaskRuns(StepRuns):
             return None  # the same call again: answered with its status
         if self._run.closing is not None:
             return f"the task takes no more calls: {self._run.closing}"
-        if live and workflow.now() >= self._memory.started_at + self._open.max_lifetime:
-            return f"the task's maximum lifetime ({self._open.max_lifetime}) has ended"
-        allowed = self._open.allowed_tools
+        if live and workflow.now() >= self._memory.started_at + self._task.open.max_lifetime:
+            return f"the task's maximum lifetime ({self._task.open.max_lifetime}) has ended"
+        allowed = self._task.open.allowed_tools
         if allowed is not None and request.tool not in allowed:
             return f"tool {request.tool!r} is not allowed in this task"
         if request.deliberate_repeat and not self._allows_deliberate_repeats(request):
@@ -204,13 +252,13 @@ class OpenTaskRuns(StepRuns):
                 f"tool {request.tool!r} does not allow deliberate repeats: an identical "
                 "earlier call answers this one"
             )
-        budget = self._budget
+        budget = self._book.budget
         if self._memory.budgeted_attempts >= budget.max_attempts_per_task:
             return (
                 f"the task's retry budget is spent ({self._memory.budgeted_attempts} of "
                 f"{budget.max_attempts_per_task} attempts used)"
             )
-        used = workflow.now() - self._memory.started_at - self._people_time()
+        used = workflow.now() - self._memory.started_at - self._book.people_time()
         if live and used >= budget.deadline:
             return f"the task's deadline ({budget.deadline} of machine time) has passed"
         return None
@@ -264,15 +312,15 @@ class OpenTaskRuns(StepRuns):
                 self._run.clock_before_pin[step.step_id] = workflow.now()
                 if not await self._pin_tool(step.tool, carried=None):
                     self._run.clock_before_pin.pop(step.step_id, None)
-                    self._stop_step(status, StepState.FAILED, call_without_policy(step.tool))
-            if status.deliberate_repeat and not self._policy(step.tool).deliberate_repeats:
-                self._stop_step(
+                    self._book.stop_step(status, StepState.FAILED, call_without_policy(step.tool))
+            if status.deliberate_repeat and not self._book.policy(step.tool).deliberate_repeats:
+                self._book.stop_step(
                     status,
                     StepState.FAILED,
                     f"tool {step.tool!r} does not allow deliberate repeats: an identical "
                     "earlier call answers this one",
                 )
-            await self._run_step(step)
+            await self._steps.run_step(step)
         except StepStopped:
             pass  # the call's own state says how it ended; the task goes on
         except Exception as crash:
@@ -331,8 +379,8 @@ class OpenTaskRuns(StepRuns):
         return TaskState.RUNNING
 
     def _should_continue_as_new(self) -> bool:
-        assert self._open is not None
-        per_run = self._open.calls_per_run
+        assert self._task.open is not None
+        per_run = self._task.open.calls_per_run
         if per_run is not None and self._run.calls_this_run >= per_run:
             return True
         return workflow.info().is_continue_as_new_suggested()
@@ -347,7 +395,7 @@ class OpenTaskRuns(StepRuns):
             task_state=self._open_state()
             if self._run.state is not TaskState.CLOSED
             else self._run.state,
-            call=self._call_status(call_id),
+            call=self._book.call_status(call_id),
             repeat_of=repeat_of,
         )
 
@@ -355,7 +403,7 @@ class OpenTaskRuns(StepRuns):
         lines = [
             f"- {call.step_id}: {call.tool} {call.state.value}"
             + (f" (repeat of {self._memory.repeat_of[call.step_id]})" if call.repeat_of else "")
-            for call in (self._call_status(call_id) for call_id in self._call_order())
+            for call in (self._book.call_status(call_id) for call_id in self._call_order())
         ]
         return f"Open task: {len(lines)} calls" + ("\n" + "\n".join(lines[-20:]) if lines else "")
 
