@@ -61,7 +61,7 @@ class PeopleDecisions:
         check = await self._decision_check(decision)
         if check.refusal is not None:
             raise ApplicationError(check.refusal, type="DecisionRefused", non_retryable=True)
-        self._book.decision_admitted()  # accepted in this workflow task (see act_durably)
+        self._book.decision_admitted()  # accepted in this workflow task (see TaskBook.act_durably)
         return self._accept_reconciliation(decision, via="update", check=check)
 
     async def reconcile_by_signal(self, decision: ReconcileInput) -> None:

@@ -303,9 +303,9 @@ class TaskBook:
         sure the decision and the Update's answer are in history first.
 
         What the step does next may fail the workflow task (an attempt of a tool this
-        worker lacks: ``_require_tool``), which would drop the Update's answer with it and
-        leave the operator's command waiting. A timer completes this workflow task first;
-        the step acts in the next one.
+        worker lacks: ``StepRunner._require_tool``), which would drop the Update's answer
+        with it and leave the operator's command waiting. A timer completes this workflow
+        task first; the step acts in the next one.
         """
         if self.run.decision_admitted_at == workflow.info().get_current_history_length():
             if workflow.patched(DECISION_DURABLE_BEFORE_ACTING):

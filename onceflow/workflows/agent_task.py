@@ -31,19 +31,22 @@ each, composed rather than inherited:
 - ``_plan_steps.PlanSteps``: a plan's steps in order and its end;
 - ``_open_task_calls.OpenTaskCalls``: an open task's calls, ends and continue-as-new.
 
-Which handler may issue commands: none. An Update or signal handler only validates,
-records a decision or a call in the run's state, and waits; every command (an activity, a
-timer, a marker, a search attribute) starts in ``run``'s coroutine or in a step's. A
-handler's commands would interleave with other Updates' acceptances in an order a replay
-does not reproduce. So a call's Update starts the call's coroutine and waits for its
-answer (``OpenTaskCalls.take``), and a reconcile decision's look-up runs in the parked
-step's own coroutine: the handler leaves the decision in ``TaskRun.check_requests`` and
-takes the verdict from ``TaskRun.check_verdicts`` (``PeopleDecisions.await_reconciliation``),
-so two decisions accepted in one workflow task replay in the order they were recorded.
-The one exception is a task release 0.1.0 started, which issues the commands 0.1.0 did
-from its handlers (the look-up of a reconcile check, a call's policy pin and published
-tools) and replays only so. Handlers share the run's state without a lock: the workflow
-runs on one thread, and a handler awaits only a condition, never a command.
+Which handler may issue commands: none. An Update or signal handler validates, records
+a decision or a call in the run's state and waits for a condition; every command (an
+activity, a timer, a marker, a search attribute) starts in ``run``'s coroutine or in a
+step's. Commands from handlers would interleave with other Updates' acceptances in an
+order a replay does not reproduce. So a call's Update starts the call's coroutine and
+waits for its answer (``OpenTaskCalls.take``), and a reconcile decision's look-up runs in
+the parked step's own coroutine: the handler leaves the decision in
+``TaskRun.check_requests`` and takes the verdict from ``TaskRun.check_verdicts``
+(``PeopleDecisions.await_reconciliation``), so two decisions accepted in one workflow task
+replay as they ran. The exceptions belong to release 0.1.0, whose tasks replay only as
+0.1.0 ran them: learning which release started a run asks ``patched`` on replay only, a
+marker only where 0.1.0 recorded one (``TaskBook.take_release_of_start``), and a 0.1.0
+task pins a call's tool, publishes its tools and checks a decision in the handler, as
+0.1.0 did. Handlers share the run's state without a lock: the workflow runs one coroutine
+at a time, a handler awaits only a condition, and the one wait that spans a check keeps
+a second decision on the same step out (``TaskRun.checking``, refused by the validator).
 
 Open tasks share the step machinery (one workflow keeps one budget, one decision path,
 one park): each call is a step run concurrently with the others; the repeat guard

@@ -159,6 +159,28 @@ async def test_saved_history_replays_deterministically(path: Path) -> None:
     assert await replay_failure(path) is None
 
 
+def test_a_saved_history_holds_two_reconciles_accepted_in_one_workflow_task() -> None:
+    """The workflow's rule for handlers (they issue no command; a reconcile's look-up runs
+    in the parked step's own coroutine) is what lets two decisions accepted in one workflow
+    task replay: one saved history holds exactly that, both look-ups scheduled in the same
+    workflow task after both acceptances, and replays above."""
+    path = FOLDER / "open_task_two_parked_calls_reconciled.json"
+    batches: list[list[str]] = []
+    for event in json.loads(path.read_text())["events"]:
+        kind = event["eventType"].removeprefix("EVENT_TYPE_")
+        if kind == "WORKFLOW_TASK_COMPLETED":
+            batches.append([])
+        elif batches and not kind.startswith("WORKFLOW_TASK_"):
+            attributes = event.get("workflowExecutionUpdateAcceptedEventAttributes")
+            scheduled = event.get("activityTaskScheduledEventAttributes")
+            if attributes is not None:
+                batches[-1].append(f"accepted {attributes['acceptedRequest']['input']['name']}")
+            elif scheduled is not None:
+                batches[-1].append(f"scheduled {scheduled['activityType']['name']}")
+    both = ["accepted reconcile"] * 2 + ["scheduled look_up_scripted_provider"] * 2
+    assert any(batch[:4] == both for batch in batches), batches
+
+
 WITHOUT_THE_RULES_OF_010 = [
     RELEASES / "0.1.0" / f"{name}.json"
     for name in (
