@@ -63,6 +63,8 @@ class KeyWindows:
         )
 
     def stop(self, step_id: str) -> None:
+        """Stop the step's window timer, if one runs: the window matters only while the
+        step may still send under its key."""
         window = self._run.key_windows.pop(step_id, None)
         if window is not None and not window.timer.done():
             window.timer.cancel()

@@ -64,6 +64,8 @@ class OpenTaskCalls:
         """The tools this worker knows, asked only live (``call_problem``)."""
 
     async def run(self, task: AgentTaskInput) -> TaskStatus:
+        """Take calls until the task closes (by the agent, idle, or its lifetime) or
+        continues as new, then answer its status."""
         options = task.open
         assert options is not None
         self._book.take_release_of_start()

@@ -142,18 +142,22 @@ class TaskBook:
     def finish_step(
         self, status: StepStatus, resource_id: str | None, result: dict[str, Any]
     ) -> None:
+        """The step succeeded, with the resource it made and its result."""
         self.run.changed = True
         status.state = StepState.SUCCEEDED
         status.resource_id = resource_id
         status.result = result
 
     def stop_step(self, status: StepStatus, state: StepState, reason: str) -> None:
+        """End the step without success (failed, denied, abandoned): its coroutine stops
+        with ``StepStopped``."""
         self.run.changed = True
         status.state = state
         status.failure_reason = reason
         raise StepStopped(reason)
 
     def usage(self, status: StepStatus, saw_unknown: bool) -> StepUsage:
+        """What the step and the task have used of the budget, for the retry decision."""
         waits = 0
         for attempt in reversed(status.attempts):
             if not attempt.database_unavailable:
@@ -180,6 +184,8 @@ class TaskBook:
         return self.memory.policies[tool]
 
     def set_state(self, state: TaskState) -> None:
+        """The task's state changed: a plan publishes it; an open task's loop publishes
+        what its calls add up to."""
         if self.task.open is not None and state is not TaskState.CLOSED:
             # Calls run side by side: the task is as its calls are (parked wins), which
             # the open task's loop publishes.
@@ -207,6 +213,7 @@ class TaskBook:
             workflow.upsert_search_attributes(updates)
 
     def begin_waiting_for_people(self, now: datetime | None = None) -> None:
+        """A step waits for a person (an approval, a reconciliation): off the clock."""
         self.begin_off_the_clock(now)
         self.run.asked_people = True
 
@@ -233,6 +240,7 @@ class TaskBook:
             workflow.set_current_details(details)
 
     def call_status(self, call_id: str) -> StepStatus:
+        """A call's status; a repeat's is that of the call answering it, under its own id."""
         repeat_of = self.memory.repeat_of.get(call_id)
         if repeat_of is None:
             return self.memory.calls[call_id]
@@ -241,6 +249,7 @@ class TaskBook:
         )
 
     def status(self) -> TaskStatus:
+        """The task's status, as the query answers it and the outcome record keeps it."""
         return TaskStatus(
             workflow_id=workflow.info().workflow_id,
             tenant=self.task.tenant,
@@ -281,6 +290,8 @@ class TaskBook:
         return writer is OutcomeWriter.WORKFLOW
 
     def decision_admitted(self) -> None:
+        """A decision Update is admitted in this workflow task (``end_durably``,
+        ``act_durably``)."""
         self.run.decision_admitted_at = workflow.info().get_current_history_length()
 
     async def end_durably(self) -> None:
@@ -312,6 +323,7 @@ class TaskBook:
                 await workflow.sleep(MIN_TIMER, summary=ClearText("make the decision durable"))
 
     async def record_outcome(self) -> None:
+        """Write the task's outcome into its idempotency record, a few tries at most."""
         # The record is the boundary's answer to repeats. Writing it is an idempotent
         # local update, so the workflow (still the only retry owner) tries a few times;
         # if all fail, the boundary falls back to asking the workflow itself.
