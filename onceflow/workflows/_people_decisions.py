@@ -3,6 +3,7 @@
 from typing import Literal
 
 from temporalio import workflow
+from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from onceflow.retry_policy import (
@@ -21,21 +22,71 @@ with workflow.unsafe.imports_passed_through():
         StepState,
         StepStatus,
     )
-from onceflow.workflows._step_runs import StepRuns
-from onceflow.workflows._task_core import (
-    DecisionCheck,
-    describe_finding,
-)
+from onceflow.workflows._key_windows import KeyWindows
+from onceflow.workflows._look_ups import LookUps
+from onceflow.workflows._task_book import TaskBook, describe_finding
+from onceflow.workflows._task_run import DecisionCheck
 
 
-class PeopleDecisions(StepRuns):
-    """Checks and records approvals and reconciliations (Update or signal)."""
+class PeopleDecisions:
+    """Checks and records approvals and reconciliations (Update or signal); a parked
+    step waits here for its reconciliation, checking each decision sent meanwhile."""
 
-    def _approval_problem(self, decision: ApproveInput) -> str | None:
+    def __init__(self, book: TaskBook, keys: KeyWindows, look_ups: LookUps) -> None:
+        self._book = book
+        self._memory = book.memory
+        self._run = book.run
+        self._keys = keys
+        self._look_ups = look_ups
+
+    def approve_by_update(self, decision: ApproveInput) -> DecisionResult:
+        """The Update ``approve``, validated by ``approval_problem``."""
+        self._book.decision_admitted()
+        return self._accept_approval(decision, via="update")
+
+    def approve_by_signal(self, decision: ApproveInput) -> None:
+        """The signal ``approve``: an invalid decision is only recorded."""
+        problem = self.approval_problem(decision)
+        if problem:
+            self._record_rejected(
+                "approve", decision, "approve" if decision.approved else "deny", problem
+            )
+            return
+        self._accept_approval(decision, via="signal")
+
+    async def reconcile_by_update(self, decision: ReconcileInput) -> DecisionResult:
+        """The Update ``reconcile``, validated by ``reconciliation_problem``: a decision
+        its check refuses fails the Update, recording nothing but the look-up's evidence."""
+        self._book.decision_admitted()
+        check = await self._decision_check(decision)
+        if check.refusal is not None:
+            raise ApplicationError(check.refusal, type="DecisionRefused", non_retryable=True)
+        self._book.decision_admitted()  # accepted in this workflow task (see TaskBook.act_durably)
+        return self._accept_reconciliation(decision, via="update", check=check)
+
+    async def reconcile_by_signal(self, decision: ReconcileInput) -> None:
+        """The signal ``reconcile``: an invalid decision, or one its check refuses, is only
+        recorded."""
+        problem = self.reconciliation_problem(decision)
+        if problem:
+            self._record_rejected("reconcile", decision, decision.decision.value, problem)
+            return
+        check = await self._decision_check(decision)
+        if check.refusal is not None:
+            self._record_rejected(
+                "reconcile", decision, decision.decision.value, check.refusal, check.finding
+            )
+            return
+        self._accept_reconciliation(decision, via="signal", check=check)
+
+    def approval_problem(self, decision: ApproveInput) -> str | None:
         status = self._memory.calls.get(decision.step_id)
         if status is None:
             return f"this task has no step {decision.step_id!r}"
-        if status.state is not StepState.AWAITING_APPROVAL or decision.step_id in self._approvals:
+        if (
+            status.state is not StepState.AWAITING_APPROVAL
+            or decision.step_id in self._run.approvals
+        ):
             return (
                 f"step {decision.step_id!r} is not awaiting approval (it is {status.state.value})"
             )
@@ -46,13 +97,13 @@ class PeopleDecisions(StepRuns):
             )
         return None
 
-    def _reconciliation_problem(self, decision: ReconcileInput) -> str | None:
+    def reconciliation_problem(self, decision: ReconcileInput) -> str | None:
         status = self._memory.calls.get(decision.step_id)
         if status is None:
             return f"this task has no step {decision.step_id!r}"
-        if status.state is not StepState.PARKED or decision.step_id in self._reconciliations:
+        if status.state is not StepState.PARKED or decision.step_id in self._run.reconciliations:
             return f"step {decision.step_id!r} is not parked (it is {status.state.value})"
-        if decision.step_id in self._checking:
+        if decision.step_id in self._run.checking:
             return (
                 f"another decision on step {decision.step_id!r} is being checked with the "
                 "tool's look-up; send yours again once it is answered"
@@ -61,19 +112,31 @@ class PeopleDecisions(StepRuns):
 
     async def _decision_check(self, decision: ReconcileInput) -> DecisionCheck:
         """A handler's check of its reconcile decision, run by the parked step's own
-        coroutine (``_wait_for_reconciliation``): the look-up is a command, and commands
+        coroutine (``await_reconciliation``): the look-up is a command, and commands
         from handlers interleave with other Updates' acceptances in an order a replay
         does not reproduce. A task started on 0.1.0 checks in the handler, as it did."""
-        if self._started_on_0_1_0:
+        if self._run.started_on_0_1_0:
             return await self._check_reconciliation(decision)
         step_id = decision.step_id
-        self._checking.add(step_id)
+        self._run.checking.add(step_id)
         try:
-            self._check_requests[step_id] = decision
-            await workflow.wait_condition(lambda: step_id in self._check_verdicts)
-            return self._check_verdicts.pop(step_id)
+            self._run.check_requests[step_id] = decision
+            await workflow.wait_condition(lambda: step_id in self._run.check_verdicts)
+            return self._run.check_verdicts.pop(step_id)
         finally:
-            self._checking.discard(step_id)
+            self._run.checking.discard(step_id)
+
+    async def await_reconciliation(self, step_id: str) -> None:
+        """Wait, parked, for a reconciliation to be accepted; meanwhile check each
+        decision sent (its look-up runs here, in the step's coroutine: an Update or
+        signal handler issues no command) and hand the verdict back to its handler."""
+        while step_id not in self._run.reconciliations:
+            await workflow.wait_condition(
+                lambda: step_id in self._run.reconciliations or step_id in self._run.check_requests
+            )
+            decision = self._run.check_requests.pop(step_id, None)
+            if decision is not None:
+                self._run.check_verdicts[step_id] = await self._check_reconciliation(decision)
 
     async def _check_reconciliation(self, decision: ReconcileInput) -> "DecisionCheck":
         """Check a decision against the provider before it acts (invariant 16).
@@ -85,7 +148,7 @@ class PeopleDecisions(StepRuns):
         """
         status = self._memory.calls[decision.step_id]
         step = StepInput(step_id=status.step_id, tool=status.tool, arguments=status.arguments)
-        policy = self._policy(step.tool)
+        policy = self._book.policy(step.tool)
         if policy.lookup_activity is None or decision.decision is ReconcileDecision.ABANDON:
             unchecked = decision.decision is ReconcileDecision.HAPPENED
             return DecisionCheck(verified=False if unchecked else None)
@@ -94,13 +157,13 @@ class PeopleDecisions(StepRuns):
             and not policy.lookup_verifies_resource_ids
         ):
             return DecisionCheck(verified=False)
-        if self._started_on_0_1_0 and decision.unverified:
+        if self._run.started_on_0_1_0 and decision.unverified:
             workflow.deprecate_patch(UNVERIFIED_RECORDED)
         claimed = decision.resource_id
         happened = decision.decision is ReconcileDecision.HAPPENED
-        self._checking.add(decision.step_id)
+        self._run.checking.add(decision.step_id)
         try:
-            answer = await self._ask_look_up(
+            answer = await self._look_ups.ask(
                 step,
                 policy,
                 status,
@@ -109,7 +172,7 @@ class PeopleDecisions(StepRuns):
                 why=f"to check {decision.operator}'s decision {decision.decision.value}",
             )
         finally:
-            self._checking.discard(decision.step_id)
+            self._run.checking.discard(decision.step_id)
         found = answer if answer is not None and answer.outcome is OutcomeClass.SUCCEEDED else None
         finding = describe_finding(found) if found else status.evidence.get("lookup")
         if decision.decision is ReconcileDecision.DID_NOT_HAPPEN:
@@ -118,7 +181,7 @@ class PeopleDecisions(StepRuns):
             # Accepted whatever the look-up found; it recorded the resource if it could.
             return DecisionCheck(verified=False, finding=finding)
         if found is not None and found.resource_id == claimed:
-            self._verified[decision.step_id] = found
+            self._run.verified[decision.step_id] = found
             return DecisionCheck(verified=True, finding=finding)
         return DecisionCheck(
             finding=finding,
@@ -150,7 +213,7 @@ class PeopleDecisions(StepRuns):
             )
         if decision.unverified:
             return DecisionCheck(verified=False, finding=finding)
-        if self._started_on_0_1_0:
+        if self._run.started_on_0_1_0:
             return DecisionCheck(finding=finding)  # 0.1.0 took any miss, and its tasks do
         if answer is not None and answer.miss_proves_absence:
             # Past an eventual look-up's lag too: the activity judged it, and its answer
@@ -173,7 +236,7 @@ class PeopleDecisions(StepRuns):
     def _accept_approval(
         self, decision: ApproveInput, *, via: Literal["update", "signal"]
     ) -> DecisionResult:
-        self._approvals[decision.step_id] = decision
+        self._run.approvals[decision.step_id] = decision
         self._memory.decisions.append(
             DecisionRecord(
                 kind="approve",
@@ -201,7 +264,7 @@ class PeopleDecisions(StepRuns):
         via: Literal["update", "signal"],
         check: "DecisionCheck | None" = None,
     ) -> DecisionResult:
-        self._reconciliations[decision.step_id] = decision
+        self._run.reconciliations[decision.step_id] = decision
         self._memory.decisions.append(
             DecisionRecord(
                 kind="reconcile",
@@ -219,12 +282,12 @@ class PeopleDecisions(StepRuns):
         )
         status = self._memory.calls[decision.step_id]
         retry = "gets one operator-authorised attempt"
-        if self._old_key_unusable(status):
+        if self._keys.old_key_unusable(status):
             retry += (
                 f" under a new key (generation {status.key_generation + 1}: the old key can "
                 "no longer be sent)"
             )
-            if self._unusable_keys.get(status.step_id) is not KeyUnusable.STORED_FAILURE:
+            if self._run.unusable_keys.get(status.step_id) is not KeyUnusable.STORED_FAILURE:
                 retry += (
                     ", once no request under the old key can still take effect and a "
                     "look-up then finds nothing"

@@ -23,7 +23,7 @@ with workflow.unsafe.imports_passed_through():
     from onceflow.encryption import ClearText
     from onceflow.tools.worker import PIN_TASK_POLICY, PinPolicyInput, TaskPolicy, ToolPolicy
 
-from onceflow.workflows._task_core import ONE_ATTEMPT, PIN_TIMEOUT, ToolNotOnThisWorker
+from onceflow.workflows._task_book import ONE_ATTEMPT, PIN_TIMEOUT, ToolNotOnThisWorker
 
 STARTED_WITHOUT_POLICIES = "StartedWithoutPolicies"
 """Error type failing a plan task started without ``policies``."""

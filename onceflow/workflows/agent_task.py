@@ -15,12 +15,38 @@ repeat under a key the provider forgets is checked against the key's send window
 every backoff, bounded by it while it waits for a worker, and checked again by the
 attempt itself.
 
-This module holds the workflow's entry points (run, the query, the Updates and signals);
-its parts, one job each, are the classes it is made of: ``_task_core.TaskCore`` (the
-task's state and memory, bookkeeping, the outcome record), ``_step_runs.StepRuns`` (a
-step's attempts, look-ups, approval and parking), ``_people_decisions.PeopleDecisions``
-(approvals and reconciliations checked and recorded) and ``_open_task_runs.OpenTaskRuns``
-(an open task's calls, ends and continue-as-new).
+This module holds the workflow's entry points (run, the query, the Updates, the signals
+and the validators); each hands its work to one of the parts the workflow owns, one job
+each, composed rather than inherited:
+- ``_task_run.TaskRun``: this run's own state, beside ``TaskMemory`` (what continue-as-new
+  carries);
+- ``_task_book.TaskBook``: the task's input, memory and run state, with the bookkeeping
+  every part shares (budget, people time, the published state, the status, the outcome
+  record);
+- ``_key_windows.KeyWindows``: the send window of each step's key;
+- ``_look_ups.LookUps``: asking the provider whether a step's effect happened;
+- ``_people_decisions.PeopleDecisions``: approvals and reconciliations checked and
+  recorded, and the parked step's wait for its reconciliation;
+- ``_step_runner.StepRunner``: a step's attempts, look-up, approval and parking;
+- ``_plan_steps.PlanSteps``: a plan's steps in order and its end;
+- ``_open_task_calls.OpenTaskCalls``: an open task's calls, ends and continue-as-new.
+
+Which handler may issue commands: none. An Update or signal handler validates, records
+a decision or a call in the run's state and waits for a condition; every command (an
+activity, a timer, a marker, a search attribute) starts in ``run``'s coroutine or in a
+step's. Commands from handlers would interleave with other Updates' acceptances in an
+order a replay does not reproduce. So a call's Update starts the call's coroutine and
+waits for its answer (``OpenTaskCalls.take``), and a reconcile decision's look-up runs in
+the parked step's own coroutine: the handler leaves the decision in
+``TaskRun.check_requests`` and takes the verdict from ``TaskRun.check_verdicts``
+(``PeopleDecisions.await_reconciliation``), so two decisions accepted in one workflow task
+replay as they ran. The exceptions belong to release 0.1.0, whose tasks replay only as
+0.1.0 ran them: learning which release started a run asks ``patched`` on replay only, a
+marker only where 0.1.0 recorded one (``TaskBook.take_release_of_start``), and a 0.1.0
+task pins a call's tool, publishes its tools and checks a decision in the handler, as
+0.1.0 did. Handlers share the run's state without a lock: the workflow runs one coroutine
+at a time, a handler awaits only a condition, and the one wait that spans a check keeps
+a second decision on the same step out (``TaskRun.checking``, refused by the validator).
 
 Open tasks share the step machinery (one workflow keeps one budget, one decision path,
 one park): each call is a step run concurrently with the others; the repeat guard
@@ -50,11 +76,12 @@ time. So a decision compares no clock where it can fire a timer instead:
   a stale reading of the deadline (an hour by default).
 """
 
+from typing import ClassVar
+
 from temporalio import workflow
-from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from onceflow.workflows.patches import POLICIES_CARRIED
+    from onceflow.tools.worker import CATALOGUE, Catalogue
     from onceflow.workflows.task_models import (
         TRACE_ID_MEMO,
         AgentTaskInput,
@@ -63,27 +90,23 @@ with workflow.unsafe.imports_passed_through():
         CallInput,
         DecisionResult,
         ReconcileInput,
-        TaskState,
         TaskStatus,
     )
-    from onceflow.workflows.visibility import (
-        TASK_STATE,
-        TASK_TENANT,
-        TASK_TOOLS,
-    )
-from onceflow.workflows._open_task_runs import OpenTaskRuns
+from onceflow.workflows._key_windows import KeyWindows
+from onceflow.workflows._look_ups import LookUps
+from onceflow.workflows._open_task_calls import OpenTaskCalls
 from onceflow.workflows._people_decisions import PeopleDecisions
-from onceflow.workflows._retired_policy_pin import (
-    pin_policies_as_before_0_3_0,
-    started_without_policies,
-)
-from onceflow.workflows._task_core import (
+from onceflow.workflows._plan_steps import PlanSteps
+from onceflow.workflows._step_runner import StepRunner
+from onceflow.workflows._task_book import (
     ENDED_STEP_STATES,
     NO_EFFECT_STEP_STATES,
     SETTLED_STEP_STATES,
-    StepStopped,
+    TaskBook,
     ToolNotOnThisWorker,
+    memory_of_run,
 )
+from onceflow.workflows._task_run import TaskRun
 
 __all__ = [
     "ENDED_STEP_STATES",
@@ -96,92 +119,58 @@ __all__ = [
 
 
 @workflow.defn
-class AgentTaskWorkflow(OpenTaskRuns, PeopleDecisions):
+class AgentTaskWorkflow:
     """Runs an agent task's tool calls in order, retrying only within its budget."""
+
+    catalogue: ClassVar[Catalogue] = CATALOGUE
+    """The tools this worker knows, asked only live (a call's validator, whether this
+    worker can run an attempt), never on replay. Default: the process's ``CATALOGUE``; a
+    test's next release names its own, as another process would have it."""
 
     @workflow.init
     def __init__(self, task: AgentTaskInput) -> None:
-        super().__init__(task)
+        memory = memory_of_run(task)
+        self._book = TaskBook(task, memory, TaskRun(waiting_since=memory.started_at))
+        keys = KeyWindows(self._book)
+        look_ups = LookUps(self._book)
+        self._decisions = PeopleDecisions(self._book, keys, look_ups)
+        steps = StepRunner(self._book, keys, look_ups, self._decisions, self.catalogue)
+        self._plan = PlanSteps(self._book, steps)
+        self._calls = OpenTaskCalls(self._book, steps, self.catalogue)
 
     @workflow.run
     async def run(self, task: AgentTaskInput) -> TaskStatus:
-        if task.open is None and task.policies is None and workflow.patched(POLICIES_CARRIED):
-            # Started by hand without what every admitted plan carries: refused before it
-            # does anything (a task of an earlier release replays the pin below).
-            raise started_without_policies()
         if task.open is not None:
-            return await self._run_open(task)
-        if not task.started_with_attributes:
-            workflow.upsert_search_attributes(
-                [
-                    TASK_TENANT.value_set(task.tenant),
-                    TASK_TOOLS.value_set(task.plan_tools()),
-                    TASK_STATE.value_set(self._state.value),
-                ]
-            )
-        self._take_release_of_start()
-        if task.policies is not None:
-            self._memory.policies = dict(task.policies)
-        else:
-            # Retired (POLICIES_CARRIED): only a plan started without policies before
-            # 0.3.0 gets here. Its first step counts from the time before the local
-            # activity (see StepRuns._clock_before_pin).
-            if task.steps:
-                self._clock_before_pin[task.steps[0].step_id] = workflow.now()
-            self._memory.policies = await pin_policies_as_before_0_3_0(
-                sorted({s.tool for s in task.steps})
-            )
-        failure = None
-        try:
-            for step in task.steps:
-                await self._run_step(step)
-        except StepStopped as stopped:
-            failure = str(stopped)
-        records = self._writes_its_outcome()
-        if records:
-            await self._end_durably()
-        self._failure_reason = failure
-        self._set_state(TaskState.SUCCEEDED if failure is None else TaskState.FAILED)
-        if records:
-            await self._record_outcome()
-        # A decision arriving as the task ends must finish before the workflow completes.
-        await workflow.wait_condition(workflow.all_handlers_finished)
-        return self._status()
+            return await self._calls.run(task)
+        return await self._plan.run(task)
 
     @workflow.query
     def status(self) -> TaskStatus:
         """The task's state, every step's attempts, evidence and the budget spent."""
-        return self._status()
+        return self._book.status()
 
     @workflow.update
     def approve(self, decision: ApproveInput) -> DecisionResult:
         """Approve or deny a step awaiting approval (validated before it is recorded)."""
-        self._decision_admitted()
-        return self._accept_approval(decision, via="update")
+        return self._decisions.approve_by_update(decision)
 
     @approve.validator
     def _validate_approve(self, decision: ApproveInput) -> None:
-        problem = self._approval_problem(decision)
+        problem = self._decisions.approval_problem(decision)
         if problem:
             raise ValueError(problem)
 
     @workflow.signal(name="approve")
     def approve_signal(self, decision: ApproveInput) -> None:
         """The same decision as ``approve``, for the UI; an invalid one is only recorded."""
-        problem = self._approval_problem(decision)
-        if problem:
-            self._record_rejected(
-                "approve", decision, "approve" if decision.approved else "deny", problem
-            )
-            return
-        self._accept_approval(decision, via="signal")
+        self._decisions.approve_by_signal(decision)
 
     @workflow.signal
     def starter_stopped_waiting(self) -> None:
         """The request that started this plan task answered before the task ended (202):
         the task writes its outcome into its idempotency record itself, as one that asked
         people does, instead of leaving it to the next repeat or the upkeep pass."""
-        self._starter_stopped_waiting = True
+        self._book.run.starter_stopped_waiting = True
 
     @workflow.update
     async def reconcile(self, decision: ReconcileInput) -> DecisionResult:
@@ -191,16 +180,11 @@ class AgentTaskWorkflow(OpenTaskRuns, PeopleDecisions):
         after all, or the named resource is not the step's) is the Update's failure, and
         nothing is recorded but the look-up's evidence.
         """
-        self._decision_admitted()
-        check = await self._decision_check(decision)
-        if check.refusal is not None:
-            raise ApplicationError(check.refusal, type="DecisionRefused", non_retryable=True)
-        self._decision_admitted()  # accepted in this workflow task (see _act_durably)
-        return self._accept_reconciliation(decision, via="update", check=check)
+        return await self._decisions.reconcile_by_update(decision)
 
     @reconcile.validator
     def _validate_reconcile(self, decision: ReconcileInput) -> None:
-        problem = self._reconciliation_problem(decision)
+        problem = self._decisions.reconciliation_problem(decision)
         if problem:
             raise ValueError(problem)
 
@@ -208,17 +192,7 @@ class AgentTaskWorkflow(OpenTaskRuns, PeopleDecisions):
     async def reconcile_signal(self, decision: ReconcileInput) -> None:
         """The same decision as ``reconcile``, for the UI; an invalid one, or one its
         check refuses, is only recorded."""
-        problem = self._reconciliation_problem(decision)
-        if problem:
-            self._record_rejected("reconcile", decision, decision.decision.value, problem)
-            return
-        check = await self._decision_check(decision)
-        if check.refusal is not None:
-            self._record_rejected(
-                "reconcile", decision, decision.decision.value, check.refusal, check.finding
-            )
-            return
-        self._accept_reconciliation(decision, via="signal", check=check)
+        await self._decisions.reconcile_by_signal(decision)
 
     @workflow.update
     async def call(self, request: CallInput) -> CallAnswer:
@@ -230,42 +204,21 @@ class AgentTaskWorkflow(OpenTaskRuns, PeopleDecisions):
         identical to an earlier one that has not failed is answered by that one
         (``repeat_of``) unless it is a ``deliberate_repeat``.
         """
-        self._take_release_of_start()
-        self._memory.last_call_at = workflow.now()
-        self._changed = True
-        if self._started_on_0_1_0:
-            await self._take_call_as_0_1_0(request)
-        elif not self._known_call(request.call_id):
-            # The validator checked the same on a live worker; replay has no validator
-            # and decides again from history alone (this handler issues no command).
-            problem = self._call_state_problem(request)
-            if problem:
-                raise ApplicationError(problem, type="CallRefused", non_retryable=True)
-            if request.policy is not None:
-                # Admitted with its policy: the first call of a tool pins it for the task.
-                self._memory.policies.setdefault(request.tool, request.policy)
-            self._accept_call(request)
-        original = self._memory.calls[self._memory.repeat_of.get(request.call_id, request.call_id)]
-        done = ENDED_STEP_STATES if request.wait_until_ended else SETTLED_STEP_STATES
-        await workflow.wait_condition(lambda: original.state in done)
-        return self._call_answer(request.call_id)
+        return await self._calls.take(request)
 
     @call.validator
     def _validate_call(self, request: CallInput) -> None:
-        problem = self._call_problem(request)
+        problem = self._calls.call_problem(request)
         if problem:
             raise ValueError(problem)
 
     @workflow.update
     def close(self) -> TaskStatus:
         """Take no more calls: the task ends once its unfinished calls end."""
-        self._decision_admitted()
-        if self._closing is None:
-            self._closing = "closed by the agent"
-            self._changed = True
-        return self._status()
+        return self._calls.close()
 
     @close.validator
     def _validate_close(self) -> None:
-        if self._open is None:
-            raise ValueError("this task is a plan: it ends with its last step")
+        problem = self._calls.close_problem()
+        if problem:
+            raise ValueError(problem)

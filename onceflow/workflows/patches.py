@@ -12,7 +12,7 @@ it through ``patched`` is open either.
 Releases are listed in CHANGELOG.md. 0.1.0 (f891336) recorded the ids registered with
 ``since="0.1.0"``; its tasks (parked, awaiting approval, open: they wait for weeks) are
 run by the rules of 0.1.0 wherever a later release changed the commands a task issues
-(``TaskCore._started_on_0_1_0``), and the ids it recorded stay in the code, deprecated,
+(``TaskRun.started_on_0_1_0``), and the ids it recorded stay in the code, deprecated,
 until no task it started is open. 0.2.0 (485d7db) records no marker at a task's start;
 its tasks took the ids it brought (``since="0.2.0"``) where a decision resumed them, and
 its saved histories hold those markers.

@@ -57,13 +57,22 @@ class WithoutTheRulesOf010(AgentTaskWorkflow):
     """The current code taking 0.1.0's first marker but not its rules: what a release
     that only deprecated 0.1.0's patch ids would run."""
 
+    @workflow.init
+    def __init__(self, task: AgentTaskInput) -> None:
+        super().__init__(task)
+        run = self._book.run
+
+        def take_release_of_start() -> None:
+            workflow.deprecate_patch(START_PATCHES_FOLDED)
+            run.started_on_0_1_0 = False
+
+        # Where the task's books learn which release started the run, they learn 0.1.0's
+        # marker and none of its rules.
+        self._book.take_release_of_start = take_release_of_start  # type: ignore[method-assign]
+
     @workflow.run
     async def run(self, task: AgentTaskInput) -> TaskStatus:
         return await super().run(task)
-
-    def _take_release_of_start(self) -> None:
-        workflow.deprecate_patch(START_PATCHES_FOLDED)
-        self._started_on_0_1_0 = False
 
 
 async def replay_failure(path: Path, release: type = AgentTaskWorkflow) -> Exception | None:
@@ -148,6 +157,28 @@ def test_each_supported_release_is_in_the_changelog_with_its_commit() -> None:
 @pytest.mark.parametrize("path", HISTORIES, ids=[history_id(path) for path in HISTORIES])
 async def test_saved_history_replays_deterministically(path: Path) -> None:
     assert await replay_failure(path) is None
+
+
+def test_a_saved_history_holds_two_reconciles_accepted_in_one_workflow_task() -> None:
+    """The workflow's rule for handlers (they issue no command; a reconcile's look-up runs
+    in the parked step's own coroutine) is what lets two decisions accepted in one workflow
+    task replay: one saved history holds exactly that, both look-ups scheduled in the same
+    workflow task after both acceptances, and replays above."""
+    path = FOLDER / "open_task_two_parked_calls_reconciled.json"
+    batches: list[list[str]] = []
+    for event in json.loads(path.read_text())["events"]:
+        kind = event["eventType"].removeprefix("EVENT_TYPE_")
+        if kind == "WORKFLOW_TASK_COMPLETED":
+            batches.append([])
+        elif batches and not kind.startswith("WORKFLOW_TASK_"):
+            attributes = event.get("workflowExecutionUpdateAcceptedEventAttributes")
+            scheduled = event.get("activityTaskScheduledEventAttributes")
+            if attributes is not None:
+                batches[-1].append(f"accepted {attributes['acceptedRequest']['input']['name']}")
+            elif scheduled is not None:
+                batches[-1].append(f"scheduled {scheduled['activityType']['name']}")
+    both = ["accepted reconcile"] * 2 + ["scheduled look_up_scripted_provider"] * 2
+    assert any(batch[:4] == both for batch in batches), batches
 
 
 WITHOUT_THE_RULES_OF_010 = [

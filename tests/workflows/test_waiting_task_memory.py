@@ -17,7 +17,8 @@ from datetime import UTC, datetime
 
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from onceflow.workflows._task_core import TaskCore
+from onceflow.workflows._task_book import memory_of_run
+from onceflow.workflows._task_run import TaskRun
 from onceflow.workflows.task_models import (
     AgentTaskInput,
     OpenTaskOptions,
@@ -101,11 +102,13 @@ def test_a_continued_run_holds_its_carried_calls_once() -> None:
     [task] = pydantic_data_converter.payload_converter.from_payloads([payload], [AgentTaskInput])
     tracemalloc.start()
     try:
-        run = TaskCore(task)
+        memory = memory_of_run(task)
+        run = TaskRun(waiting_since=memory.started_at)
         held = tracemalloc.get_traced_memory()[0]
     finally:
         tracemalloc.stop()
-    assert run._memory.calls.keys() == calls.keys()
-    assert run._memory.runs == 2
+    assert memory is task.carried and run.waiting_since == NOW
+    assert memory.calls.keys() == calls.keys()
+    assert memory.runs == 2
     # A copy of 200 carried calls is about 300 KiB; the run's own state is a few.
     assert held < 32 * 1024, f"the run holds {held // 1024} KiB beside its input"

@@ -1,5 +1,5 @@
-"""An open task's life: calls taken one by one, the repeat guard, idle and lifetime
-ends, continue-as-new."""
+"""``OpenTaskCalls``: an open task's life, its calls taken one by one, the repeat guard,
+idle and lifetime ends, continue-as-new."""
 
 import asyncio
 from datetime import datetime
@@ -13,7 +13,7 @@ with workflow.unsafe.imports_passed_through():
     # Summaries are identifiers only: readable in the UI when payloads are encrypted.
     from onceflow.encryption import ClearText
     from onceflow.errors import describe_validation
-    from onceflow.tools.worker import ToolPolicy, UnknownTool
+    from onceflow.tools.worker import Catalogue, ToolPolicy, UnknownTool
     from onceflow.tools.worker import arguments_digest as digest_arguments
     from onceflow.workflows.patches import POLICIES_CARRIED
     from onceflow.workflows.task_models import (
@@ -37,52 +37,69 @@ from onceflow.workflows._retired_policy_pin import (
     call_without_policy,
     pin_policies_as_before_0_3_0,
 )
-from onceflow.workflows._step_runs import StepRuns
-from onceflow.workflows._task_core import (
+from onceflow.workflows._step_runner import StepRunner
+from onceflow.workflows._task_book import (
     ENDED_STEP_STATES,
     MIN_TIMER,
     NO_EFFECT_STEP_STATES,
+    SETTLED_STEP_STATES,
     StepStopped,
+    TaskBook,
     approval_details,
     count_event,
     park_details,
 )
 
 
-class OpenTaskRuns(StepRuns):
+class OpenTaskCalls:
     """Takes an open task's calls, runs each as a step, ends it, continues it as new."""
 
-    async def _run_open(self, task: AgentTaskInput) -> TaskStatus:
+    def __init__(self, book: TaskBook, steps: StepRunner, catalogue: Catalogue) -> None:
+        self._book = book
+        self._task = book.task
+        self._memory = book.memory
+        self._run = book.run
+        self._steps = steps
+        self._catalogue = catalogue
+        """The tools this worker knows, asked only live (``call_problem``)."""
+
+    async def run(self, task: AgentTaskInput) -> TaskStatus:
+        """Take calls until the task closes (by the agent, idle, or its lifetime) or
+        continues as new, then answer its status."""
         options = task.open
         assert options is not None
-        self._take_release_of_start()
-        self._state = self._open_state()
-        self._published_tools = sorted({call.tool for call in self._memory.calls.values()})
+        self._book.take_release_of_start()
+        self._run.state = self._open_state()
+        self._run.published_tools = sorted({call.tool for call in self._memory.calls.values()})
         workflow.upsert_search_attributes(
             [
                 TASK_TENANT.value_set(task.tenant),
                 TASK_KIND.value_set("open"),
-                TASK_STATE.value_set(self._state.value),
-                *([TASK_TOOLS.value_set(self._published_tools)] if self._published_tools else []),
+                TASK_STATE.value_set(self._run.state.value),
+                *(
+                    [TASK_TOOLS.value_set(self._run.published_tools)]
+                    if self._run.published_tools
+                    else []
+                ),
             ]
         )
         lifetime_ends = self._memory.started_at + options.max_lifetime
         while True:
-            if self._call_crash is not None:
+            if self._run.call_crash is not None:
                 # Visible in the UI and retried by Temporal (on a worker with the tool, or
                 # after a fix); never a call left running with its Update unanswered.
-                raise self._call_crash
-            self._changed = False
-            self._publish_state(self._open_state())
+                raise self._run.call_crash
+            self._run.changed = False
+            self._book.publish_state(self._open_state())
             workflow.set_current_details(self._open_details())
             unfinished = self._unfinished_calls()
-            if self._started_on_0_1_0:
+            if self._run.started_on_0_1_0:
                 self._close_by_the_clock_as_0_1_0(lifetime_ends, bool(unfinished))
-            if self._closing is not None and not unfinished:
+            if self._run.closing is not None and not unfinished:
                 break
-            if self._closing is None and not unfinished and self._should_continue_as_new():
+            if self._run.closing is None and not unfinished and self._should_continue_as_new():
                 await workflow.wait_condition(workflow.all_handlers_finished)
-                if not self._unfinished_calls() and not self._changed:
+                if not self._unfinished_calls() and not self._run.changed:
                     workflow.continue_as_new(self._carried(task))
                 continue
             # Idle and lifetime ends are decided by a timer firing (in history), never by
@@ -90,45 +107,82 @@ class OpenTaskRuns(StepRuns):
             # times. A timer only while nothing runs: a call in flight keeps the task
             # from idling, and the validator refuses calls past the lifetime, so a busy
             # task adds no timer per call.
-            if unfinished or self._closing is not None:
-                await workflow.wait_condition(lambda: self._changed)
+            if unfinished or self._run.closing is not None:
+                await workflow.wait_condition(lambda: self._run.changed)
                 continue
             idle_ends = self._memory.last_call_at + options.idle_timeout
             try:
                 await workflow.wait_condition(
-                    lambda: self._changed,
+                    lambda: self._run.changed,
                     timeout=max(min(lifetime_ends, idle_ends) - workflow.now(), MIN_TIMER),
                     timeout_summary=ClearText("idle timeout or maximum lifetime"),
                 )
             except TimeoutError:
-                if self._started_on_0_1_0:
+                if self._run.started_on_0_1_0:
                     continue  # the clock decides, at the top of the loop
-                if not self._changed and not self._unfinished_calls():
-                    self._closing = (
+                if not self._run.changed and not self._unfinished_calls():
+                    self._run.closing = (
                         f"its maximum lifetime ({options.max_lifetime}) ended"
                         if lifetime_ends <= idle_ends
                         else f"idle for {options.idle_timeout}"
                     )
         if task.outcome_writer is not OutcomeWriter.NONE:
-            await self._end_durably()
-        self._publish_state(TaskState.CLOSED)
+            await self._book.end_durably()
+        self._book.publish_state(TaskState.CLOSED)
         workflow.set_current_details(self._open_details())
         if task.outcome_writer is not OutcomeWriter.NONE:
-            await self._record_outcome()
+            await self._book.record_outcome()
         await workflow.wait_condition(workflow.all_handlers_finished)
-        return self._status()
+        return self._book.status()
+
+    async def take(self, request: CallInput) -> CallAnswer:
+        """The Update ``call``, validated by ``call_problem``: the call's answer once it
+        ends, or once it parks or awaits approval (unless ``wait_until_ended``)."""
+        self._book.take_release_of_start()
+        self._memory.last_call_at = workflow.now()
+        self._run.changed = True
+        if self._run.started_on_0_1_0:
+            await self._take_call_as_0_1_0(request)
+        elif not self._known_call(request.call_id):
+            # The validator checked the same on a live worker; replay has no validator
+            # and decides again from history alone (this handler issues no command).
+            problem = self._call_state_problem(request)
+            if problem:
+                raise ApplicationError(problem, type="CallRefused", non_retryable=True)
+            if request.policy is not None:
+                # Admitted with its policy: the first call of a tool pins it for the task.
+                self._memory.policies.setdefault(request.tool, request.policy)
+            self._accept_call(request)
+        original = self._memory.calls[self._memory.repeat_of.get(request.call_id, request.call_id)]
+        done = ENDED_STEP_STATES if request.wait_until_ended else SETTLED_STEP_STATES
+        await workflow.wait_condition(lambda: original.state in done)
+        return self._call_answer(request.call_id)
+
+    def close(self) -> TaskStatus:
+        """The Update ``close``, validated by ``close_problem``: no more calls."""
+        self._book.decision_admitted()
+        if self._run.closing is None:
+            self._run.closing = "closed by the agent"
+            self._run.changed = True
+        return self._book.status()
+
+    def close_problem(self) -> str | None:
+        """Why the task cannot be closed; None when it can."""
+        if self._task.open is None:
+            return "this task is a plan: it ends with its last step"
+        return None
 
     def _close_by_the_clock_as_0_1_0(self, lifetime_ends: datetime, unfinished: bool) -> None:
         """0.1.0 decided an open task's idle and lifetime ends by comparing the clock at
         each turn of its loop; its tasks still do (a timer firing decides for the rest)."""
-        options = self._open
+        options = self._task.open
         assert options is not None
         now = workflow.now()
-        if self._closing is None and now >= lifetime_ends:
-            self._closing = f"its maximum lifetime ({options.max_lifetime}) ended"
-        elif self._closing is None and not unfinished:
+        if self._run.closing is None and now >= lifetime_ends:
+            self._run.closing = f"its maximum lifetime ({options.max_lifetime}) ended"
+        elif self._run.closing is None and not unfinished:
             if now >= self._memory.last_call_at + options.idle_timeout:
-                self._closing = f"idle for {options.idle_timeout}"
+                self._run.closing = f"idle for {options.idle_timeout}"
 
     async def _take_call_as_0_1_0(self, request: CallInput) -> None:
         """Take a call as 0.1.0 did, for its tasks: the tool pinned and the task's tools
@@ -146,11 +200,11 @@ class OpenTaskRuns(StepRuns):
             return  # another Update with this call id was accepted while pinning
         self._accept_call(request)
         tools = sorted({call.tool for call in self._memory.calls.values()})
-        if tools != self._published_tools:
+        if tools != self._run.published_tools:
             workflow.upsert_search_attributes([TASK_TOOLS.value_set(tools)])
-            self._published_tools = tools
+            self._run.published_tools = tools
 
-    def _call_problem(self, request: CallInput) -> str | None:
+    def call_problem(self, request: CallInput) -> str | None:
         """Why a call cannot run, checked by the validator before anything is written;
         None if it can. Validators never run on replay: this is the one place a call's
         arguments meet this worker's input model."""
@@ -162,7 +216,7 @@ class OpenTaskRuns(StepRuns):
         if request.policy is None and request.tool not in self._memory.policies:
             return call_without_policy(request.tool)
         try:
-            self.catalogue.get(request.tool).input_model.model_validate(request.arguments)
+            self._catalogue.get(request.tool).input_model.model_validate(request.arguments)
         except UnknownTool as unknown:
             return str(unknown)
         except ValidationError as invalid:
@@ -176,10 +230,10 @@ class OpenTaskRuns(StepRuns):
         lifetime, the deadline): the handler runs in the validator's activation, so it
         would decide the same live, and a replay, which has no validator, might read
         another time."""
-        if self._open is None:
+        if self._task.open is None:
             return "this task is a plan: its steps were given when it started"
         if self._known_call(request.call_id):
-            original = self._call_status(request.call_id)
+            original = self._book.call_status(request.call_id)
             if original.tool != request.tool or original.arguments_digest != digest_arguments(
                 request.tool, request.arguments
             ):
@@ -188,11 +242,11 @@ class OpenTaskRuns(StepRuns):
                     f"({original.tool} with arguments {original.arguments_digest}) in this task"
                 )
             return None  # the same call again: answered with its status
-        if self._closing is not None:
-            return f"the task takes no more calls: {self._closing}"
-        if live and workflow.now() >= self._memory.started_at + self._open.max_lifetime:
-            return f"the task's maximum lifetime ({self._open.max_lifetime}) has ended"
-        allowed = self._open.allowed_tools
+        if self._run.closing is not None:
+            return f"the task takes no more calls: {self._run.closing}"
+        if live and workflow.now() >= self._memory.started_at + self._task.open.max_lifetime:
+            return f"the task's maximum lifetime ({self._task.open.max_lifetime}) has ended"
+        allowed = self._task.open.allowed_tools
         if allowed is not None and request.tool not in allowed:
             return f"tool {request.tool!r} is not allowed in this task"
         if request.deliberate_repeat and not self._allows_deliberate_repeats(request):
@@ -200,13 +254,13 @@ class OpenTaskRuns(StepRuns):
                 f"tool {request.tool!r} does not allow deliberate repeats: an identical "
                 "earlier call answers this one"
             )
-        budget = self._budget
+        budget = self._book.budget
         if self._memory.budgeted_attempts >= budget.max_attempts_per_task:
             return (
                 f"the task's retry budget is spent ({self._memory.budgeted_attempts} of "
                 f"{budget.max_attempts_per_task} attempts used)"
             )
-        used = workflow.now() - self._memory.started_at - self._people_time()
+        used = workflow.now() - self._memory.started_at - self._book.people_time()
         if live and used >= budget.deadline:
             return f"the task's deadline ({budget.deadline} of machine time) has passed"
         return None
@@ -235,7 +289,7 @@ class OpenTaskRuns(StepRuns):
             self._memory.repeat_of[request.call_id] = earlier.step_id
             return
         self._memory.calls[request.call_id] = status
-        self._calls_this_run += 1
+        self._run.calls_this_run += 1
         step = StepInput(step_id=request.call_id, tool=request.tool, arguments=request.arguments)
         asyncio.create_task(self._run_call(step))
 
@@ -257,22 +311,22 @@ class OpenTaskRuns(StepRuns):
             if step.tool not in self._memory.policies:
                 # Only a call a task of an earlier release accepted without its policy:
                 # the validator refuses those now.
-                self._clock_before_pin[step.step_id] = workflow.now()
+                self._run.clock_before_pin[step.step_id] = workflow.now()
                 if not await self._pin_tool(step.tool, carried=None):
-                    self._clock_before_pin.pop(step.step_id, None)
-                    self._stop_step(status, StepState.FAILED, call_without_policy(step.tool))
-            if status.deliberate_repeat and not self._policy(step.tool).deliberate_repeats:
-                self._stop_step(
+                    self._run.clock_before_pin.pop(step.step_id, None)
+                    self._book.stop_step(status, StepState.FAILED, call_without_policy(step.tool))
+            if status.deliberate_repeat and not self._book.policy(step.tool).deliberate_repeats:
+                self._book.stop_step(
                     status,
                     StepState.FAILED,
                     f"tool {step.tool!r} does not allow deliberate repeats: an identical "
                     "earlier call answers this one",
                 )
-            await self._run_step(step)
+            await self._steps.run_step(step)
         except StepStopped:
             pass  # the call's own state says how it ended; the task goes on
         except Exception as crash:
-            self._call_crash = crash
+            self._run.call_crash = crash
         except GeneratorExit:
             # Closed by the garbage collector after the task left the worker's cache: no
             # longer in the workflow's event loop, where workflow.now() would raise.
@@ -283,7 +337,7 @@ class OpenTaskRuns(StepRuns):
                 # Idle counts from the last call's end too: a call a person decided after
                 # a long wait does not leave the agent's next call to a closed task.
                 self._memory.last_call_at = workflow.now()
-                self._changed = True
+                self._run.changed = True
 
     async def _pin_tool(self, tool: str, *, carried: ToolPolicy | None) -> bool:
         """Pin a tool's policy the first time a call of it runs: the one the call carries.
@@ -301,15 +355,15 @@ class OpenTaskRuns(StepRuns):
                 return False
             self._memory.policies[tool] = carried
             return True
-        if tool in self._pinning:
+        if tool in self._run.pinning:
             await workflow.wait_condition(lambda: tool in self._memory.policies)
             return True
-        self._pinning.add(tool)
+        self._run.pinning.add(tool)
         try:
             for name, policy in (await pin_policies_as_before_0_3_0([tool])).items():
                 self._memory.policies.setdefault(name, policy)  # an admitted call's came first
         finally:
-            self._pinning.discard(tool)
+            self._run.pinning.discard(tool)
         return True
 
     def _known_call(self, call_id: str) -> bool:
@@ -327,9 +381,9 @@ class OpenTaskRuns(StepRuns):
         return TaskState.RUNNING
 
     def _should_continue_as_new(self) -> bool:
-        assert self._open is not None
-        per_run = self._open.calls_per_run
-        if per_run is not None and self._calls_this_run >= per_run:
+        assert self._task.open is not None
+        per_run = self._task.open.calls_per_run
+        if per_run is not None and self._run.calls_this_run >= per_run:
             return True
         return workflow.info().is_continue_as_new_suggested()
 
@@ -340,8 +394,10 @@ class OpenTaskRuns(StepRuns):
         repeat_of = self._memory.repeat_of.get(call_id)
         return CallAnswer(
             task_id=workflow.info().workflow_id,
-            task_state=self._open_state() if self._state is not TaskState.CLOSED else self._state,
-            call=self._call_status(call_id),
+            task_state=self._open_state()
+            if self._run.state is not TaskState.CLOSED
+            else self._run.state,
+            call=self._book.call_status(call_id),
             repeat_of=repeat_of,
         )
 
@@ -349,7 +405,7 @@ class OpenTaskRuns(StepRuns):
         lines = [
             f"- {call.step_id}: {call.tool} {call.state.value}"
             + (f" (repeat of {self._memory.repeat_of[call.step_id]})" if call.repeat_of else "")
-            for call in (self._call_status(call_id) for call_id in self._call_order())
+            for call in (self._book.call_status(call_id) for call_id in self._call_order())
         ]
         return f"Open task: {len(lines)} calls" + ("\n" + "\n".join(lines[-20:]) if lines else "")
 

@@ -1,7 +1,6 @@
-"""How a step runs: its attempts under the budget and its key's window, look-ups,
-approval and parking."""
+"""``StepRunner``: how a step runs, its attempts under the budget and its key's window,
+its look-up before parking, its wait for approval, parking."""
 
-import asyncio
 import contextlib
 from datetime import datetime, timedelta
 
@@ -20,7 +19,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from onceflow.tools import ToolAttemptResult
     from onceflow.tools.providers import ProviderHold, Send
-    from onceflow.tools.worker import KeyUnusable, ToolCallInput, ToolPolicy
+    from onceflow.tools.worker import Catalogue, KeyUnusable, ToolCallInput, ToolPolicy
     from onceflow.workflows.patches import (
         DATABASE_WAITS,
         KEY_GENERATIONS,
@@ -36,13 +35,14 @@ with workflow.unsafe.imports_passed_through():
         StepStatus,
         TaskState,
     )
-from onceflow.workflows._task_core import (
+from onceflow.workflows._key_windows import KeyWindows
+from onceflow.workflows._look_ups import LookUps
+from onceflow.workflows._people_decisions import PeopleDecisions
+from onceflow.workflows._task_book import (
     MIN_TIMER,
     ONE_ATTEMPT,
     RETRYABLE,
-    DecisionCheck,
-    KeyWindow,
-    TaskCore,
+    TaskBook,
     ToolNotOnThisWorker,
     approval_details,
     count_event,
@@ -60,11 +60,29 @@ PROVIDER_RECHECK_SPREAD = 0.5
 held together do not all ask at one instant."""
 
 
-class StepRuns(TaskCore):
+class StepRunner:
     """Runs steps: attempts, retries within the budget and the key's window, look-ups,
     waits for approval, parks."""
 
-    async def _run_step(self, step: StepInput) -> None:
+    def __init__(
+        self,
+        book: TaskBook,
+        keys: KeyWindows,
+        look_ups: LookUps,
+        decisions: PeopleDecisions,
+        catalogue: Catalogue,
+    ) -> None:
+        self._book = book
+        self._task = book.task
+        self._memory = book.memory
+        self._run = book.run
+        self._keys = keys
+        self._look_ups = look_ups
+        self._decisions = decisions
+        self._catalogue = catalogue
+        """The tools this worker knows, asked only live (``_require_tool``)."""
+
+    async def run_step(self, step: StepInput) -> None:
         """Run one step to its end (or until it parks for good), then stop its key
         window's timer: it matters only while the step may still send."""
         try:
@@ -72,9 +90,9 @@ class StepRuns(TaskCore):
         except GeneratorExit:
             raise  # closed outside the workflow's event loop (evicted): nothing to stop
         except BaseException:
-            self._stop_key_window(step.step_id)
+            self._keys.stop(step.step_id)
             raise
-        self._stop_key_window(step.step_id)
+        self._keys.stop(step.step_id)
 
     async def _run_step_attempts(self, step: StepInput) -> None:
         """Attempt the step until it succeeds, stops, or an operator ends it.
@@ -85,9 +103,9 @@ class StepRuns(TaskCore):
         model, so a worker whose model changed still replays and finishes old tasks.
         """
         status = self._memory.calls[step.step_id]
-        policy = self._policy(step.tool)
+        policy = self._book.policy(step.tool)
         # Set only by the retired pin (POLICIES_CARRIED), for a task of an earlier release.
-        started_at = self._clock_before_pin.pop(step.step_id, None)
+        started_at = self._run.clock_before_pin.pop(step.step_id, None)
         if policy.needs_approval(step.arguments):
             await self._await_approval(status, now=started_at)
             started_at = None
@@ -100,7 +118,7 @@ class StepRuns(TaskCore):
             )
             started_at, reserved = None, False
             if result.outcome is OutcomeClass.SUCCEEDED:
-                self._finish_step(status, result.resource_id, result.result)
+                self._book.finish_step(status, result.resource_id, result.result)
                 return
             saw_unknown = saw_unknown or result.outcome is OutcomeClass.UNKNOWN
             operator_authorised = False
@@ -111,7 +129,7 @@ class StepRuns(TaskCore):
                     f"{policy.provider_wait_limit} ({result.provider_hold.reason})"
                 )
                 if not saw_unknown:
-                    self._stop_step(status, StepState.FAILED, reason)
+                    self._book.stop_step(status, StepState.FAILED, reason)
                 if await self._look_up_or_park(step, policy, status, reason):
                     return
                 operator_authorised, saw_unknown = True, False
@@ -120,7 +138,7 @@ class StepRuns(TaskCore):
                 # "Not now" from the provider: nothing done, no cap spent. The next
                 # attempt waits for the provider's budget to let it send.
                 continue
-            closed = self._key_window_closed(policy, status)
+            closed = self._keys.why_closed(policy, status)
             if closed is not None and result.key_unusable is None and result.outcome in RETRYABLE:
                 # The window's timer fired before the attempt's end reached the workflow.
                 last = f" (last attempt: {result.reason})" if result.reason else ""
@@ -138,10 +156,10 @@ class StepRuns(TaskCore):
                 operator_authorised, saw_unknown = True, False
                 continue
             decision = decide_after_attempt(
-                self._budget,
+                self._book.budget,
                 result.outcome,
-                self._usage(status, saw_unknown),
-                safe_repeat_window=self._safe_repeat_window(policy, status),
+                self._book.usage(status, saw_unknown),
+                safe_repeat_window=self._keys.safe_repeat_window(policy, status),
                 random_fraction=workflow.random().random,
             )
             if not isinstance(decision, RetryStep) and decision.budget_exhausted:
@@ -150,7 +168,7 @@ class StepRuns(TaskCore):
                 # The retry takes its place in the task-wide budget now, not when it is
                 # made: calls running side by side decide one at a time, each seeing the
                 # retries the others have decided, so N calls spend at most N + B.
-                if not self._started_on_0_1_0:  # 0.1.0 counted each attempt as it ended
+                if not self._run.started_on_0_1_0:  # 0.1.0 counted each attempt as it ended
                     self._memory.budgeted_attempts += 1
                     reserved = True
                 status.state = StepState.BACKING_OFF
@@ -158,14 +176,14 @@ class StepRuns(TaskCore):
                 # step then looks up and parks at once rather than after the backoff.
                 with contextlib.suppress(TimeoutError):
                     await workflow.wait_condition(
-                        lambda: not self._key_window_open(status),
+                        lambda: not self._keys.is_open(status),
                         timeout=decision.delay,
                         timeout_summary=ClearText(f"backoff before retrying step {step.step_id}"),
                     )
                 closed = (
-                    self._send_by_passed_on_0_1_0(policy, status)
-                    if self._started_on_0_1_0
-                    else self._key_window_closed(policy, status)
+                    self._keys.send_by_passed_on_0_1_0(policy, status)
+                    if self._run.started_on_0_1_0
+                    else self._keys.why_closed(policy, status)
                 )
                 if closed is not None:
                     if reserved:
@@ -179,7 +197,7 @@ class StepRuns(TaskCore):
                     operator_authorised, saw_unknown = True, False
             elif isinstance(decision, FailStep):
                 last = f" (last attempt: {result.reason})" if result.reason else ""
-                self._stop_step(
+                self._book.stop_step(
                     status, StepState.FAILED, f"step {step.step_id}: {decision.reason}{last}"
                 )
             elif isinstance(decision, ParkStep):
@@ -199,43 +217,43 @@ class StepRuns(TaskCore):
         """Look the effect up, else park: True when the step finished (found, or an
         operator found it happened); False when an operator authorised another attempt
         (under the next key generation if the old key can no longer be sent)."""
-        found = await self._look_up(step, policy, status)
+        found = await self._look_ups.look_up(step, policy, status)
         if found is not None:
             status.evidence["looked_up_because"] = reason
-            self._finish_step(status, found.resource_id, found.result)
+            self._book.finish_step(status, found.resource_id, found.result)
             return True
         if key_unusable is not None:
-            self._unusable_keys[status.step_id] = key_unusable
-            self._stop_key_window(status.step_id)  # the key is done with: no timer waits
+            self._run.unusable_keys[status.step_id] = key_unusable
+            self._keys.stop(status.step_id)  # the key is done with: no timer waits
         finding = await self._park(status, reason)
-        new_key = self._old_key_unusable(status)
-        why_unusable = self._unusable_keys.pop(status.step_id, None)
+        new_key = self._keys.old_key_unusable(status)
+        why_unusable = self._run.unusable_keys.pop(status.step_id, None)
         if finding.decision is ReconcileDecision.DID_NOT_HAPPEN and new_key:
             # Sending the old key again could not make progress (the provider replays
             # its stored failure) or could make a second effect (it may have forgotten
             # the key): the operator's attempt goes out under a new key.
-            if self._started_on_0_1_0:
+            if self._run.started_on_0_1_0:
                 workflow.deprecate_patch(KEY_GENERATIONS)
             if why_unusable is not KeyUnusable.STORED_FAILURE:
                 # A stored failure proves the provider finished with the old key; past
                 # its send-by, its last request may still be held there and commit.
-                if self._started_on_0_1_0:
+                if self._run.started_on_0_1_0:
                     workflow.deprecate_patch(OLD_KEY_SETTLES)
                 late = await self._old_key_settled(step, policy, status)
                 if late is not None:
                     status.evidence["found_after_decision"] = "true"
-                    self._finish_step(status, late.resource_id, late.result)
+                    self._book.finish_step(status, late.resource_id, late.result)
                     return True
-            self._stop_key_window(status.step_id)
+            self._keys.stop(status.step_id)
             status.key_generation += 1
             status.evidence["key_generation"] = str(status.key_generation)
         if finding.decision is ReconcileDecision.HAPPENED:
-            verified = self._verified.pop(status.step_id, None)
+            verified = self._run.verified.pop(status.step_id, None)
             result = {**verified.result, "reconciled": True} if verified else {"reconciled": True}
-            self._finish_step(status, finding.resource_id, result)
+            self._book.finish_step(status, finding.resource_id, result)
             return True
         if finding.decision is ReconcileDecision.ABANDON:
-            self._stop_step(
+            self._book.stop_step(
                 status,
                 StepState.ABANDONED,
                 f"step {step.step_id} abandoned by {finding.operator}: {finding.reason}",
@@ -256,7 +274,7 @@ class StepRuns(TaskCore):
         # Always a timer, however little is left: whether any is left reads the clock,
         # which a replay may read otherwise; the timer's length is no decision. (0.1.0
         # compared the clock, and its tasks still do.)
-        if not self._started_on_0_1_0 or workflow.now() < settled_at:
+        if not self._run.started_on_0_1_0 or workflow.now() < settled_at:
             status.state = StepState.BACKING_OFF
             status.evidence["old_key_settles_at"] = settled_at.isoformat()
             await workflow.sleep(
@@ -266,109 +284,8 @@ class StepRuns(TaskCore):
                     "the provider before a new key is sent"
                 ),
             )
-        return await self._look_up(
+        return await self._look_ups.look_up(
             step, policy, status, why="once the old key's requests have settled"
-        )
-
-    def _policy(self, tool: str) -> ToolPolicy:
-        return self._memory.policies[tool]  # pinned before any of its steps runs
-
-    def _send_by(self, policy: ToolPolicy, status: StepStatus) -> datetime | None:
-        """The step key's send-by deadline in workflow time, if the provider forgets keys:
-        for messages and the attempt's schedule-to-start limit only, never a decision
-        (the key window's timer decides).
-
-        Counted from the start of the key generation's first attempt, which is no later
-        than the key's first send: earlier than the attempt's own check (the recorded
-        first send), never later.
-        """
-        first = self._first_attempt_of_key(status)
-        if first is None:
-            return None
-        return policy.send_by(first.started_at)
-
-    def _open_key_window(self, policy: ToolPolicy, status: StepStatus) -> None:
-        """Start the key's window timer with its first attempt: the window closes when it
-        fires (an event in history), so every decision about the window replays. It is
-        started before the attempt can send, so it closes no later than the attempt's
-        own check (against the database's first-send time) refuses to send."""
-        window = policy.send_window
-        current = self._key_windows.get(status.step_id)
-        if window is None or (current is not None and current.generation == status.key_generation):
-            return
-        if self._started_on_0_1_0:
-            return  # 0.1.0 compared the clock with the key's send-by instead
-        self._stop_key_window(status.step_id)
-        self._key_windows[status.step_id] = KeyWindow(
-            generation=status.key_generation,
-            timer=asyncio.create_task(
-                workflow.sleep(
-                    window,
-                    summary=ClearText(f"send window of step {status.step_id}'s key"),
-                )
-            ),
-        )
-
-    def _stop_key_window(self, step_id: str) -> None:
-        window = self._key_windows.pop(step_id, None)
-        if window is not None and not window.timer.done():
-            window.timer.cancel()
-
-    def _key_window_open(self, status: StepStatus) -> bool:
-        """False once the window timer of the step's current key fired."""
-        window = self._key_windows.get(status.step_id)
-        return not (
-            window is not None
-            and window.generation == status.key_generation
-            and window.timer.done()
-            and not window.timer.cancelled()
-        )
-
-    def _safe_repeat_window(self, policy: ToolPolicy, status: StepStatus) -> timedelta | None:
-        """The policy's safe repeat window, from the key window's timer: nothing left once
-        it fired, else at most the whole window (a retry whose backoff outlasts what is
-        left finds the timer fired after it, and looks up instead of sending)."""
-        key_age = timedelta(0)
-        if self._started_on_0_1_0:
-            first = self._first_attempt_of_key(status) or status.attempts[0]
-            key_age = workflow.now() - first.started_at
-        elif not self._key_window_open(status) and policy.send_window is not None:
-            key_age = policy.send_window
-        return policy.safe_repeat_window(key_age)
-
-    def _old_key_unusable(self, status: StepStatus) -> bool:
-        """Whether the step's current key can no longer be sent: an attempt said so, or
-        its window closed (while the step waited for a person, say)."""
-        if status.step_id in self._unusable_keys:
-            return True
-        policy = self._policy(status.tool)
-        if self._started_on_0_1_0:
-            return self._send_by_passed_on_0_1_0(policy, status) is not None
-        return self._key_window_closed(policy, status) is not None
-
-    def _key_window_closed(self, policy: ToolPolicy, status: StepStatus) -> str | None:
-        """Why nothing may be sent under the step's key any more, once its window closed."""
-        if self._key_window_open(status):
-            return None
-        send_by = self._send_by(policy, status)
-        when = f", about {send_by.isoformat(timespec='seconds')}" if send_by is not None else ""
-        return (
-            f"the send window of the step's key closed (first attempt + retention "
-            f"{policy.key_retention} - margin {policy.retention_margin}{when}): the provider "
-            "may have forgotten the key, so nothing more is sent under it"
-        )
-
-    def _send_by_passed_on_0_1_0(self, policy: ToolPolicy, status: StepStatus) -> str | None:
-        """0.1.0's check of the key's send-by, by the clock (its tasks keep it)."""
-        send_by = self._send_by(policy, status)
-        if send_by is None or workflow.now() < send_by:
-            return None
-        return (
-            f"the send-by deadline of the step's key ({send_by.isoformat(timespec='seconds')}: "
-            f"first attempt + retention {policy.key_retention} - margin "
-            f"{policy.retention_margin}) passed while the retry waited (its backoff, or a "
-            "stopped or backlogged worker): the provider may have forgotten the key, so "
-            "nothing was sent again"
         )
 
     def _require_tool(self, step: StepInput) -> None:
@@ -381,7 +298,7 @@ class StepRuns(TaskCore):
         this worker's catalogue, so a worker without the tool still replays and decides
         for the tasks that used it. A failed workflow task records nothing, so asking
         only live cannot make a replay differ."""
-        if step.tool not in self.catalogue:
+        if step.tool not in self._catalogue:
             raise ToolNotOnThisWorker(
                 f"this worker cannot run step {step.step_id}'s next attempt: tool "
                 f"{step.tool!r} is not registered on it. Deploy a worker that serves it "
@@ -406,8 +323,8 @@ class StepRuns(TaskCore):
         started_at = started_at or workflow.now()
         # A repeat under a key the provider forgets must start before the key's send-by
         # deadline: a stopped or backlogged worker must not pick it up later.
-        self._open_key_window(policy, status)
-        send_by = None if operator_authorised else self._send_by(policy, status)
+        self._keys.open_for(policy, status)
+        send_by = None if operator_authorised else self._keys.send_by(policy, status)
         wait_for_worker = (
             max(send_by - started_at, timedelta(seconds=1)) if send_by is not None else None
         )
@@ -432,7 +349,7 @@ class StepRuns(TaskCore):
             result = await self._send(step, policy, call, send_by, wait_for_worker)
         count_event("onceflow_attempts", tool=step.tool, outcome=result.outcome.value)
         waited_for_database = result.database_unavailable
-        if waited_for_database and self._started_on_0_1_0:
+        if waited_for_database and self._run.started_on_0_1_0:
             workflow.deprecate_patch(DATABASE_WAITS)
         free = (
             waited_for_database
@@ -444,7 +361,7 @@ class StepRuns(TaskCore):
         elif reserved:
             if free:
                 self._memory.budgeted_attempts -= 1  # not the provider's doing: give it back
-        elif not free and (self._open is None or attempt > 1):
+        elif not free and (self._task.open is None or attempt > 1):
             # An open task's calls are as many as the model makes: only their retries
             # spend the task's attempts.
             self._memory.budgeted_attempts += 1
@@ -491,19 +408,19 @@ class StepRuns(TaskCore):
         delay = min(max(hold.recheck_in, MIN_PROVIDER_RECHECK) * spread, left)
         status.state = StepState.BACKING_OFF
         status.waiting_for_provider = hold.reason
-        self._changed = True
-        self._show_details(f"step {step.step_id} ({step.tool}): {hold.reason}")
+        self._run.changed = True
+        self._book.show_details(f"step {step.step_id} ({step.tool}): {hold.reason}")
         began = workflow.now()
-        self._begin_off_the_clock()
+        self._book.begin_off_the_clock()
         await workflow.sleep(
             delay, summary=ClearText(f"wait for {hold.provider} ({hold.health.value})")
         )
-        self._end_off_the_clock()
+        self._book.end_off_the_clock()
         status.provider_waited += workflow.now() - began
         status.state = StepState.RUNNING
         status.waiting_for_provider = None
-        self._changed = True
-        self._show_details("")
+        self._run.changed = True
+        self._book.show_details("")
         return True
 
     async def _send(
@@ -544,7 +461,7 @@ class StepRuns(TaskCore):
                     key_unusable=KeyUnusable.SEND_BY_PASSED,
                 )
             elif not_registered(failure):
-                if self._started_on_0_1_0:
+                if self._run.started_on_0_1_0:
                     workflow.deprecate_patch(UNREGISTERED_ACTIVITY_IS_TRANSIENT)
                 result = ToolAttemptResult(
                     outcome=OutcomeClass.TRANSIENT,
@@ -555,94 +472,24 @@ class StepRuns(TaskCore):
                 )
         return result
 
-    async def _look_up(
-        self,
-        step: StepInput,
-        policy: ToolPolicy,
-        status: StepStatus,
-        *,
-        claimed_resource_id: str | None = None,
-        accept_unverified: bool = False,
-        why: str = "before parking",
-    ) -> ToolAttemptResult | None:
-        """Ask the provider (strongly consistent reads first) if it happened: before
-        parking, or to check an operator's decision (``claimed_resource_id``: the
-        resource an operator says the step made). The effect found, or None."""
-        answer = await self._ask_look_up(
-            step,
-            policy,
-            status,
-            claimed_resource_id=claimed_resource_id,
-            accept_unverified=accept_unverified,
-            why=why,
-        )
-        return answer if answer is not None and answer.outcome is OutcomeClass.SUCCEEDED else None
-
-    async def _ask_look_up(
-        self,
-        step: StepInput,
-        policy: ToolPolicy,
-        status: StepStatus,
-        *,
-        claimed_resource_id: str | None = None,
-        accept_unverified: bool = False,
-        why: str,
-    ) -> ToolAttemptResult | None:
-        """The look-up's answer (a miss too, saying what it proves), or None when the
-        tool has no look-up or it could not run."""
-        if policy.lookup_activity is None:
-            return None
-        call = ToolCallInput(
-            tenant=self._task.tenant,
-            principal=self._task.principal,
-            workflow_id=workflow.info().workflow_id,
-            step_id=step.step_id,
-            tool=step.tool,
-            arguments=step.arguments,
-            attempt=len(status.attempts),
-            evidence=status.evidence,
-            policy=self._memory.policies.get(step.tool),
-            key_generation=status.key_generation,
-            claimed_resource_id=claimed_resource_id,
-            accept_unverified=accept_unverified,
-            last_attempt_ended_at=status.attempts[-1].finished_at if status.attempts else None,
-        )
-        try:
-            found: ToolAttemptResult = await workflow.execute_activity(
-                policy.lookup_activity,
-                call,
-                result_type=ToolAttemptResult,
-                start_to_close_timeout=policy.attempt_timeout,
-                retry_policy=ONE_ATTEMPT,
-                summary=ClearText(f"look up step {step.step_id}'s effect {why}"),
-                priority=tenant_priority(self._task.tenant),
-            )
-        except ActivityError as failure:
-            status.evidence["lookup"] = describe_activity_failure(failure)
-            return None
-        status.evidence.update(found.evidence)
-        if found.outcome is not OutcomeClass.SUCCEEDED:
-            status.evidence["lookup"] = found.reason or "inconclusive"
-        return found
-
     async def _await_approval(self, status: StepStatus, *, now: datetime | None = None) -> None:
         status.state = StepState.AWAITING_APPROVAL
-        self._set_state(TaskState.AWAITING_APPROVAL)
-        self._show_details(approval_details(status))
-        self._begin_waiting_for_people(now)
-        await workflow.wait_condition(lambda: status.step_id in self._approvals)
-        self._end_waiting_for_people()
-        approval = self._approvals[status.step_id]
-        self._show_details("")
+        self._book.set_state(TaskState.AWAITING_APPROVAL)
+        self._book.show_details(approval_details(status))
+        self._book.begin_waiting_for_people(now)
+        await workflow.wait_condition(lambda: status.step_id in self._run.approvals)
+        self._book.end_waiting_for_people()
+        approval = self._run.approvals[status.step_id]
+        self._book.show_details("")
         if not approval.approved:
-            self._stop_step(
+            self._book.stop_step(
                 status,
                 StepState.DENIED,
                 f"step {status.step_id} denied by {approval.approver}: {approval.reason}",
             )
         status.state = StepState.RUNNING  # approved: what a call asking now is told
-        self._set_state(TaskState.RUNNING)
-        await self._act_durably()
+        self._book.set_state(TaskState.RUNNING)
+        await self._book.act_durably()
 
     async def _park(self, status: StepStatus, reason: str) -> ReconcileInput:
         workflow_id = workflow.info().workflow_id
@@ -652,34 +499,18 @@ class StepRuns(TaskCore):
             f"onceflow reconcile {workflow_id} --step {status.step_id} "
             "--decision happened|did_not_happen|abandon [--resource-id ID] --reason TEXT"
         )
-        self._set_state(TaskState.PARKED)
+        self._book.set_state(TaskState.PARKED)
         count_event("onceflow_tasks_parked", tool=status.tool)
-        self._show_details(park_details(status))
-        self._begin_waiting_for_people()
-        await self._wait_for_reconciliation(status.step_id)
-        self._end_waiting_for_people()
-        finding = self._reconciliations.pop(status.step_id)
+        self._book.show_details(park_details(status))
+        self._book.begin_waiting_for_people()
+        await self._decisions.await_reconciliation(status.step_id)
+        self._book.end_waiting_for_people()
+        finding = self._run.reconciliations.pop(status.step_id)
         # Decided: no longer parked, even while a look-up or a settle wait follows.
         status.state = StepState.RUNNING
         status.park_reason = None
         status.reconcile_command = None
-        self._show_details("")
-        self._set_state(TaskState.RUNNING)
-        await self._act_durably()
+        self._book.show_details("")
+        self._book.set_state(TaskState.RUNNING)
+        await self._book.act_durably()
         return finding
-
-    async def _wait_for_reconciliation(self, step_id: str) -> None:
-        """Wait, parked, for a reconciliation to be accepted; meanwhile check each
-        decision sent (its look-up runs here, in the step's coroutine: an Update or
-        signal handler issues no command) and hand the verdict back to its handler."""
-        while step_id not in self._reconciliations:
-            await workflow.wait_condition(
-                lambda: step_id in self._reconciliations or step_id in self._check_requests
-            )
-            decision = self._check_requests.pop(step_id, None)
-            if decision is not None:
-                self._check_verdicts[step_id] = await self._check_reconciliation(decision)
-
-    async def _check_reconciliation(self, decision: ReconcileInput) -> DecisionCheck:
-        """Check a decision with the tool's look-up (``PeopleDecisions``)."""
-        raise NotImplementedError

@@ -1,10 +1,9 @@
-"""The state every part of ``AgentTaskWorkflow`` shares, its bookkeeping and its
-outcome record."""
+"""The books of a task, kept by ``TaskBook``: the task's input, memory and run state,
+with the bookkeeping every part of ``AgentTaskWorkflow`` shares and its outcome record;
+the constants, errors and messages the parts share."""
 
-import asyncio
-from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, ClassVar
+from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeUpdate
@@ -12,8 +11,6 @@ from temporalio.exceptions import ActivityError, ApplicationError, TimeoutType
 from temporalio.exceptions import TimeoutError as TemporalTimeout
 
 with workflow.unsafe.imports_passed_through():
-    from pydantic import BaseModel
-
     # Summaries are identifiers only: readable in the UI when payloads are encrypted.
     from onceflow.encryption import ClearText
     from onceflow.errors import OnceflowError
@@ -23,7 +20,7 @@ with workflow.unsafe.imports_passed_through():
         StepUsage,
     )
     from onceflow.tools import ToolAttemptResult
-    from onceflow.tools.worker import CATALOGUE, Catalogue, KeyUnusable
+    from onceflow.tools.worker import ToolPolicy
     from onceflow.tools.worker import arguments_digest as digest_arguments
     from onceflow.workflows.patches import (
         DECISION_DURABLE_BEFORE_ACTING,
@@ -35,11 +32,8 @@ with workflow.unsafe.imports_passed_through():
         RECORD_TASK_OUTCOME,
         TRACE_ID_MEMO,
         AgentTaskInput,
-        ApproveInput,
-        AttemptRecord,
         BudgetStatus,
         OutcomeWriter,
-        ReconcileInput,
         StepState,
         StepStatus,
         TaskMemory,
@@ -52,6 +46,7 @@ with workflow.unsafe.imports_passed_through():
         TASK_STATE,
         TASK_TOOLS,
     )
+from onceflow.workflows._task_run import TaskRun
 
 ONE_ATTEMPT = RetryPolicy(maximum_attempts=1)
 OUTCOME_WRITES = 5
@@ -87,110 +82,48 @@ class StepStopped(Exception):
     """The step ended without success; the task stops with the step's reason."""
 
 
-@dataclass(frozen=True)
-class KeyWindow:
-    """The send window of one key generation of a step: closed once ``timer`` fired."""
-
-    generation: int
-    timer: "asyncio.Task[None]"
-
-
-class DecisionCheck(BaseModel):
-    """What checking a reconcile decision with the tool's look-up concluded."""
-
-    refusal: str | None = None
-    """Why the decision is refused; None when it may act."""
-    verified: bool | None = None
-    """Whether the look-up confirmed the decision (see ``DecisionRecord.verified``)."""
-    finding: str | None = None
-    """What the look-up found, in words (ids, amounts)."""
-
-
-class TaskCore:
-    """The task's state and its bookkeeping: what every part of the workflow reads and
-    writes (steps, budget, people time, the published state and status)."""
-
-    catalogue: ClassVar[Catalogue] = CATALOGUE
-    """The tools this worker knows, asked only live (a call's validator, whether this
-    worker can run an attempt), never on replay. Default: the process's ``CATALOGUE``; a
-    test's next release names its own, as another process would have it."""
-
-    def __init__(self, task: AgentTaskInput) -> None:
-        self._task = task
-        self._budget = task.budget or RetryBudget()
-        if task.carried is not None:
-            # A continued open task: everything its earlier runs knew, whole. Taken as it
-            # came, not copied: the SDK keeps the run's input for the run's life and
-            # nothing reads ``task.carried`` again, so a copy held every carried call
-            # twice (about 800 KiB for 500 calls) as long as the task stayed cached.
-            self._memory = task.carried
-            self._memory.runs += 1
-        else:
-            now = workflow.now()
-            self._memory = TaskMemory(
-                started_at=now,
-                last_call_at=now,
-                calls={
-                    step.step_id: StepStatus(
-                        step_id=step.step_id,
-                        tool=step.tool,
-                        arguments=step.arguments,
-                        arguments_digest=digest_arguments(step.tool, step.arguments),
-                        deliberate_repeat=step.deliberate_repeat,
-                    )
-                    for step in task.steps
-                },
+def memory_of_run(task: AgentTaskInput) -> TaskMemory:
+    """What the task knows as this run starts: what its earlier runs carried, or a new
+    memory of the plan's steps (an open task's first run: none yet)."""
+    if task.carried is not None:
+        # A continued open task: everything its earlier runs knew, whole. Taken as it
+        # came, not copied: the SDK keeps the run's input for the run's life and nothing
+        # reads ``task.carried`` again, so a copy held every carried call twice (about
+        # 800 KiB for 500 calls) as long as the task stayed cached.
+        memory = task.carried
+        memory.runs += 1
+        return memory
+    now = workflow.now()
+    return TaskMemory(
+        started_at=now,
+        last_call_at=now,
+        calls={
+            step.step_id: StepStatus(
+                step_id=step.step_id,
+                tool=step.tool,
+                arguments=step.arguments,
+                arguments_digest=digest_arguments(step.tool, step.arguments),
+                deliberate_repeat=step.deliberate_repeat,
             )
-        # The rest is this run's own; a continued run starts it afresh (none of it is
-        # about an unfinished call: a task continues as new only when none is).
-        self._state = TaskState.RUNNING
-        self._failure_reason: str | None = None
-        self._approvals: dict[str, ApproveInput] = {}
-        self._reconciliations: dict[str, ReconcileInput] = {}
-        self._checking: set[str] = set()
-        """Steps whose reconcile decision is being checked: others wait for the answer."""
-        self._check_requests: dict[str, ReconcileInput] = {}
-        """Per parked step: a decision its handler asks the step's coroutine to check."""
-        self._check_verdicts: dict[str, DecisionCheck] = {}
-        """Per parked step: the check of that decision, for its handler to take."""
-        self._verified: dict[str, ToolAttemptResult] = {}
-        """Per step: what the look-up found when it verified an accepted ``happened``."""
-        self._unusable_keys: dict[str, KeyUnusable] = {}
-        """Steps parked because no attempt may send under their key any more, and why."""
-        self._key_windows: dict[str, KeyWindow] = {}
-        """Per running step of a tool whose provider forgets keys: its key's send window."""
-        self._waiting_for_people = 0
-        self._waiting_since = self._memory.started_at
-        self._asked_people = False
-        """Whether a step ever waited for a person (an approval, a reconciliation)."""
-        self._starter_stopped_waiting = False
-        """Whether the request that started the plan answered before it ended."""
-        # Open tasks only.
-        self._open = task.open
-        self._closing: str | None = None
-        self._pinning: set[str] = set()
-        """Tools a call's coroutine is pinning (retired with ``POLICIES_CARRIED``)."""
-        self._clock_before_pin: dict[str, datetime] = {}
-        """Per step: the time before a local activity pinned its policy, when the step
-        runs right after it (retired with ``POLICIES_CARRIED``). A clock read there would
-        not replay (Core may deliver the activity's result a workflow task later live than
-        on replay), so the step's first attempt, or its wait for approval, counts from it."""
-        self._published_tools: list[str] = []
-        self._calls_this_run = 0
-        self._changed = False
-        """Something the open task's main loop reacts to happened (a call, an end)."""
-        self._call_crash: BaseException | None = None
-        """What a call's coroutine raised that was not the call's own end (a worker
-        without the tool, a bug): the main loop raises it, failing the workflow task."""
-        self._decision_admitted_at = 0
-        """History length of the workflow task that admitted the last decision Update
-        (approve, reconcile, close): see ``_end_durably``."""
-        self._started_on_0_1_0 = False
-        """This run was started by release 0.1.0: it issues the commands 0.1.0 did where
-        a later release changed them (``_take_release_of_start``)."""
-        self._release_known = False
+            for step in task.steps
+        },
+    )
 
-    def _take_release_of_start(self) -> None:
+
+class TaskBook:
+    """The task's books: its input, its memory (``TaskMemory``, carried across runs) and
+    this run's state (``TaskRun``), with the bookkeeping every part of the workflow shares
+    (steps ended, budget used, people time, the published state, the status, the outcome
+    record)."""
+
+    def __init__(self, task: AgentTaskInput, memory: TaskMemory, run: TaskRun) -> None:
+        self.task = task
+        self.budget = task.budget or RetryBudget()
+        """The task's retry budget (the default one when it came without)."""
+        self.memory = memory
+        self.run = run
+
+    def take_release_of_start(self) -> None:
         """Learn whether release 0.1.0 started this run: its first workflow task recorded
         ``START_PATCHES_FOLDED`` here (a plan's after its search attributes, an open
         task's first thing). Asked only on replay, where ``patched`` answers whether
@@ -199,158 +132,169 @@ class TaskCore:
         on a later release, since 0.1.0's worker ran it. Once per run, by whichever
         asks first: an open task's first call can come with its start (Update-with-Start),
         and its handler runs before ``run``."""
-        if self._release_known:
+        if self.run.release_known:
             return
-        self._release_known = True
-        self._started_on_0_1_0 = workflow.unsafe.is_replaying() and workflow.patched(
+        self.run.release_known = True
+        self.run.started_on_0_1_0 = workflow.unsafe.is_replaying() and workflow.patched(
             START_PATCHES_FOLDED
         )
 
-    def _finish_step(
+    def finish_step(
         self, status: StepStatus, resource_id: str | None, result: dict[str, Any]
     ) -> None:
-        self._changed = True
+        """The step succeeded, with the resource it made and its result."""
+        self.run.changed = True
         status.state = StepState.SUCCEEDED
         status.resource_id = resource_id
         status.result = result
 
-    def _stop_step(self, status: StepStatus, state: StepState, reason: str) -> None:
-        self._changed = True
+    def stop_step(self, status: StepStatus, state: StepState, reason: str) -> None:
+        """End the step without success (failed, denied, abandoned): its coroutine stops
+        with ``StepStopped``."""
+        self.run.changed = True
         status.state = state
         status.failure_reason = reason
         raise StepStopped(reason)
 
-    def _usage(self, status: StepStatus, saw_unknown: bool) -> StepUsage:
+    def usage(self, status: StepStatus, saw_unknown: bool) -> StepUsage:
+        """What the step and the task have used of the budget, for the retry decision."""
         waits = 0
         for attempt in reversed(status.attempts):
             if not attempt.database_unavailable:
                 break
             waits += 1
         return StepUsage(
-            task_attempts=self._memory.budgeted_attempts,
+            task_attempts=self.memory.budgeted_attempts,
             step_attempts=sum(
                 1
                 for attempt in status.attempts
                 if not attempt.operator_authorised and not attempt.free
             ),
-            elapsed=workflow.now() - self._memory.started_at - self._people_time(),
+            elapsed=workflow.now() - self.memory.started_at - self.people_time(),
             step_saw_unknown=saw_unknown,
             database_waits=waits,
         )
 
-    def _people_time(self) -> timedelta:
+    def people_time(self) -> timedelta:
         """Time the deadline does not count: awaiting approval or parked."""
-        return self._memory.waited_for_people
+        return self.memory.waited_for_people
 
-    def _first_attempt_of_key(self, status: StepStatus) -> AttemptRecord | None:
-        """The first attempt sent under the step's current key generation, if any."""
-        return next((a for a in status.attempts if a.key_generation == status.key_generation), None)
+    def policy(self, tool: str) -> ToolPolicy:
+        """The tool's pinned policy: pinned before any of its steps runs."""
+        return self.memory.policies[tool]
 
-    def _set_state(self, state: TaskState) -> None:
-        if self._open is not None and state is not TaskState.CLOSED:
+    def set_state(self, state: TaskState) -> None:
+        """The task's state changed: a plan publishes it; an open task's loop publishes
+        what its calls add up to."""
+        if self.task.open is not None and state is not TaskState.CLOSED:
             # Calls run side by side: the task is as its calls are (parked wins), which
             # the open task's loop publishes.
-            self._changed = True
+            self.run.changed = True
             return
-        self._publish_state(state)
+        self.publish_state(state)
 
-    def _publish_state(self, state: TaskState) -> None:
+    def publish_state(self, state: TaskState) -> None:
         """One upsert per change, from the main coroutine only: the parked-at time and an
         open task's new tools ride along, adding no command."""
         updates: list[SearchAttributeUpdate[Any]] = []
-        if state is not self._state:
+        if state is not self.run.state:
             updates.append(TASK_STATE.value_set(state.value))
             if state is TaskState.PARKED:
                 updates.append(TASK_PARKED_AT.value_set(workflow.now()))
-            elif self._state is TaskState.PARKED:
+            elif self.run.state is TaskState.PARKED:
                 updates.append(TASK_PARKED_AT.value_unset())
-            self._state = state
-        if self._open is not None:
-            tools = sorted({call.tool for call in self._memory.calls.values()})
-            if tools != self._published_tools:
+            self.run.state = state
+        if self.task.open is not None:
+            tools = sorted({call.tool for call in self.memory.calls.values()})
+            if tools != self.run.published_tools:
                 updates.append(TASK_TOOLS.value_set(tools))
-                self._published_tools = tools
+                self.run.published_tools = tools
         if updates:
             workflow.upsert_search_attributes(updates)
 
-    def _begin_waiting_for_people(self, now: datetime | None = None) -> None:
-        self._begin_off_the_clock(now)
-        self._asked_people = True
+    def begin_waiting_for_people(self, now: datetime | None = None) -> None:
+        """A step waits for a person (an approval, a reconciliation): off the clock."""
+        self.begin_off_the_clock(now)
+        self.run.asked_people = True
 
-    def _end_waiting_for_people(self) -> None:
-        self._end_off_the_clock()
+    def end_waiting_for_people(self) -> None:
+        self.end_off_the_clock()
 
-    def _begin_off_the_clock(self, now: datetime | None = None) -> None:
+    def begin_off_the_clock(self, now: datetime | None = None) -> None:
         """A wait the deadline does not count begins: for a person, or for a provider.
         Calls of an open task may wait side by side: the time at least one of them
         waits counts once."""
-        if self._waiting_for_people == 0:
-            self._waiting_since = now or workflow.now()
-        self._waiting_for_people += 1
+        if self.run.waiting_for_people == 0:
+            self.run.waiting_since = now or workflow.now()
+        self.run.waiting_for_people += 1
 
-    def _end_off_the_clock(self) -> None:
-        self._waiting_for_people -= 1
-        if self._waiting_for_people == 0:
-            self._memory.waited_for_people += workflow.now() - self._waiting_since
+    def end_off_the_clock(self) -> None:
+        self.run.waiting_for_people -= 1
+        if self.run.waiting_for_people == 0:
+            self.memory.waited_for_people += workflow.now() - self.run.waiting_since
 
-    def _show_details(self, details: str) -> None:
+    def show_details(self, details: str) -> None:
         """The Temporal UI's current details: a plan's waiting step; an open task's
         calls and every waiting one (its loop composes them)."""
-        if self._open is None:
+        if self.task.open is None:
             workflow.set_current_details(details)
 
-    def _call_status(self, call_id: str) -> StepStatus:
-        repeat_of = self._memory.repeat_of.get(call_id)
+    def call_status(self, call_id: str) -> StepStatus:
+        """A call's status; a repeat's is that of the call answering it, under its own id."""
+        repeat_of = self.memory.repeat_of.get(call_id)
         if repeat_of is None:
-            return self._memory.calls[call_id]
-        return self._memory.calls[repeat_of].model_copy(
+            return self.memory.calls[call_id]
+        return self.memory.calls[repeat_of].model_copy(
             update={"step_id": call_id, "attempts": [], "repeat_of": repeat_of}
         )
 
-    def _status(self) -> TaskStatus:
+    def status(self) -> TaskStatus:
+        """The task's status, as the query answers it and the outcome record keeps it."""
         return TaskStatus(
             workflow_id=workflow.info().workflow_id,
-            tenant=self._task.tenant,
-            principal=self._task.principal,
-            state=self._state,
+            tenant=self.task.tenant,
+            principal=self.task.principal,
+            state=self.run.state,
             steps=(
-                [self._call_status(call_id) for call_id in self._memory.order]
-                if self._open is not None
-                else list(self._memory.calls.values())
+                [self.call_status(call_id) for call_id in self.memory.order]
+                if self.task.open is not None
+                else list(self.memory.calls.values())
             ),
             budget=BudgetStatus(
-                budget=self._budget,
-                attempts_used=self._memory.budgeted_attempts,
+                budget=self.budget,
+                attempts_used=self.memory.budgeted_attempts,
                 attempts_left=max(
-                    self._budget.max_attempts_per_task - self._memory.budgeted_attempts, 0
+                    self.budget.max_attempts_per_task - self.memory.budgeted_attempts, 0
                 ),
-                operator_authorised_attempts=self._memory.operator_authorised_attempts,
-                deadline_at=self._memory.started_at + self._budget.deadline + self._people_time(),
-                waited_for_people=self._people_time(),
+                operator_authorised_attempts=self.memory.operator_authorised_attempts,
+                deadline_at=self.memory.started_at + self.budget.deadline + self.people_time(),
+                waited_for_people=self.people_time(),
             ),
-            decisions=self._memory.decisions,
-            policies=self._memory.policies,
-            failure_reason=self._failure_reason,
-            open=self._open is not None,
-            closing=self._closing,
-            runs=self._memory.runs,
+            decisions=self.memory.decisions,
+            policies=self.memory.policies,
+            failure_reason=self.run.failure_reason,
+            open=self.task.open is not None,
+            closing=self.run.closing,
+            runs=self.memory.runs,
         )
 
-    def _writes_its_outcome(self) -> bool:
+    def writes_its_outcome(self) -> bool:
         """Whether this workflow writes the task's outcome into its idempotency record
         (``AgentTaskInput.outcome_writer``; the rules: ``onceflow.idempotency``): when it
         is the writer, or when the starter is and no longer waits (its request was
         answered with a 202 once a step waited for a person, or when its bounded wait
         ended first: ``starter_stopped_waiting``)."""
-        writer = self._task.outcome_writer
+        writer = self.task.outcome_writer
         if writer is OutcomeWriter.STARTER:
-            return self._asked_people or self._starter_stopped_waiting
+            return self.run.asked_people or self.run.starter_stopped_waiting
         return writer is OutcomeWriter.WORKFLOW
 
-    def _decision_admitted(self) -> None:
-        self._decision_admitted_at = workflow.info().get_current_history_length()
+    def decision_admitted(self) -> None:
+        """A decision Update is admitted in this workflow task (``end_durably``,
+        ``act_durably``)."""
+        self.run.decision_admitted_at = workflow.info().get_current_history_length()
 
-    async def _end_durably(self) -> None:
+    async def end_durably(self) -> None:
         """Before a task that records its outcome shows its end: make sure the decision
         that ended it is in history.
 
@@ -361,28 +305,29 @@ class TaskCore:
         awaits the decision. A timer completes that workflow task first; the end is shown
         and recorded in the next one.
         """
-        if self._decision_admitted_at == workflow.info().get_current_history_length():
+        if self.run.decision_admitted_at == workflow.info().get_current_history_length():
             if workflow.patched(OUTCOME_AFTER_DURABLE_DECISION):
                 await workflow.sleep(MIN_TIMER, summary=ClearText("make the decision durable"))
 
-    async def _act_durably(self) -> None:
+    async def act_durably(self) -> None:
         """Before a step acts on a decision Update accepted in this workflow task: make
         sure the decision and the Update's answer are in history first.
 
         What the step does next may fail the workflow task (an attempt of a tool this
-        worker lacks: ``_require_tool``), which would drop the Update's answer with it and
-        leave the operator's command waiting. A timer completes this workflow task first;
-        the step acts in the next one.
+        worker lacks: ``StepRunner._require_tool``), which would drop the Update's answer
+        with it and leave the operator's command waiting. A timer completes this workflow
+        task first; the step acts in the next one.
         """
-        if self._decision_admitted_at == workflow.info().get_current_history_length():
+        if self.run.decision_admitted_at == workflow.info().get_current_history_length():
             if workflow.patched(DECISION_DURABLE_BEFORE_ACTING):
                 await workflow.sleep(MIN_TIMER, summary=ClearText("make the decision durable"))
 
-    async def _record_outcome(self) -> None:
+    async def record_outcome(self) -> None:
+        """Write the task's outcome into its idempotency record, a few tries at most."""
         # The record is the boundary's answer to repeats. Writing it is an idempotent
         # local update, so the workflow (still the only retry owner) tries a few times;
         # if all fail, the boundary falls back to asking the workflow itself.
-        outcome = TaskOutcomeInput(workflow_id=workflow.info().workflow_id, status=self._status())
+        outcome = TaskOutcomeInput(workflow_id=workflow.info().workflow_id, status=self.status())
         summary = ClearText("record the task's result for repeated requests")
         for attempt in range(1, OUTCOME_WRITES + 1):
             try:
