@@ -68,7 +68,7 @@ class LookUps:
             arguments=step.arguments,
             attempt=len(status.attempts),
             evidence=status.evidence,
-            policy=self._memory.policies.get(step.tool),
+            policy=policy,
             key_generation=status.key_generation,
             claimed_resource_id=claimed_resource_id,
             accept_unverified=accept_unverified,

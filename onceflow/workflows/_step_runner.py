@@ -337,7 +337,7 @@ class StepRunner:
             arguments=step.arguments,
             attempt=attempt,
             evidence=status.evidence,
-            policy=self._memory.policies.get(step.tool),
+            policy=policy,
             key_generation=status.key_generation,
             deliberate_repeat=status.deliberate_repeat,
             send=self._send_kind(status, operator_authorised),

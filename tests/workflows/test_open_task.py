@@ -20,6 +20,7 @@ from temporalio.worker import Worker
 
 from onceflow.retry_policy import OutcomeClass, RetryBudget
 from onceflow.task_api import CallRefused, TaskClient
+from onceflow.tools.worker import UnknownTool
 from onceflow.workflows.task_models import (
     AgentTaskInput,
     CallInput,
@@ -108,8 +109,8 @@ async def test_calls_run_one_by_one_under_one_budget_and_a_repeat_is_answered_no
     # The same call id for another call is refused before anything is recorded.
     with pytest.raises(CallRefused, match="was used for another call"):
         await tasks.call(workflow_id, call("c1", "other"))
-    # Unknown tools and invalid arguments are refused too.
-    with pytest.raises(CallRefused, match="no_such_tool"):
+    # An unknown tool is refused before it is sent; invalid arguments by the task.
+    with pytest.raises(UnknownTool, match="no_such_tool"):
         await tasks.call(workflow_id, call("c4", "x", tool="no_such_tool"))
     with pytest.raises(CallRefused, match="invalid arguments"):
         await tasks.call(
