@@ -2,12 +2,16 @@
 input in history, and every input a worker of the previous release may be handed, holds the
 two flags it replaced (``record_outcome``, ``starter_records_outcome``)."""
 
-import ast
+import os
+import subprocess
+import sys
 import tarfile
+from pathlib import Path
 
 import pytest
 from pydantic_core import to_json
 
+from onceflow.tools.worker import CATALOGUE
 from onceflow.workflows.task_models import AgentTaskInput, OutcomeWriter, StepInput
 
 from ..upgrade.release_archive import archive_path, previous_release
@@ -55,29 +59,40 @@ def test_an_input_is_written_with_the_flags_and_read_back_as_its_writer(
     assert AgentTaskInput.model_validate_json(to_json(task)) == task
 
 
-def test_an_input_holds_only_fields_the_previous_release_reads() -> None:
+@pytest.mark.parametrize("writer", list(OutcomeWriter))
+def test_the_previous_release_reads_an_input_as_this_one_wrote_it(
+    writer: OutcomeWriter, tmp_path: Path
+) -> None:
     """Its ``AgentTaskInput`` forbids unknown fields, and its workers still run while
-    gateways of this release start tasks: every field written must be one it knows, in
-    its order."""
+    gateways of this release start tasks: its own model (from its archive, in a process of
+    its own) must take every input this release writes, with the same outcome writer."""
     with tarfile.open(archive_path(previous_release())) as archive:
-        member = archive.extractfile("onceflow/workflows/task_models.py")
-        assert member is not None
-        source = member.read().decode()
-    model = next(
-        node
-        for node in ast.walk(ast.parse(source))
-        if isinstance(node, ast.ClassDef) and node.name == "AgentTaskInput"
-    )
-    known = [
-        statement.target.id
-        for statement in model.body
-        if isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name)
-    ]
+        archive.extractall(tmp_path, filter="data")
     task = AgentTaskInput(
         tenant="acme",
         principal="agent",
         steps=[StepInput(**STEP)],
-        outcome_writer=OutcomeWriter.STARTER,
+        policies=CATALOGUE.policies(["issue_coupon"]) if "issue_coupon" in CATALOGUE else None,
+        outcome_writer=writer,
     )
-    written = list(task.model_dump(mode="json"))
-    assert written == [name for name in known if name in written]
+    read_back = subprocess.run(
+        [sys.executable, "-c", _READ_AS_THE_PREVIOUS_RELEASE],
+        input=to_json(task),
+        capture_output=True,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        cwd=tmp_path,  # ``-c`` puts the working directory first on the path
+        check=False,
+    )
+    assert read_back.returncode == 0, read_back.stderr.decode()
+    origin, written_by = read_back.stdout.decode().split()
+    assert origin == str(tmp_path / "onceflow" / "__init__.py")
+    assert written_by == writer.value
+
+
+_READ_AS_THE_PREVIOUS_RELEASE = """
+import sys
+import onceflow
+from onceflow.workflows.task_models import AgentTaskInput
+task = AgentTaskInput.model_validate_json(sys.stdin.buffer.read())
+print(onceflow.__file__, task.outcome_writer.value)
+"""
