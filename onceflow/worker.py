@@ -22,6 +22,8 @@ from onceflow.activities import (
     startup_problems,
 )
 from onceflow.configuration import OnceflowConfiguration
+from onceflow.gateway import PrincipalStore
+from onceflow.nexus import NexusPrincipal, OnceflowToolsHandler, PrincipalLookup
 from onceflow.plugin import OnceflowPlugin
 from onceflow.settings import InvalidSettings, OnceflowSettings
 from onceflow.storage import build_pool
@@ -31,6 +33,7 @@ from onceflow.tools import Auditor, ClientOpener, Tool
 from onceflow.tools.providers import watch_provider_health
 from onceflow.tools.worker import (
     AuditActivities,
+    Catalogue,
     PolicyPinning,
     open_tool_client,
     refuse_retrying_client,
@@ -137,6 +140,7 @@ async def build_worker(
                 PolicyPinning().pin_task_policy,
             ]
         )
+        nexus = nexus_service(client, pool, settings, tools)
         with warnings.catch_warnings():
             # The SDK warns that a client's plugin (``connect_temporal``'s) may configure a
             # worker twice; onceflow's leaves a worker to the worker's own (OnceflowPlugin).
@@ -145,6 +149,7 @@ async def build_worker(
                 client,
                 task_queue=settings.task_queue,
                 plugins=[plugin],
+                nexus_service_handlers=[nexus] if nexus is not None else [],
                 graceful_shutdown_timeout=timedelta(seconds=settings.shutdown_grace_seconds),
                 max_cached_workflows=settings.max_cached_tasks,
                 sticky_queue_schedule_to_start_timeout=STICKY_TIMEOUT,
@@ -156,6 +161,24 @@ async def build_worker(
             )
         async with worker:
             yield worker
+
+
+def nexus_service(
+    client: Client, pool: AsyncConnectionPool, settings: OnceflowSettings, tools: Iterable[Tool]
+) -> OnceflowToolsHandler | None:
+    """The ``OnceflowTools`` Nexus service this worker serves on its task queue, when
+    ``settings.nexus_principal`` names the principal its callers act as: its tasks carry
+    the served tools' policies, as the gateway's do."""
+    if settings.nexus_principal is None:
+        return None
+    catalogue = Catalogue(tuple(tool.registered_contract for tool in tools))
+    return OnceflowToolsHandler(
+        tasks=TaskClient(client, task_queue=settings.task_queue, catalogue=catalogue),
+        catalogue=catalogue,
+        principal=PrincipalLookup(
+            PrincipalStore(pool), NexusPrincipal.parse(settings.nexus_principal)
+        ),
+    )
 
 
 async def serve_worker(
