@@ -1,0 +1,55 @@
+"""A caller of onceflow's Nexus service: an agent's workflow in another application, on
+its own task queue and worker, that calls ``charge_payment`` through the endpoint.
+
+Written as a user would: the service contract and the models come from
+``onceflow.nexus``, passed through the sandbox; nothing else of onceflow's.
+"""
+
+from datetime import timedelta
+from typing import Any
+
+from pydantic import BaseModel
+from temporalio import workflow
+from temporalio.exceptions import NexusOperationError
+
+with workflow.unsafe.imports_passed_through():
+    from onceflow.nexus import NexusToolCall, OnceflowTools
+    from onceflow.workflows.task_models import TaskStatus
+
+
+class PlannedCall(BaseModel):
+    call_id: str
+    tool: str
+    arguments: dict[str, Any]
+
+
+class AgentInput(BaseModel):
+    endpoint: str
+    calls: list[PlannedCall]
+
+
+class AgentOutcome(BaseModel):
+    statuses: list[TaskStatus]
+    refusals: list[str] = []
+
+
+@workflow.defn
+class ChargingAgent:
+    """Calls each planned tool in turn through Nexus, waiting for each to end."""
+
+    @workflow.run
+    async def run(self, input: AgentInput) -> AgentOutcome:
+        tools = workflow.create_nexus_client(service=OnceflowTools, endpoint=input.endpoint)
+        outcome = AgentOutcome(statuses=[])
+        for call in input.calls:
+            try:
+                status = await tools.execute_operation(
+                    OnceflowTools.call_tool,
+                    NexusToolCall(call_id=call.call_id, tool=call.tool, arguments=call.arguments),
+                    schedule_to_close_timeout=timedelta(hours=1),
+                )
+            except NexusOperationError as error:
+                outcome.refusals.append(str(error.cause))
+                continue
+            outcome.statuses.append(status)
+        return outcome
