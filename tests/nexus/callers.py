@@ -53,3 +53,31 @@ class ChargingAgent:
                 continue
             outcome.statuses.append(status)
         return outcome
+
+
+@workflow.defn
+class CancellingAgent:
+    """Starts its one call, and cancels it when told to (the user gave up waiting)."""
+
+    def __init__(self) -> None:
+        self._give_up = False
+
+    @workflow.signal
+    def give_up(self) -> None:
+        self._give_up = True
+
+    @workflow.run
+    async def run(self, input: AgentInput) -> AgentOutcome:
+        tools = workflow.create_nexus_client(service=OnceflowTools, endpoint=input.endpoint)
+        [call] = input.calls
+        operation = await tools.start_operation(
+            OnceflowTools.call_tool,
+            NexusToolCall(call_id=call.call_id, tool=call.tool, arguments=call.arguments),
+            schedule_to_close_timeout=timedelta(hours=1),
+        )
+        await workflow.wait_condition(lambda: self._give_up)
+        operation.cancel()
+        try:
+            return AgentOutcome(statuses=[await operation])
+        except NexusOperationError as error:
+            return AgentOutcome(statuses=[], refusals=[str(error.cause)])

@@ -16,7 +16,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, Worker
 
 from onceflow.gateway import TOOL_CALL_STEP_ID, PrincipalStore
-from onceflow.nexus import NexusCaller, ensure_nexus_endpoint
+from onceflow.nexus import WITHDRAWN_BY_CALLER, NexusCaller, ensure_nexus_endpoint
 from onceflow.payments import StripePaymentProvider
 from onceflow.settings import OnceflowSettings
 from onceflow.task_api import TaskClient
@@ -30,9 +30,9 @@ from onceflow.workflows.task_models import (
     TaskStatus,
 )
 from tests.harness import eventually
-from tests.payments.conftest import PAYMENT_TOOLS, TENANT, VISA_CHARGE
+from tests.payments.conftest import PAYMENT_TOOLS, SHORT_RETENTION_CHARGE, TENANT, VISA_CHARGE
 
-from .callers import AgentInput, AgentOutcome, ChargingAgent, PlannedCall
+from .callers import AgentInput, AgentOutcome, CancellingAgent, ChargingAgent, PlannedCall
 
 pytestmark = [pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")]
 
@@ -48,8 +48,10 @@ async def onceflow_worker(
     task_queue: str,
 ) -> AsyncIterator[Worker]:
     """onceflow's worker serving the Nexus service as ``acme/nexus-agent``, who may
-    charge (not refund)."""
-    await PrincipalStore(pool).create(tenant=TENANT, name=AGENT, tools=["charge_payment"])
+    charge and refund (not the test-only charge)."""
+    await PrincipalStore(pool).create(
+        tenant=TENANT, name=AGENT, tools=["charge_payment", "refund_payment"]
+    )
     settings = OnceflowSettings(
         task_queue=task_queue, shutdown_grace_seconds=1, nexus_principal=f"{TENANT}/{AGENT}"
     )
@@ -85,7 +87,10 @@ async def caller_worker(dev_server: WorkflowEnvironment) -> AsyncIterator[Caller
     @asynccontextmanager
     async def running(**options: Any) -> AsyncIterator[Worker]:
         async with Worker(
-            dev_server.client, task_queue=queue, workflows=[ChargingAgent], **options
+            dev_server.client,
+            task_queue=queue,
+            workflows=[ChargingAgent, CancellingAgent],
+            **options,
         ) as worker:
             yield worker
 
@@ -93,7 +98,9 @@ async def caller_worker(dev_server: WorkflowEnvironment) -> AsyncIterator[Caller
     yield running
     query = f"TaskQueue = '{queue}'"
     histories = dev_server.client.list_workflows(query).map_histories()
-    replayer = Replayer(workflows=[ChargingAgent], data_converter=pydantic_data_converter)
+    replayer = Replayer(
+        workflows=[ChargingAgent, CancellingAgent], data_converter=pydantic_data_converter
+    )
     replayed = 0
     async with replayer.workflow_replay_iterator(histories) as replays:
         async for result in replays:
@@ -112,7 +119,7 @@ async def start_agent(
     endpoint: str,
     *calls: PlannedCall,
     workflow_id: str | None = None,
-) -> WorkflowHandle[ChargingAgent, AgentOutcome]:
+) -> WorkflowHandle[Any, AgentOutcome]:
     return await dev_server.client.start_workflow(
         ChargingAgent.run,
         AgentInput(endpoint=endpoint, calls=list(calls)),
@@ -153,7 +160,7 @@ async def test_a_caller_charges_once_and_its_repeat_of_the_intent_is_answered_by
         # The model picks the same charge again, under a call id of its own.
         PlannedCall(call_id="call-2", tool="charge_payment", arguments=arguments),
         # Refused by the principal's tools: nothing starts.
-        PlannedCall(call_id="call-3", tool="refund_payment", arguments={"charge_id": "pi_1"}),
+        PlannedCall(call_id="call-3", tool=SHORT_RETENTION_CHARGE.name, arguments=arguments),
     )
     async with caller_worker():
         handle = await start_agent(dev_server, caller_worker, endpoint, *calls)
@@ -172,7 +179,7 @@ async def test_a_caller_charges_once_and_its_repeat_of_the_intent_is_answered_by
         "step_id": TOOL_CALL_STEP_ID,
     }
     [refusal] = outcome.refusals
-    assert f"principal '{AGENT}' may not call 'refund_payment'" in refusal
+    assert f"principal '{AGENT}' may not call '{SHORT_RETENTION_CHARGE.name}'" in refusal
 
     # The caller run again under its workflow id (a retry, a reset): the same calls are
     # the same tasks, which answer with their ends; nothing is sent again.
@@ -273,3 +280,63 @@ async def test_a_parked_call_keeps_the_caller_waiting_until_it_is_reconciled(
     assert status.workflow_id == task_id and status.state is TaskState.SUCCEEDED
     assert charged(status) == intent
     assert await payment_intents(control) == [intent]
+
+
+async def test_a_call_id_reused_for_other_arguments_is_refused_and_starts_nothing(
+    dev_server: WorkflowEnvironment,
+    onceflow_worker: Worker,
+    caller_worker: CallerWorker,
+    endpoint: str,
+    control: ProviderControl,
+) -> None:
+    first = PlannedCall(call_id="call-1", tool="charge_payment", arguments=charge("first"))
+    other = first.model_copy(update={"arguments": charge("other")})
+    async with caller_worker():
+        handle = await start_agent(dev_server, caller_worker, endpoint, first)
+        [status] = (await handle.result()).statuses
+        # A new run of the caller (a reset) sends other arguments under the same call id.
+        again = await start_agent(dev_server, caller_worker, endpoint, other, workflow_id=handle.id)
+        outcome = await again.result()
+
+    assert outcome.statuses == []
+    [refusal] = outcome.refusals
+    assert "this call id was used for another request" in refusal
+    assert await payment_intents(control) == [charged(status)]
+
+
+async def test_a_cancelled_call_awaiting_approval_is_withdrawn_and_never_sent(
+    dev_server: WorkflowEnvironment,
+    onceflow_worker: Worker,
+    caller_worker: CallerWorker,
+    endpoint: str,
+    control: ProviderControl,
+    task_queue: str,
+) -> None:
+    # A full refund always waits for a person's approval before anything is sent.
+    call = PlannedCall(
+        call_id="refund-1", tool="refund_payment", arguments={"payment_intent": "pi_12345"}
+    )
+    tasks = TaskClient(dev_server.client, task_queue=task_queue)
+    async with caller_worker():
+        handle = await dev_server.client.start_workflow(
+            CancellingAgent.run,
+            AgentInput(endpoint=endpoint, calls=[call]),
+            id=f"agent-{uuid.uuid4().hex[:12]}",
+            task_queue=caller_worker.task_queue,  # type: ignore[attr-defined]
+        )
+        task_id = task_of(dev_server.client.namespace, handle.id, "refund-1", "refund_payment")
+        await eventually(
+            lambda: tasks.summary(task_id),
+            until=lambda summary: summary is not None and summary.state == "awaiting_approval",
+            what="the refund awaits approval",
+        )
+        await handle.signal(CancellingAgent.give_up)
+        await handle.result()
+
+    ended = await tasks.result(task_id)
+    step = ended.step(TOOL_CALL_STEP_ID)
+    assert step.state is StepState.DENIED and step.attempts == []
+    [decision] = ended.decisions
+    assert decision.accepted and decision.reason == WITHDRAWN_BY_CALLER
+    assert decision.operator == AGENT
+    assert [r for r in await control.requests() if r.method == "POST"] == []
