@@ -13,7 +13,7 @@ from temporalio import workflow
 from temporalio.exceptions import NexusOperationError
 
 with workflow.unsafe.imports_passed_through():
-    from onceflow.nexus import NexusToolCall, OnceflowTools
+    from onceflow.nexus import NexusPlan, NexusToolCall, OnceflowTools
     from onceflow.workflows.task_models import TaskStatus
 
 
@@ -81,3 +81,20 @@ class CancellingAgent:
             return AgentOutcome(statuses=[await operation])
         except NexusOperationError as error:
             return AgentOutcome(statuses=[], refusals=[str(error.cause)])
+
+
+class PlanInput(BaseModel):
+    endpoint: str
+    plan: NexusPlan
+
+
+@workflow.defn
+class PlanningAgent:
+    """Hands onceflow a whole plan at once, as one task."""
+
+    @workflow.run
+    async def run(self, input: PlanInput) -> TaskStatus:
+        tools = workflow.create_nexus_client(service=OnceflowTools, endpoint=input.endpoint)
+        return await tools.execute_operation(
+            OnceflowTools.run_plan, input.plan, schedule_to_close_timeout=timedelta(hours=1)
+        )

@@ -16,7 +16,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, Worker
 
 from onceflow.gateway import TOOL_CALL_STEP_ID, PrincipalStore
-from onceflow.nexus import WITHDRAWN_BY_CALLER, NexusCaller, ensure_nexus_endpoint
+from onceflow.nexus import WITHDRAWN_BY_CALLER, NexusCaller, NexusPlan, ensure_nexus_endpoint
 from onceflow.payments import StripePaymentProvider
 from onceflow.settings import OnceflowSettings
 from onceflow.task_api import TaskClient
@@ -25,6 +25,7 @@ from onceflow.worker import build_worker
 from onceflow.workflows.task_models import (
     ReconcileDecision,
     ReconcileInput,
+    StepInput,
     StepState,
     TaskState,
     TaskStatus,
@@ -32,7 +33,15 @@ from onceflow.workflows.task_models import (
 from tests.harness import eventually
 from tests.payments.conftest import PAYMENT_TOOLS, SHORT_RETENTION_CHARGE, TENANT, VISA_CHARGE
 
-from .callers import AgentInput, AgentOutcome, CancellingAgent, ChargingAgent, PlannedCall
+from .callers import (
+    AgentInput,
+    AgentOutcome,
+    CancellingAgent,
+    ChargingAgent,
+    PlanInput,
+    PlannedCall,
+    PlanningAgent,
+)
 
 pytestmark = [pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")]
 
@@ -89,7 +98,7 @@ async def caller_worker(dev_server: WorkflowEnvironment) -> AsyncIterator[Caller
         async with Worker(
             dev_server.client,
             task_queue=queue,
-            workflows=[ChargingAgent, CancellingAgent],
+            workflows=[ChargingAgent, CancellingAgent, PlanningAgent],
             **options,
         ) as worker:
             yield worker
@@ -99,7 +108,8 @@ async def caller_worker(dev_server: WorkflowEnvironment) -> AsyncIterator[Caller
     query = f"TaskQueue = '{queue}'"
     histories = dev_server.client.list_workflows(query).map_histories()
     replayer = Replayer(
-        workflows=[ChargingAgent, CancellingAgent], data_converter=pydantic_data_converter
+        workflows=[ChargingAgent, CancellingAgent, PlanningAgent],
+        data_converter=pydantic_data_converter,
     )
     replayed = 0
     async with replayer.workflow_replay_iterator(histories) as replays:
@@ -340,3 +350,35 @@ async def test_a_cancelled_call_awaiting_approval_is_withdrawn_and_never_sent(
     assert decision.accepted and decision.reason == WITHDRAWN_BY_CALLER
     assert decision.operator == AGENT
     assert [r for r in await control.requests() if r.method == "POST"] == []
+
+
+async def test_a_plan_runs_as_one_task_and_charges_and_refunds_once(
+    dev_server: WorkflowEnvironment,
+    onceflow_worker: Worker,
+    caller_worker: CallerWorker,
+    endpoint: str,
+    control: ProviderControl,
+) -> None:
+    plan = NexusPlan(
+        call_id="plan-1",
+        steps=[
+            StepInput(step_id="pay", tool="charge_payment", arguments=charge("plan")),
+            StepInput(
+                step_id="refund",
+                tool="refund_payment",
+                arguments={"charge_step": "pay", "amount": 1500, "reason": "requested_by_customer"},
+            ),
+        ],
+    )
+    async with caller_worker():
+        status = await dev_server.client.execute_workflow(
+            PlanningAgent.run,
+            PlanInput(endpoint=endpoint, plan=plan),
+            id=f"agent-{uuid.uuid4().hex[:12]}",
+            task_queue=caller_worker.task_queue,  # type: ignore[attr-defined]
+        )
+
+    assert status.state is TaskState.SUCCEEDED, status.failure_reason
+    ledger = await control.ledger()
+    assert sorted(entry.kind for entry in ledger) == ["charge", "refund"]
+    assert status.step("pay").resource_id == next(e.object_id for e in ledger if e.kind == "charge")
