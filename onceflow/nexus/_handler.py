@@ -25,6 +25,7 @@ from typing import Any, Generic, TypeVar
 
 from nexusrpc import HandlerError, HandlerErrorType
 from nexusrpc.handler import OperationHandler, operation_handler, service_handler
+from opentelemetry import trace
 from pydantic import ValidationError
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.exceptions import WorkflowAlreadyStartedError
@@ -44,11 +45,12 @@ from onceflow.idempotency import REQUEST_HASH_MEMO
 from onceflow.nexus._caller import nexus_caller
 from onceflow.nexus._service import SERVICE_NAME, NexusPlan, NexusToolCall, OnceflowTools
 from onceflow.task_api import TaskClient
-from onceflow.telemetry import sensitive_locations, unstorable_locations
+from onceflow.telemetry import current_trace_id, sensitive_locations, unstorable_locations
 from onceflow.tools import ToolContract
 from onceflow.tools.worker import Catalogue, derive_task_workflow_id
 from onceflow.workflows import AgentTaskWorkflow
 from onceflow.workflows.task_models import (
+    TRACE_ID_MEMO,
     AgentTaskInput,
     ApproveInput,
     StepInput,
@@ -209,14 +211,27 @@ class _TaskOperation(TemporalOperationHandler[Request, TaskStatus], Generic[Requ
         tasks = self._service.tasks
         if await self._ended(client, workflow_id, fingerprint):
             return TemporalOperationResult.sync(await tasks.ended(workflow_id))
-        task, options = tasks.start_request(
-            admitted.task, workflow_id=workflow_id, memo={REQUEST_HASH_MEMO: fingerprint}
-        )
-        try:
-            return await client.start_workflow(AgentTaskWorkflow.run, task, **options)
-        except WorkflowAlreadyStartedError:
-            # It ended between the look and the start (REJECT_DUPLICATE): its final status.
-            return TemporalOperationResult.sync(await tasks.ended(workflow_id))
+        # As ``TaskClient.start``: a span of the caller's trace (the tracing interceptor
+        # carries it over Nexus headers), its id in the memo for the Temporal UI.
+        with trace.get_tracer("onceflow.tasks").start_as_current_span(
+            "StartTask",
+            attributes={
+                "onceflow.workflow_id": workflow_id,
+                "onceflow.tenant": principal.tenant,
+                "onceflow.principal": principal.name,
+                "onceflow.tools": admitted.task.plan_tools(),
+                "onceflow.nexus_operation": ctx.operation,
+            },
+        ):
+            memo = {REQUEST_HASH_MEMO: fingerprint}
+            if (trace_id := current_trace_id()) is not None:
+                memo[TRACE_ID_MEMO] = trace_id
+            task, options = tasks.start_request(admitted.task, workflow_id=workflow_id, memo=memo)
+            try:
+                return await client.start_workflow(AgentTaskWorkflow.run, task, **options)
+            except WorkflowAlreadyStartedError:
+                # It ended between the look and the start (REJECT_DUPLICATE): its end.
+                return TemporalOperationResult.sync(await tasks.ended(workflow_id))
 
     async def _ended(self, client: TemporalNexusClient, workflow_id: str, fingerprint: str) -> bool:
         """Whether the task under ``workflow_id`` exists and has ended.
