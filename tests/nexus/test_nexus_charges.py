@@ -12,6 +12,7 @@ from onceflow_devstack.stripe_provider import Fault, ProviderControl
 from psycopg_pool import AsyncConnectionPool
 from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.plugin import SimplePlugin
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, Worker
 
@@ -107,9 +108,10 @@ async def caller_worker(dev_server: WorkflowEnvironment) -> AsyncIterator[Caller
     yield running
     query = f"TaskQueue = '{queue}'"
     histories = dev_server.client.list_workflows(query).map_histories()
+    # The caller application's own plugin, not onceflow's: its workflows are its own.
     replayer = Replayer(
         workflows=[ChargingAgent, CancellingAgent, PlanningAgent],
-        data_converter=pydantic_data_converter,
+        plugins=[SimplePlugin("caller-application", data_converter=pydantic_data_converter)],
     )
     replayed = 0
     async with replayer.workflow_replay_iterator(histories) as replays:
