@@ -93,8 +93,9 @@ async def build_worker(
     Args:
         client: The Temporal client.
         pool: The database pool every tool and record activity uses.
-        settings: Task queue, shutdown grace, cache size and the task queue's activity
-            rate limit (``task_queue_rate_limit``).
+        settings: Task queue, shutdown grace, cache size, the task queue's activity
+            rate limit (``task_queue_rate_limit``) and the principal its Nexus service
+            acts as (``nexus_service``).
         tools: The tools to serve (in production, those of
             ``configured_families(configuration)``).
         clients: Clients by tool name, used instead of opening that tool's own (tests
@@ -168,16 +169,22 @@ def nexus_service(
 ) -> OnceflowToolsHandler | None:
     """The ``OnceflowTools`` Nexus service this worker serves on its task queue, when
     ``settings.nexus_principal`` names the principal its callers act as: its tasks carry
-    the served tools' policies, as the gateway's do."""
+    the served tools' policies, as the gateway's do.
+
+    Raises:
+        InvalidSettings: ``nexus_principal`` is not ``TENANT/NAME``.
+    """
     if settings.nexus_principal is None:
         return None
+    try:
+        principal = NexusPrincipal.parse(settings.nexus_principal)
+    except ValueError as error:
+        raise InvalidSettings(f"ONCEFLOW_NEXUS_PRINCIPAL: {error}") from None
     catalogue = Catalogue(tuple(tool.registered_contract for tool in tools))
     return OnceflowToolsHandler(
         tasks=TaskClient(client, task_queue=settings.task_queue, catalogue=catalogue),
         catalogue=catalogue,
-        principal=PrincipalLookup(
-            PrincipalStore(pool), NexusPrincipal.parse(settings.nexus_principal)
-        ),
+        principal=PrincipalLookup(PrincipalStore(pool), principal),
     )
 
 
