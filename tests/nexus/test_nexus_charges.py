@@ -1,7 +1,9 @@
-"""A caller workflow charges through onceflow's Nexus service: once, through a caller's
-worker restart and replay, through a park an operator reconciles, and with the model's
-repeat of one intent answered by its first call. Judged by the provider's ledger."""
+"""A caller workflow charges through onceflow's Nexus service: once, through its worker
+killed mid-call and its replay, through a park an operator reconciles, and with the
+model's repeat of one intent answered by its first call. Judged by the provider's ledger."""
 
+import asyncio
+import sys
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -31,9 +33,10 @@ from onceflow.workflows.task_models import (
     TaskState,
     TaskStatus,
 )
-from tests.harness import eventually
+from tests.harness import eventually, spawn, stop, wait_for_line
 from tests.payments.conftest import PAYMENT_TOOLS, SHORT_RETENTION_CHARGE, TENANT, VISA_CHARGE
 
+from .caller_worker import CALLER_READY
 from .callers import (
     AgentInput,
     AgentOutcome,
@@ -210,7 +213,7 @@ async def test_a_caller_charges_once_and_its_repeat_of_the_intent_is_answered_by
     assert await payment_intents(control) == [intent]
 
 
-async def test_a_caller_whose_worker_restarts_mid_call_charges_once(
+async def test_a_caller_whose_worker_is_killed_mid_call_charges_once(
     dev_server: WorkflowEnvironment,
     onceflow_worker: Worker,
     caller_worker: CallerWorker,
@@ -219,22 +222,30 @@ async def test_a_caller_whose_worker_restarts_mid_call_charges_once(
     task_queue: str,
 ) -> None:
     # The charge commits, then its answer takes 3 s: the attempt times out (unknown) and
-    # the step repeats it under the same key while the caller's worker is gone.
+    # the step repeats it under the same key, while the caller's worker is dead.
     await control.add_fault(
         Fault.DELAY_AFTER_COMMIT, path_prefix="/v1/payment_intents", delay_seconds=3
     )
-    call = PlannedCall(call_id="call-1", tool="charge_payment", arguments=charge("restart"))
-    async with caller_worker():
+    queue: str = caller_worker.task_queue  # type: ignore[attr-defined]
+    process = spawn(
+        [sys.executable, "-m", "tests.nexus.caller_worker", queue],
+        env={"TEMPORAL_ADDRESS": dev_server.client.service_client.config.target_host},
+    )
+    try:
+        await asyncio.to_thread(wait_for_line, process, CALLER_READY)
+        call = PlannedCall(call_id="call-1", tool="charge_payment", arguments=charge("kill"))
         handle = await start_agent(dev_server, caller_worker, endpoint, call)
         await eventually(
             lambda: payment_intents(control), what="the charge commits at the provider"
         )
+        process.kill()  # SIGKILL, mid-call: the operation is open, its answer not sent
+    finally:
+        stop(process)
     task_id = task_of(dev_server.client.namespace, handle.id, "call-1", "charge_payment")
-    tasks = TaskClient(dev_server.client, task_queue=task_queue)
-    ended = await tasks.result(task_id)
+    ended = await TaskClient(dev_server.client, task_queue=task_queue).result(task_id)
     assert (await handle.describe()).status is WorkflowExecutionStatus.RUNNING
 
-    # A new worker, caching nothing: it replays the caller from its first event.
+    # Another worker, caching nothing: it replays the caller from its first event.
     async with caller_worker(max_cached_workflows=0):
         outcome = await handle.result()
 
