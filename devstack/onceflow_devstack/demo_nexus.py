@@ -18,6 +18,7 @@ from rich.console import Console
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import DataConverter
+from temporalio.plugin import SimplePlugin
 from temporalio.worker import Worker
 
 from onceflow.gateway import TOOL_CALL_STEP_ID
@@ -65,12 +66,20 @@ async def nexus_scenario(
             codec when the stack encrypts payloads (the operation's result is the task's
             own result payload). Default pydantic's.
     """
-    # The agent's application: a client and a worker of its own, on its own task queue.
-    client = await Client.connect(temporal_address, data_converter=data_converter)
+    # The agent's application: a client of its own and, on its own task queue, a worker
+    # built on it, given the converter and the workflow by the application's plugin.
+    client = await Client.connect(
+        temporal_address,
+        plugins=[
+            SimplePlugin(
+                "checkout-agents", data_converter=data_converter, workflows=[CheckoutAgent]
+            )
+        ],
+    )
     queue = f"checkout-agents-{uuid.uuid4().hex[:8]}"
     async with (
         ProviderControl(provider_base_url) as provider,
-        Worker(client, task_queue=queue, workflows=[CheckoutAgent]),
+        Worker(client, task_queue=queue),
     ):
         agent = _Agent(client, queue, endpoint, tasks, principal)
         await _lost_answer(console, agent, provider, first_section)
