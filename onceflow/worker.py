@@ -22,6 +22,8 @@ from onceflow.activities import (
     startup_problems,
 )
 from onceflow.configuration import OnceflowConfiguration
+from onceflow.gateway import PrincipalStore
+from onceflow.nexus import NexusPrincipal, OnceflowToolsHandler, PrincipalLookup
 from onceflow.plugin import OnceflowPlugin
 from onceflow.settings import InvalidSettings, OnceflowSettings
 from onceflow.storage import build_pool
@@ -31,6 +33,7 @@ from onceflow.tools import Auditor, ClientOpener, Tool
 from onceflow.tools.providers import watch_provider_health
 from onceflow.tools.worker import (
     AuditActivities,
+    Catalogue,
     PolicyPinning,
     open_tool_client,
     refuse_retrying_client,
@@ -90,8 +93,9 @@ async def build_worker(
     Args:
         client: The Temporal client.
         pool: The database pool every tool and record activity uses.
-        settings: Task queue, shutdown grace, cache size and the task queue's activity
-            rate limit (``task_queue_rate_limit``).
+        settings: Task queue, shutdown grace, cache size, the task queue's activity
+            rate limit (``task_queue_rate_limit``) and the principal its Nexus service
+            acts as (``nexus_service``).
         tools: The tools to serve (in production, those of
             ``configured_families(configuration)``).
         clients: Clients by tool name, used instead of opening that tool's own (tests
@@ -137,6 +141,7 @@ async def build_worker(
                 PolicyPinning().pin_task_policy,
             ]
         )
+        nexus = nexus_service(client, pool, settings, tools)
         with warnings.catch_warnings():
             # The SDK warns that a client's plugin (``connect_temporal``'s) may configure a
             # worker twice; onceflow's leaves a worker to the worker's own (OnceflowPlugin).
@@ -145,6 +150,7 @@ async def build_worker(
                 client,
                 task_queue=settings.task_queue,
                 plugins=[plugin],
+                nexus_service_handlers=[nexus] if nexus is not None else [],
                 graceful_shutdown_timeout=timedelta(seconds=settings.shutdown_grace_seconds),
                 max_cached_workflows=settings.max_cached_tasks,
                 sticky_queue_schedule_to_start_timeout=STICKY_TIMEOUT,
@@ -156,6 +162,30 @@ async def build_worker(
             )
         async with worker:
             yield worker
+
+
+def nexus_service(
+    client: Client, pool: AsyncConnectionPool, settings: OnceflowSettings, tools: Iterable[Tool]
+) -> OnceflowToolsHandler | None:
+    """The ``OnceflowTools`` Nexus service this worker serves on its task queue, when
+    ``settings.nexus_principal`` names the principal its callers act as: its tasks carry
+    the served tools' policies, as the gateway's do.
+
+    Raises:
+        InvalidSettings: ``nexus_principal`` is not ``TENANT/NAME``.
+    """
+    if settings.nexus_principal is None:
+        return None
+    try:
+        principal = NexusPrincipal.parse(settings.nexus_principal)
+    except ValueError as error:
+        raise InvalidSettings(f"ONCEFLOW_NEXUS_PRINCIPAL: {error}") from None
+    catalogue = Catalogue(tuple(tool.registered_contract for tool in tools))
+    return OnceflowToolsHandler(
+        tasks=TaskClient(client, task_queue=settings.task_queue, catalogue=catalogue),
+        catalogue=catalogue,
+        principal=PrincipalLookup(PrincipalStore(pool), principal),
+    )
 
 
 async def serve_worker(

@@ -19,17 +19,19 @@ from rich.console import Console
 
 from onceflow.cli.plugin import CommandFailed
 from onceflow.configuration import OnceflowConfiguration
-from onceflow.encryption import PayloadEncryptionSettings
+from onceflow.encryption import PayloadEncryptionSettings, onceflow_data_converter
+from onceflow.nexus import NexusPrincipal
 from onceflow.task_api import TaskClient, connect_temporal
 from onceflow.tools.worker import derive_task_workflow_id
 from onceflow.workflows.task_models import AgentTaskInput, StepInput, TaskStatus
 from onceflow_devstack.demo_email_deploy import email_and_deploy_scenario
+from onceflow_devstack.demo_nexus import nexus_scenario
 from onceflow_devstack.demo_payments import payments_scenario
 from onceflow_devstack.email_deploy_services import (
     running_stack_deploy_target_url,
     running_stack_smtp_sink_control_url,
 )
-from onceflow_devstack.gateway import running_stack_gateway
+from onceflow_devstack.gateway import DEV_PRINCIPAL, DEV_TENANT, running_stack_gateway
 from onceflow_devstack.ports import StackPorts
 from onceflow_devstack.stack import (
     StackAlreadyRunning,
@@ -51,6 +53,8 @@ class _Endpoints:
     smtp_sink_control_url: str | None = None
     encryption: PayloadEncryptionSettings | None = None
     """The stack's payload keys: the demo's client reads what its worker encrypted."""
+    nexus_principal: str | None = None
+    """The principal the stack's Nexus service acts as (``TENANT/NAME``)."""
 
 
 async def run_demo(
@@ -84,6 +88,7 @@ async def run_demo(
                     ),
                     smtp_sink_control_url=services.smtp_sink_control_url if services else None,
                     encryption=configuration.payload_encryption,
+                    nexus_principal=stack.nexus_principal,
                 ),
             )
             console.print(
@@ -112,6 +117,7 @@ async def run_demo(
                 local_deploy_target_url=running_stack_deploy_target_url(settings.state_dir),
                 smtp_sink_control_url=running_stack_smtp_sink_control_url(settings.state_dir),
                 encryption=configuration.payload_encryption,
+                nexus_principal=settings.nexus_principal or f"{DEV_TENANT}/{DEV_PRINCIPAL}",
             ),
         )
 
@@ -284,6 +290,17 @@ async def _scenario(console: Console, endpoints: _Endpoints) -> None:
         ui_url=endpoints.ui_url,
         first_section=7,
     )
+    if endpoints.local_provider_url is not None and endpoints.nexus_principal is not None:
+        await nexus_scenario(
+            console,
+            client,
+            endpoints.local_provider_url,
+            temporal_address=endpoints.temporal_address,
+            principal=NexusPrincipal.parse(endpoints.nexus_principal),
+            ui_url=endpoints.ui_url,
+            first_section=9,
+            data_converter=onceflow_data_converter(endpoints.encryption),
+        )
 
 
 def _show(console: Console, status: TaskStatus) -> None:

@@ -21,11 +21,13 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import SecretStr
+from temporalio.client import Client
 
 from onceflow.configuration import OnceflowConfiguration
 from onceflow.deployments import DeployTargetSettings
 from onceflow.email import EmailSettings
 from onceflow.encryption import PayloadEncryptionSettings
+from onceflow.nexus import DEFAULT_ENDPOINT, ensure_nexus_endpoint
 from onceflow.payments import StripeSettings
 from onceflow.storage import apply_migrations
 from onceflow.worker import serve_worker
@@ -33,7 +35,7 @@ from onceflow_devstack.email_deploy_services import (
     EmailAndDeployEndpoints,
     email_and_deploy_services,
 )
-from onceflow_devstack.gateway import running_gateway
+from onceflow_devstack.gateway import DEV_PRINCIPAL, DEV_TENANT, running_gateway
 from onceflow_devstack.ports import (
     DEFAULT_PORTS,
     FLAGS,
@@ -78,6 +80,10 @@ class StackInfo:
     codec_endpoint: str | None = None
     """The gateway's codec endpoint the Web UI decodes payloads through, when they are
     encrypted (``ONCEFLOW_PAYLOAD_KEYS``)."""
+    nexus_endpoint: str | None = None
+    """The Nexus endpoint routing ``OnceflowTools`` calls to the worker (docs/nexus.md)."""
+    nexus_principal: str | None = None
+    """The principal the worker's Nexus service acts as (``nexus_principal``)."""
 
     def describe(self) -> list[tuple[str, str]]:
         """(what, where) pairs for printing."""
@@ -106,6 +112,11 @@ class StackInfo:
                     )
                 ]
                 if self.codec_endpoint
+                else []
+            ),
+            *(
+                [("Nexus endpoint", f"{self.nexus_endpoint} (as principal {self.nexus_principal})")]
+                if self.nexus_endpoint
                 else []
             ),
             *(self.email_and_deploy.describe() if self.email_and_deploy else []),
@@ -185,6 +196,19 @@ async def embedded_stack(
             progress("starting the Temporal dev server")
             endpoints = await temporal.start()
             (state_dir / "temporal_endpoints").write_text(f"{endpoints.address} {endpoints.ui_url}")
+            progress(f"creating the Nexus endpoint {DEFAULT_ENDPOINT}")
+            await ensure_nexus_endpoint(
+                await Client.connect(endpoints.address),
+                name=DEFAULT_ENDPOINT,
+                task_queue=settings.task_queue,
+            )
+            # Nexus callers act as the dev principal (the gateway creates it) unless the
+            # settings name another.
+            worker_settings = settings.model_copy(
+                update={
+                    "nexus_principal": settings.nexus_principal or f"{DEV_TENANT}/{DEV_PRINCIPAL}"
+                }
+            )
             stripe, provider_is_local = await _stripe_for_worker(
                 configuration.read(StripeSettings),
                 state_dir,
@@ -206,7 +230,9 @@ async def embedded_stack(
             ready = asyncio.Event()
             worker_task = asyncio.create_task(
                 serve_worker(
-                    configuration.with_sections(stripe, email_and_deploy.deploy_target),
+                    configuration.with_sections(
+                        stripe, email_and_deploy.deploy_target, worker_settings
+                    ),
                     database_url=database_url,
                     stop=stop_worker,
                     temporal_address=endpoints.address,
@@ -264,6 +290,8 @@ async def embedded_stack(
                 email_and_deploy=email_and_deploy,
                 join_file=join_file,
                 codec_endpoint=codec_endpoint,
+                nexus_endpoint=DEFAULT_ENDPOINT,
+                nexus_principal=worker_settings.nexus_principal,
             )
         finally:
             progress("stopping")

@@ -59,6 +59,11 @@ class OnceflowSettings(FileBackedSettings):
     (``onceflow provider status``: Stripe's 100) where the fleet can reach it; it holds
     every tool's activities, and with it set no activity starts eagerly. Set it alike on
     every worker of the queue: the last worker to poll sets the server's limit."""
+    nexus_principal: str | None = None
+    """The onceflow principal, ``TENANT/NAME``, that the worker's Nexus service
+    (``OnceflowTools``, docs/nexus.md) acts as for every caller the endpoint lets through
+    (``ONCEFLOW_NEXUS_PRINCIPAL``): its tenant's tasks, its allowed tools. Default none: the
+    worker serves no Nexus service. ``onceflow dev`` sets it to its demo agent."""
     tools: Annotated[tuple[str, ...], NoDecode] = ()
     """Custom tools to register, each an entry point name in the ``onceflow.tools`` group
     or an import path ``package.module:ATTRIBUTE``. Default none.

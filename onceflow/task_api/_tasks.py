@@ -143,10 +143,7 @@ class TaskClient:
             trace_id = current_trace_id()
             if trace_id is not None:
                 memo = {**(memo or {}), TRACE_ID_MEMO: trace_id}
-            task = self._pinned(task)
-            if task.open is None:
-                task = task.model_copy(update={"started_with_attributes": True})
-            options = self._start_options(task, workflow_id, memo)
+            task, options = self.start_request(task, workflow_id=workflow_id, memo=memo)
             if not join:
                 return await self._client.start_workflow(
                     AgentTaskWorkflow.run,
@@ -157,6 +154,21 @@ class TaskClient:
                 return await self._client.start_workflow(AgentTaskWorkflow.run, task, **options)
             except WorkflowAlreadyStartedError:
                 return self._client.get_workflow_handle_for(AgentTaskWorkflow.run, workflow_id)
+
+    def start_request(
+        self,
+        task: AgentTaskInput,
+        *,
+        workflow_id: str,
+        memo: Mapping[str, Any] | None = None,
+    ) -> tuple[AgentTaskInput, dict[str, Any]]:
+        """The task as ``start`` starts it (its plan's policies pinned) and the keyword
+        arguments of its ``start_workflow``: for a starter that must send the start itself
+        (a Nexus operation's, which attaches the operation's completion callback)."""
+        task = self._pinned(task)
+        if task.open is None:
+            task = task.model_copy(update={"started_with_attributes": True})
+        return task, self._start_options(task, workflow_id, memo)
 
     def _pinned(self, task: AgentTaskInput) -> AgentTaskInput:
         """``task`` with its plan's policies when it has none yet (an open task's come

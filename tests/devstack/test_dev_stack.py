@@ -89,6 +89,7 @@ def test_the_dev_stack_runs_recovers_from_a_crash_and_stops_cleanly(
     banner = wait_for_line(first, "Press Ctrl-C", timeout=240)  # a hang: the whole stack
     assert any(f"127.0.0.1:{temporal_port}" in line for line in banner)
     assert any(f"http://localhost:{ui_port}" in line for line in banner)
+    assert any("onceflow-tools (as principal dev/dev-agent)" in line for line in banner)
     with urllib.request.urlopen(f"http://localhost:{ui_port}/", timeout=HANG_SECONDS) as page:
         assert page.status == 200
 
@@ -143,8 +144,10 @@ def test_the_dev_stack_runs_recovers_from_a_crash_and_stops_cleanly(
     assert alive(temporal_pid)
 
     again = spawn(onceflow_command(*dev), env=env)
-    wait_for_line(again, "Press Ctrl-C", timeout=240)
+    restarted = wait_for_line(again, "Press Ctrl-C", timeout=240)
     assert not alive(temporal_pid)  # the orphaned server was stopped, not reused blindly
+    # The server kept its endpoint: found as it was, not created twice.
+    assert any("onceflow-tools (as principal dev/dev-agent)" in line for line in restarted)
     status = subprocess.run(
         onceflow_command("status", task["workflow_id"], "--json"),
         cwd=REPO,
