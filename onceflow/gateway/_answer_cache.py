@@ -112,7 +112,9 @@ class AnswerCache:
         """Remember a record read from the table in generation ``read_in`` (from
         ``generation()`` before the read) if its answer is final, nothing has changed
         since the read began, and its result has not expired."""
-        if read_in is None or not is_final(record) or self._current() != read_in:
+        if not self._size or read_in is None or not is_final(record):
+            return
+        if self._current() != read_in:
             return
         left = record.result_expires_at - record.read_at
         if left <= timedelta(0):

@@ -61,7 +61,7 @@ class Claims:
         """``answers``: where final answers are remembered (none without it)."""
         self._records = records
         self._settings = settings
-        self._answers = answers or AnswerCache(0, heard=lambda: None)
+        self._answers = answers if answers is not None else AnswerCache(0, heard=lambda: None)
 
     async def earlier(self, scope: str, idempotency_key: str) -> IdempotencyRecord | None:
         """The record of ``(scope, key)`` if the key was used before: a remembered final
