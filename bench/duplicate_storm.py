@@ -92,7 +92,11 @@ async def main(requests: int, concurrency: int, rounds: int, answer_cache_size: 
                 _, api_key = await PrincipalStore(pool).create(
                     tenant="bench", name="storm", tools=["issue_coupon"]
                 )
-                limits = httpx.Limits(max_connections=concurrency)
+                # Idle connections are dropped well before the gateway's keep-alive (uvicorn's
+                # 5 s) ends them: reusing one the server is closing just then fails the
+                # request ("Server disconnected"), which a loaded machine made likely between
+                # rounds.
+                limits = httpx.Limits(max_connections=concurrency, keepalive_expiry=2.0)
                 async with (
                     build_worker(
                         env.client, pool, OnceflowSettings(task_queue=queue), tools=coupon_tools()
@@ -152,6 +156,10 @@ async def main(requests: int, concurrency: int, rounds: int, answer_cache_size: 
                     "SELECT coalesce(sum(keys_claimed), 0) FROM principal_key_usage_shards"
                 ).fetchone()
             workflows = await settled_count(env.client, "WorkflowType = 'AgentTaskWorkflow'")
+        except BaseException:
+            # The gateway's log goes with the scratch folder: show why it failed first.
+            print(f"gateway log (exit code {gateway.poll()}):\n{log_path.read_text()[-4000:]}")
+            raise
         finally:
             gateway.terminate()
             gateway.wait(timeout=30)
