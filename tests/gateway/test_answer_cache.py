@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import psycopg
+from mcp import Client
 
 from onceflow.gateway import (
     BoundaryService,
@@ -28,6 +29,7 @@ from onceflow.gateway import (
 )
 from onceflow.gateway._principal_cache import PrincipalCache, principal_cache
 from onceflow.gateway.http_api import build_app
+from onceflow.gateway.mcp_server import REPLAYED_META, build_mcp_server, fixed_principal
 from onceflow.idempotency import PRUNED_RECORDS_CHANNEL, IdempotencyStore
 from onceflow.storage import build_pool
 from onceflow.task_api import TaskClient
@@ -60,6 +62,7 @@ class Gateway:
     http: httpx.AsyncClient
     checkouts: Checkouts
     principals: PrincipalCache
+    service: BoundaryService
 
     async def call(self, caller: Caller, key: str, body: dict[str, Any]) -> httpx.Response:
         return await self.http.post(
@@ -89,7 +92,7 @@ async def gateway(stack: Stack, **settings: Any) -> AsyncIterator[Gateway]:
         app.state.service = service
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
-            yield Gateway(http=http, checkouts=checkouts, principals=principals)
+            yield Gateway(http=http, checkouts=checkouts, principals=principals, service=service)
 
 
 def answer_of(response: httpx.Response) -> tuple[int, tuple[tuple[str, str], ...], bytes]:
@@ -148,6 +151,32 @@ async def test_a_call_of_an_open_task_repeated_is_answered_from_memory_too(
         assert remembering.checkouts.count == before
     assert from_table.headers["Idempotent-Replayed"] == "true"
     assert {answer_of(answer) for answer in storm} == {answer_of(from_table)}
+    assert count(database, "coupon_issuances") == 1
+
+
+async def test_over_mcp_a_repeated_call_is_answered_from_memory_the_same_way(
+    stack: Stack, agent: Caller, database: str
+) -> None:
+    arguments = {**COUPON, "idempotency_key": "mcp-storm-1"}
+    async with gateway(stack) as remembering:
+        server = build_mcp_server(remembering.service, fixed_principal(agent.principal))
+        async with Client(server) as client:
+            first = await client.call_tool("issue_coupon", arguments)
+            from_table = await client.call_tool("issue_coupon", arguments)
+            before = remembering.checkouts.count
+            repeats = [await client.call_tool("issue_coupon", arguments) for _ in range(5)]
+            assert remembering.checkouts.count == before, "no repeat read the database"
+
+    assert first.meta is not None and from_table.meta is not None
+    assert not first.is_error and first.meta[REPLAYED_META] is False
+    assert from_table.meta[REPLAYED_META] is True
+    for repeat in repeats:
+        assert (repeat.content, repeat.structured_content, repeat.meta, repeat.is_error) == (
+            from_table.content,
+            from_table.structured_content,
+            from_table.meta,
+            from_table.is_error,
+        )
     assert count(database, "coupon_issuances") == 1
 
 
