@@ -11,7 +11,13 @@ counted against the principal's quota per storm.
 
 Both arms run interleaved in rounds (one storm = one new key per round).
 
-Usage: ``.venv/bin/python -m bench.duplicate_storm [--requests 1000] [--concurrency 50]``
+The gateway answers repeats of a final answer from memory (its answer cache,
+``ONCEFLOW_GATEWAY_ANSWER_CACHE_SIZE``): once the first repeat has read the stored answer,
+the rest of the storm makes no database round trip. ``--answer-cache-size 0`` runs the
+gateway without it, every repeat reading its record, to see what the cache saves.
+
+Usage: ``.venv/bin/python -m bench.duplicate_storm [--requests 1000] [--concurrency 50]
+[--answer-cache-size N]``
 """
 
 import argparse
@@ -35,7 +41,7 @@ from temporalio.testing import WorkflowEnvironment
 from bench._report import Arm, report
 from bench.claim_path import _gateway_url
 from onceflow.coupons import coupon_tools
-from onceflow.gateway import PrincipalStore
+from onceflow.gateway import GatewaySettings, PrincipalStore
 from onceflow.settings import OnceflowSettings
 from onceflow.storage import apply_migrations, build_pool
 from onceflow.worker import build_worker
@@ -45,7 +51,12 @@ from tests.harness import settled_count
 REPO = Path(__file__).resolve().parent.parent
 
 
-async def main(requests: int, concurrency: int, rounds: int) -> None:
+async def main(requests: int, concurrency: int, rounds: int, answer_cache_size: int | None) -> None:
+    cache = (
+        {}
+        if answer_cache_size is None
+        else {"ONCEFLOW_GATEWAY_ANSWER_CACHE_SIZE": str(answer_cache_size)}
+    )
     with tempfile.TemporaryDirectory() as scratch:
         postgres = EmbeddedPostgres(Path(scratch) / "pg", delete_on_stop=True)
         await apply_migrations(postgres.url)
@@ -67,6 +78,7 @@ async def main(requests: int, concurrency: int, rounds: int) -> None:
                     "TEMPORAL_ADDRESS": env.client.service_client.config.target_host,
                     "ONCEFLOW_TASK_QUEUE": queue,
                     "PYTHONUNBUFFERED": "1",
+                    **cache,
                 },
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -80,7 +92,11 @@ async def main(requests: int, concurrency: int, rounds: int) -> None:
                 _, api_key = await PrincipalStore(pool).create(
                     tenant="bench", name="storm", tools=["issue_coupon"]
                 )
-                limits = httpx.Limits(max_connections=concurrency)
+                # Idle connections are dropped well before the gateway's keep-alive (uvicorn's
+                # 5 s) ends them: reusing one the server is closing just then fails the
+                # request ("Server disconnected"), which a loaded machine made likely between
+                # rounds.
+                limits = httpx.Limits(max_connections=concurrency, keepalive_expiry=2.0)
                 async with (
                     build_worker(
                         env.client, pool, OnceflowSettings(task_queue=queue), tools=coupon_tools()
@@ -140,6 +156,10 @@ async def main(requests: int, concurrency: int, rounds: int) -> None:
                     "SELECT coalesce(sum(keys_claimed), 0) FROM principal_key_usage_shards"
                 ).fetchone()
             workflows = await settled_count(env.client, "WorkflowType = 'AgentTaskWorkflow'")
+        except BaseException:
+            # The gateway's log goes with the scratch folder: show why it failed first.
+            print(f"gateway log (exit code {gateway.poll()}):\n{log_path.read_text()[-4000:]}")
+            raise
         finally:
             gateway.terminate()
             gateway.wait(timeout=30)
@@ -165,6 +185,11 @@ async def main(requests: int, concurrency: int, rounds: int) -> None:
             "requests per storm": requests,
             "storms": rounds,
             "concurrency": concurrency,
+            "answer cache size": (
+                GatewaySettings().answer_cache_size
+                if answer_cache_size is None
+                else answer_cache_size
+            ),
             "answers": dict(sorted(answers.items())),
             **effects,
         },
@@ -176,5 +201,19 @@ if __name__ == "__main__":
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--answer-cache-size",
+        type=int,
+        default=None,
+        help="the gateway's ONCEFLOW_GATEWAY_ANSWER_CACHE_SIZE (default: its own default; "
+        "0 answers every repeat from the table)",
+    )
     arguments = parser.parse_args()
-    asyncio.run(main(arguments.requests, arguments.concurrency, arguments.rounds))
+    asyncio.run(
+        main(
+            arguments.requests,
+            arguments.concurrency,
+            arguments.rounds,
+            arguments.answer_cache_size,
+        )
+    )

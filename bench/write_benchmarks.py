@@ -20,6 +20,7 @@ Placeholders are ``{{ ... }}``:
 - ``{{ arms STEM }}``: the table of a two-arm benchmark; ``{{ claim_table }}``, ``{{
   memory_table STEM }}``, ``{{ split_table STEM }}``, ``{{ memory_profile_table STEM }}``,
   ``{{ open_per_call STEM }}``, ``{{ open_buckets STEM }}``, ``{{ brownout_table STEM }}``,
+  ``{{ actions_table STEM }}``,
   ``{{ chaos_tools STEM }}``, ``{{ chaos_figures STEM }}``, ``{{ chaos_command STEM }}``,
   ``{{ chaos_differences STEM }}``, ``{{ cpu_table STEM }}``, ``{{ profile_table STEM >
   part }}``, ``{{ profile_pair PROCESS | PROCESS }}``, ``{{ saturation_steps PATH }}``: the
@@ -359,6 +360,29 @@ def _open_per_call(result: dict[str, Any]) -> str:
     return _table(
         ["path", "arm", "n", "mean", "p50", "p95", "p99", "CPU per call, all processes"], rows
     )
+
+
+def _actions_table(result: dict[str, Any]) -> str:
+    """Billable Temporal actions per task: one row per kind any scenario has, one column
+    per scenario, each cell onceflow / bare; then the totals and their ratio."""
+    scenarios = result["scenarios"]
+
+    def cell(value: float) -> str:
+        return f"{value:g}"
+
+    rows = []
+    for kind in result["kinds"]:
+        pairs = [(part["onceflow"][kind], part["bare"][kind]) for part in scenarios.values()]
+        if kind != "total" and not any(ours or bare for ours, bare in pairs):
+            continue
+        shown = [f"{cell(ours)} / {cell(bare)}" for ours, bare in pairs]
+        if kind == "total":
+            shown = [f"**{text}**" for text in shown]
+        rows.append([f"**{kind}**" if kind == "total" else kind, *shown])
+    rows.append(
+        ["ratio"] + [f"**{_format(part['ratio'], 'ratio')}**" for part in scenarios.values()]
+    )
+    return _table(["action (onceflow / bare)", *scenarios], rows)
 
 
 def _open_buckets(result: dict[str, Any]) -> str:
@@ -874,6 +898,7 @@ def _fill(results: dict[str, Any], expression: str) -> str:
         "split_table": _split_table,
         "memory_profile_table": _memory_profile_table,
         "open_per_call": _open_per_call,
+        "actions_table": _actions_table,
         "open_buckets": _open_buckets,
         "brownout_table": _brownout_table,
         "chaos_tools": _chaos_tools,

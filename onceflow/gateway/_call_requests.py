@@ -95,10 +95,9 @@ class CallRequests:
 
     async def task_of_call_key(self, principal: Principal, idempotency_key: str) -> str | None:
         """``BoundaryService.task_of_call_key``."""
-        async with backend_errors():
-            record = await self._records.get(
-                request_scope(principal, "task", "call"), idempotency_key
-            )
+        record = await self._claims.earlier(
+            request_scope(principal, "task", "call"), idempotency_key
+        )
         return record.resource_id if record is not None else None
 
     async def call_in_task(
@@ -172,8 +171,7 @@ class CallRequests:
         if self._directory.knows(task_id):
             self._directory.check_open_task(principal, task_id)
         else:
-            async with backend_errors():
-                earlier = await self._records.get(scope, key)
+            earlier = await self._claims.earlier(scope, key)
             if earlier is None:
                 status = await self._directory.task_status(principal, task_id)
                 self._directory.remember_task(task_id, tenant=status.tenant, is_open=status.open)

@@ -7,6 +7,10 @@ answer and a resend is safe. Another request with the same key and fingerprint w
 bounded time for that result, takes the claim over once its owner's lease ran out, or is
 told the key is in progress; one with another fingerprint is refused. Tasks, calls and
 decisions differ only in what the owner does and what a finished record answers.
+
+A final answer read from the table is remembered (``_answer_cache``), and a repeat of its
+request is settled from memory exactly as from the record (the same fingerprint check,
+the same ``finished`` answer), without a database round trip.
 """
 
 import asyncio
@@ -24,6 +28,7 @@ from onceflow.errors import (
     OnceflowError,
     RequestInProgress,
 )
+from onceflow.gateway._answer_cache import AnswerCache
 from onceflow.gateway._backend import backend_errors
 from onceflow.gateway._principals import Principal
 from onceflow.gateway._settings import GatewaySettings
@@ -47,9 +52,30 @@ _Answer = TypeVar("_Answer")
 class Claims:
     """Claims keys for requests, settles with their owners, stores or releases answers."""
 
-    def __init__(self, records: IdempotencyStore, settings: GatewaySettings) -> None:
+    def __init__(
+        self,
+        records: IdempotencyStore,
+        settings: GatewaySettings,
+        answers: AnswerCache | None = None,
+    ) -> None:
+        """``answers``: where final answers are remembered (none without it)."""
         self._records = records
         self._settings = settings
+        self._answers = answers if answers is not None else AnswerCache(0, heard=lambda: None)
+
+    async def earlier(self, scope: str, idempotency_key: str) -> IdempotencyRecord | None:
+        """The record of ``(scope, key)`` if the key was used before: a remembered final
+        answer, else read from the table (and remembered when final). Pass it to
+        ``settle`` as ``earlier``."""
+        remembered = self._answers.answer(scope, idempotency_key)
+        if remembered is not None:
+            return remembered
+        read_in = self._answers.generation()
+        async with backend_errors():
+            record = await self._records.get(scope, idempotency_key)
+        if record is not None:
+            self._answers.keep(record, read_in=read_in)
+        return record
 
     def new(
         self,
@@ -114,6 +140,13 @@ class Claims:
         digest = key_digest(claim.idempotency_key)
         loop = asyncio.get_running_loop()
         pause = _POLL_FIRST
+        if earlier is None:
+            earlier = self._answers.answer(claim.scope, claim.idempotency_key)
+        # Only a record this loop reads from the table is remembered here (``earlier`` was
+        # by whoever read it), in the generation read before the read: a change heard
+        # meanwhile keeps it from being remembered.
+        read_here = earlier is None
+        read_in = self._answers.generation() if read_here else None
         async with backend_errors():
             outcome: Claimed | AlreadyClaimed = (
                 AlreadyClaimed(earlier) if earlier is not None else await self._records.claim(claim)
@@ -134,6 +167,8 @@ class Claims:
                     # retry, scrubbed and written, cost a replay more than validating and
                     # fingerprinting its body, and a duplicate storm wrote one per request.
                     log.debug("replaying key %s in %s (task %s)", digest, claim.scope, target)
+                    if read_here:
+                        self._answers.keep(record, read_in=read_in)
                     return await finished(record)
                 if in_flight is not None:
                     answer = await in_flight(record)
@@ -161,6 +196,7 @@ class Claims:
                     )
                 await asyncio.sleep(min(pause, left))
                 pause = min(pause * 2, _POLL_MAX)
+                read_here, read_in = True, self._answers.generation()
                 current = await self._records.get(claim.scope, claim.idempotency_key)
                 # Gone (pruned, or released after a failure) means nobody holds the key
                 # now: claim it anew.

@@ -132,8 +132,7 @@ class DecisionRequests:
                 tenant=principal.tenant, scope=scope, idempotency_key=key
             ),
         )
-        async with backend_errors():
-            earlier = await self._records.get(scope, key)
+        earlier = await self._claims.earlier(scope, key)
         if earlier is None:
             # Only a task of the principal's tenant can be decided; a task that is not
             # there reserves nothing. A key used before is answered from its record even

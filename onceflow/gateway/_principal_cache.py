@@ -18,6 +18,11 @@ effect in every gateway at once:
 * a read that raced a change is not remembered (a generation counter).
 
 Unknown keys are never remembered: a wrong key always reads the tables.
+
+The same connection also hears every prune pass that deleted idempotency records
+(``PRUNED_CHANNEL``), and what it has heard (``heard``) is what the gateway's answer
+cache (``_answer_cache``) forgets its answers by: a principal's change or a prune forgets
+them all, and nothing is answered from memory while nothing is heard.
 """
 
 import asyncio
@@ -32,11 +37,16 @@ import psycopg
 from psycopg.rows import TupleRow
 
 from onceflow.gateway._principals import Principal
+from onceflow.idempotency import PRUNED_RECORDS_CHANNEL
 
 log = logging.getLogger("onceflow.gateway")
 
 CHANNEL = "onceflow_principals"
 """The notification channel the principals' and API keys' triggers notify."""
+PRUNED_CHANNEL = PRUNED_RECORDS_CHANNEL
+"""The channel a prune pass notifies once it deleted records (``IdempotencyStore.prune``):
+remembered answers of pruned records must go. Forgetting the principals with them costs
+one read per API key after an (hourly) prune."""
 REMEMBERED_FOR = 30.0
 """Seconds a remembered principal is trusted without a notification (the bound when the
 channel fails silently)."""
@@ -90,6 +100,12 @@ class PrincipalCache:
             return None
         return remembered.principal
 
+    def heard(self) -> int | None:
+        """The generation of everything heard so far, once what the server has sent is
+        read; None while nothing is heard (then nothing may be answered from memory)."""
+        self._read_notifications()
+        return self._generation if self._hearing else None
+
     def remember(self, key_hash: str, principal: Principal, *, read_in: int) -> None:
         """Remember what a read begun in generation ``read_in`` found, unless something
         changed meanwhile (or nothing is heard now)."""
@@ -133,6 +149,7 @@ class PrincipalCache:
         )
         try:
             await connection.execute(f"LISTEN {CHANNEL}")
+            await connection.execute(f"LISTEN {PRUNED_CHANNEL}")
         except BaseException:
             await connection.close()
             raise

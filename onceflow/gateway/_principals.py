@@ -97,6 +97,12 @@ class PrincipalStore:
         self._pool = pool
         self._cache = cache
 
+    def heard(self) -> int | None:
+        """What the cache has heard of changes so far (``PrincipalCache.heard``): what a
+        gateway's remembered answers are forgotten by; None without a cache, or while it
+        hears nothing."""
+        return self._cache.heard() if self._cache is not None else None
+
     async def create(
         self,
         *,

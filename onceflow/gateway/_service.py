@@ -15,6 +15,7 @@ from typing import Any
 
 from temporalio.service import RPCError, RPCStatusCode
 
+from onceflow.gateway._answer_cache import AnswerCache
 from onceflow.gateway._backend import answers_within, backend_errors
 from onceflow.gateway._call_requests import CallRequests
 from onceflow.gateway._claims import Claims
@@ -66,7 +67,11 @@ class BoundaryService:
         self._tasks = tasks
         self._settings = settings
         self._catalogue = catalogue
-        claims = Claims(records, settings)
+        # Forgotten with whatever the principal cache hears (a principal's change, a
+        # prune pass); a service without that cache remembers no answer.
+        claims = Claims(
+            records, settings, AnswerCache(settings.answer_cache_size, heard=principals.heard)
+        )
         self._directory = TaskDirectory(tasks)
         self._task_starts = TaskStarts(
             claims=claims,

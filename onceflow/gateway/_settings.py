@@ -38,6 +38,12 @@ class GatewaySettings(FileBackedSettings):
     """How often the prune schedule deletes expired terminal records. Default 3600."""
     db_pool_max_size: int = Field(default=20, ge=1, le=200)
     """Most database connections one gateway process holds. Default 20."""
+    answer_cache_size: int = Field(default=10_000, ge=0, le=1_000_000)
+    """Most final answers of idempotency records one gateway process keeps in memory, so
+    a storm of repeats of a finished request is answered without a database read per
+    request (the least recently answered go first; each goes with its record's retention,
+    a prune pass or any principal's change, and none is kept while the gateway cannot hear
+    those). 0 keeps none: every repeat reads its record. Default 10000."""
     readiness_timeout_seconds: float = Field(default=2.0, gt=0, le=60)
     """How long ``GET /readyz`` waits for PostgreSQL and for Temporal (both at once)
     before it reports the one that has not answered as down; a probe's own timeout

@@ -47,6 +47,7 @@ from onceflow.idempotency._outcome import (
     task_view,
 )
 from onceflow.idempotency._store import (
+    PRUNED_RECORDS_CHANNEL,
     AlreadyClaimed,
     Claimed,
     IdempotencyRecord,
@@ -59,6 +60,7 @@ from onceflow.idempotency._store import (
 from onceflow.workflows.task_models import OutcomeWriter
 
 __all__ = [
+    "PRUNED_RECORDS_CHANNEL",
     "REQUEST_HASH_MEMO",
     "STARTED_BY_CLAIM_MEMO",
     "TERMINAL_STATUS_CODE",

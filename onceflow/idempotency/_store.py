@@ -9,7 +9,8 @@ State machine of one record, keyed by ``(scope, idempotency_key)``::
                           └── release (only when nothing was started: a retry after pruning
                               whose key now names a different request)
 
-    succeeded | failed ──result_expires_at passed──▶ pruned (a later retry is a new operation)
+    succeeded | failed ──result_expires_at passed──▶ pruned (a later retry is a new operation;
+                                                       gateways hear of it: PRUNED_RECORDS_CHANNEL)
 
 A plan task's starter marks it started only once it ran for ``MARK_STARTED_AFTER``; one
 that ends sooner goes from processing[lease] to its outcome in one write, which marks it
@@ -285,12 +286,23 @@ WHERE state = 'processing'
   AND coalesce(workflow_started_at, lease_expires_at) <= statement_timestamp() - %(older_than)s
 """
 
-_PRUNE_RECORDS = """
-DELETE FROM idempotency_records WHERE ctid IN (
-    SELECT ctid FROM idempotency_records
-    WHERE state <> 'processing' AND result_expires_at <= statement_timestamp()
-    LIMIT %(batch)s
-)
+PRUNED_RECORDS_CHANNEL = "onceflow_records_pruned"
+"""What a prune pass that deleted records notifies, as it commits: a gateway forgets the
+answers it remembers (``onceflow.gateway``'s answer cache), so none outlives its record."""
+
+# The notification is sent with the deletion, in its transaction: delivered exactly when
+# the records are gone.
+_PRUNE_RECORDS = f"""
+WITH pruned AS (
+    DELETE FROM idempotency_records WHERE ctid IN (
+        SELECT ctid FROM idempotency_records
+        WHERE state <> 'processing' AND result_expires_at <= statement_timestamp()
+        LIMIT %(batch)s
+    )
+    RETURNING 1
+), counted AS (SELECT count(*) AS deleted FROM pruned)
+SELECT deleted, CASE WHEN deleted > 0 THEN pg_notify('{PRUNED_RECORDS_CHANNEL}', '') END
+FROM counted
 """
 
 # Old windows of both quota tables (principal_key_usage is where gateways older than
@@ -533,9 +545,10 @@ class IdempotencyStore:
         deleted = 0
         while True:
             async with self._pool.connection() as conn, autocommit(conn):
-                cursor = await conn.execute(_PRUNE_RECORDS, {"batch": batch})
-                deleted += cursor.rowcount
-            if cursor.rowcount < batch:
+                row = await (await conn.execute(_PRUNE_RECORDS, {"batch": batch})).fetchone()
+            pruned = int(row[0]) if row is not None else 0
+            deleted += pruned
+            if pruned < batch:
                 break
         async with self._pool.connection() as conn, autocommit(conn):
             usage = await (await conn.execute(_PRUNE_USAGE)).fetchone()
