@@ -326,11 +326,17 @@ class CallRequests:
             "onceflow.workflow_id": task_id[:1000],
         }
         with boundary_span("tasks.close", attributes):
-            status = await self._directory.task_status(principal, task_id)
-            if not status.open:
+            # A task this process knows needs no status query (Temporal Cloud bills each):
+            # the close itself answers with the status, or times out as the query would.
+            if not self._directory.knows(task_id):
+                status = await self._directory.task_status(principal, task_id)
+                self._directory.remember_task(task_id, tenant=status.tenant, is_open=status.open)
+            try:
+                self._directory.check_open_task(principal, task_id)
+            except TaskNotOpen:
                 raise TaskNotOpen(
                     "this task is a plan: it ends with its last step", task_id=task_id
-                )
+                ) from None
             async with backend_errors():
                 try:
                     return await asyncio.wait_for(self._tasks.close(task_id), STATUS_QUERY_TIMEOUT)

@@ -166,7 +166,8 @@ class TaskClient:
         arguments of its ``start_workflow``: for a starter that must send the start itself
         (a Nexus operation's, which attaches the operation's completion callback)."""
         task = self._pinned(task)
-        if task.open is None:
+        if task.carried is None:
+            # Its first workflow task upserts none of what the start sets (free).
             task = task.model_copy(update={"started_with_attributes": True})
         return task, self._start_options(task, workflow_id, memo)
 
@@ -240,9 +241,8 @@ class TaskClient:
             if start is None:
                 handle = self._client.get_workflow_handle_for(AgentTaskWorkflow.run, workflow_id)
                 return await handle.execute_update(AgentTaskWorkflow.call, request)
-            operation = WithStartWorkflowOperation(
-                AgentTaskWorkflow.run, start, **self._start_options(start, workflow_id, memo)
-            )
+            start, options = self.start_request(start, workflow_id=workflow_id, memo=memo)
+            operation = WithStartWorkflowOperation(AgentTaskWorkflow.run, start, **options)
             return await self._client.execute_update_with_start_workflow(
                 AgentTaskWorkflow.call, request, start_workflow_operation=operation
             )
@@ -568,14 +568,15 @@ def _refusal(failed: WorkflowUpdateFailedError) -> str:
 
 def _start_attributes(task: AgentTaskInput) -> list[SearchAttributePair[Any]]:
     """Known before any worker runs the task: whose it is and its kind, for the gateway's
-    answers and the listings while no worker serves the queue; a plan's tools and state
-    too when it says so, saving its first workflow task an upsert."""
+    answers and the listings while no worker serves the queue; its state (and a plan's
+    tools) too when it says so, saving its first workflow task an upsert."""
     pairs: list[SearchAttributePair[Any]] = [
         SearchAttributePair(TASK_TENANT, task.tenant),
         SearchAttributePair(TASK_KIND, "open" if task.open is not None else "plan"),
     ]
     if task.started_with_attributes:
-        pairs.append(SearchAttributePair(TASK_TOOLS, task.plan_tools()))
+        if task.open is None:
+            pairs.append(SearchAttributePair(TASK_TOOLS, task.plan_tools()))
         pairs.append(SearchAttributePair(TASK_STATE, TaskState.RUNNING.value))
     return pairs
 

@@ -15,11 +15,12 @@ with workflow.unsafe.imports_passed_through():
     from onceflow.errors import describe_validation
     from onceflow.tools.worker import Catalogue, ToolPolicy, UnknownTool
     from onceflow.tools.worker import arguments_digest as digest_arguments
-    from onceflow.workflows.patches import POLICIES_CARRIED
+    from onceflow.workflows.patches import OPEN_TASK_FEWER_ACTIONS, POLICIES_CARRIED
     from onceflow.workflows.task_models import (
         AgentTaskInput,
         CallAnswer,
         CallInput,
+        OpenTaskOptions,
         OutcomeWriter,
         StepInput,
         StepState,
@@ -69,21 +70,19 @@ class OpenTaskCalls:
         options = task.open
         assert options is not None
         self._book.take_release_of_start()
+        # Since 0.4.0: no upsert where the start set the attributes, one timer per idle
+        # period. Asked once, at the run's first workflow task (a marker, no action).
+        fewer_actions = not self._run.started_on_0_1_0 and workflow.patched(OPEN_TASK_FEWER_ACTIONS)
         self._run.state = self._open_state()
-        self._run.published_tools = sorted({call.tool for call in self._memory.calls.values()})
-        workflow.upsert_search_attributes(
-            [
-                TASK_TENANT.value_set(task.tenant),
-                TASK_KIND.value_set("open"),
-                TASK_STATE.value_set(self._run.state.value),
-                *(
-                    [TASK_TOOLS.value_set(self._run.published_tools)]
-                    if self._run.published_tools
-                    else []
-                ),
-            ]
-        )
+        if fewer_actions and task.started_with_attributes and task.carried is None:
+            # Tenant, kind and state came with the start (free); tools are published
+            # with the first change of state (``publish_state``).
+            self._run.published_tools = []
+        else:
+            self._publish_all(task)
         lifetime_ends = self._memory.started_at + options.max_lifetime
+        end_timer: asyncio.Task[None] | None = None
+        armed_for = lifetime_ends
         while True:
             if self._run.call_crash is not None:
                 # Visible in the UI and retried by Temporal (on a worker with the tool, or
@@ -96,6 +95,8 @@ class OpenTaskCalls:
             if self._run.started_on_0_1_0:
                 self._close_by_the_clock_as_0_1_0(lifetime_ends, bool(unfinished))
             if self._run.closing is not None and not unfinished:
+                if end_timer is not None:
+                    end_timer.cancel()  # the task ends: its end's timer goes
                 break
             if self._run.closing is None and not unfinished and self._should_continue_as_new():
                 await workflow.wait_condition(workflow.all_handlers_finished)
@@ -111,6 +112,22 @@ class OpenTaskCalls:
                 await workflow.wait_condition(lambda: self._run.changed)
                 continue
             idle_ends = self._memory.last_call_at + options.idle_timeout
+            if fewer_actions:
+                # One timer runs through calls, armed for the end known when it was armed;
+                # a call moves the idle end later without a new timer: when it fires, the
+                # task ends if nothing moved its end, else it is armed for the rest.
+                ends = min(lifetime_ends, idle_ends)
+                if end_timer is None:
+                    end_timer, armed_for = self._end_timer(ends), ends
+                timer = end_timer
+                await workflow.wait_condition(
+                    lambda fired=timer: self._run.changed or fired.done()  # type: ignore[misc]
+                )
+                if timer.done() and not self._run.changed and not self._unfinished_calls():
+                    end_timer = None
+                    if ends <= armed_for:
+                        self._run.closing = self._end_reason(options, lifetime_ends, idle_ends)
+                continue
             try:
                 await workflow.wait_condition(
                     lambda: self._run.changed,
@@ -121,11 +138,7 @@ class OpenTaskCalls:
                 if self._run.started_on_0_1_0:
                     continue  # the clock decides, at the top of the loop
                 if not self._run.changed and not self._unfinished_calls():
-                    self._run.closing = (
-                        f"its maximum lifetime ({options.max_lifetime}) ended"
-                        if lifetime_ends <= idle_ends
-                        else f"idle for {options.idle_timeout}"
-                    )
+                    self._run.closing = self._end_reason(options, lifetime_ends, idle_ends)
         if task.outcome_writer is not OutcomeWriter.NONE:
             await self._book.end_durably()
         self._book.publish_state(TaskState.CLOSED)
@@ -134,6 +147,40 @@ class OpenTaskCalls:
             await self._book.record_outcome()
         await workflow.wait_condition(workflow.all_handlers_finished)
         return self._book.status()
+
+    def _publish_all(self, task: AgentTaskInput) -> None:
+        """The run's first upsert: whose task it is, its kind, state and tools."""
+        self._run.published_tools = sorted({call.tool for call in self._memory.calls.values()})
+        workflow.upsert_search_attributes(
+            [
+                TASK_TENANT.value_set(task.tenant),
+                TASK_KIND.value_set("open"),
+                TASK_STATE.value_set(self._run.state.value),
+                *(
+                    [TASK_TOOLS.value_set(self._run.published_tools)]
+                    if self._run.published_tools
+                    else []
+                ),
+            ]
+        )
+
+    @staticmethod
+    def _end_timer(ends: datetime) -> "asyncio.Task[None]":
+        """The timer of the task's idle or lifetime end (a deadline passed fires at once)."""
+        return asyncio.create_task(
+            workflow.sleep(
+                max(ends - workflow.now(), MIN_TIMER),
+                summary=ClearText("idle timeout or maximum lifetime"),
+            )
+        )
+
+    @staticmethod
+    def _end_reason(options: OpenTaskOptions, lifetime_ends: datetime, idle_ends: datetime) -> str:
+        return (
+            f"its maximum lifetime ({options.max_lifetime}) ended"
+            if lifetime_ends <= idle_ends
+            else f"idle for {options.idle_timeout}"
+        )
 
     async def take(self, request: CallInput) -> CallAnswer:
         """The Update ``call``, validated by ``call_problem``: the call's answer once it

@@ -53,6 +53,7 @@ DATABASE_WAITS = "database-outage-attempts-are-free"
 UNVERIFIED_RECORDED = "unverified-happened-recorded"
 UNREGISTERED_ACTIVITY_IS_TRANSIENT = "unregistered-activity-is-transient"
 POLICIES_CARRIED = "policies-carried-no-pin"
+OPEN_TASK_FEWER_ACTIONS = "open-task-fewer-actions"
 
 _RETIRE_0_1_0 = (
     "remove once no task started on 0.1.0 is open (docs/production.md, the count query "
@@ -171,6 +172,22 @@ PATCHES: tuple[Patch, ...] = (
             "pins a new call's tool live, so workers keep registering pin_task_policy; "
             "remove once none started before the release that deprecated it is open, "
             "with PolicyPinning, PIN_TASK_POLICY, PinPolicyInput and TaskPolicy"
+        ),
+    ),
+    Patch(
+        id=OPEN_TASK_FEWER_ACTIONS,
+        change=(
+            "An open task started with its tenant, kind and state as start attributes "
+            "(TaskClient, since 0.4.0) upserts none at its first workflow task, and one "
+            "timer runs through its calls for its idle or lifetime end, re-armed only when "
+            "it fires early, instead of a new timer after every call (Temporal Cloud bills "
+            "each upsert and each timer)."
+        ),
+        since="0.4.0",
+        stage="patched",
+        retire_when=(
+            "deprecate once no open task started before the release that brought it is "
+            "open; remove once none started before the release that deprecated it is open"
         ),
     ),
 )

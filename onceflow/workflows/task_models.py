@@ -203,8 +203,9 @@ class AgentTaskInput(BaseModel):
     gateway; the rules: ``onceflow.idempotency``). Default ``none``: no record names the
     task. In history as the two flags it replaced (``_outcome_writer_as_flags``)."""
     started_with_attributes: bool = False
-    """The starter set the plan's search attributes (tools, state) with the start
-    (``TaskClient``), so the first workflow task upserts none."""
+    """The starter set the task's search attributes (state, and a plan's tools) with the
+    start (``TaskClient``), so the first workflow task upserts none (an open task's since
+    0.4.0, patch ``OPEN_TASK_FEWER_ACTIONS``)."""
 
     open: OpenTaskOptions | None = None
     """Set for an open task: no steps up front, one Update ``call`` per tool call."""

@@ -227,6 +227,35 @@ async def test_parallel_calls_run_side_by_side_and_an_idle_task_closes(
     assert all(script.attempts(f"p{n}") == 1 for n in range(4))
 
 
+async def test_calls_one_after_another_cost_no_timer_or_upsert_of_their_own(
+    worker: Worker, tasks: TaskClient, script: Script
+) -> None:
+    """What Temporal Cloud bills beyond the calls themselves: the start sets the task's
+    attributes (free), one timer waits for its idle end through every call, and a call
+    adds no timer; the task still closes when idle, by that timer re-armed once."""
+    workflow_id = await started(tasks, idle_timeout=timedelta(seconds=2))
+    for n in range(4):
+        answer = await tasks.call(workflow_id, call(f"c{n}", script.plan(f"q{n}", S)))
+        assert answer.call.state is StepState.SUCCEEDED
+    result = await asyncio.wait_for(tasks.result(workflow_id), timeout=30)
+    assert result.state is TaskState.CLOSED and result.closing == "idle for 0:00:02"
+
+    history = await worker.client.get_workflow_handle(workflow_id).fetch_history()
+    timers = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED]
+    upserted = [
+        set(e.upsert_workflow_search_attributes_event_attributes.search_attributes.indexed_fields)
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES
+    ]
+    # Four calls in well under the idle timeout: the first timer fires early at most once
+    # (its end moved) and is armed again for the rest; before 0.4.0, one per call.
+    assert 1 <= len(timers) <= 2, len(timers)
+    # No upsert of what the start set; the tools once, the end's state once. The SDK's
+    # own TemporalChangeVersion (the patch marker's) is not billed.
+    billed = [fields - {"TemporalChangeVersion"} for fields in upserted]
+    assert [fields for fields in billed if fields] == [{"OnceflowTools"}, {"OnceflowState"}]
+
+
 async def test_a_long_task_continues_as_new_without_losing_a_call_or_its_guard(
     dev_server: WorkflowEnvironment, worker: Worker, tasks: TaskClient, script: Script
 ) -> None:
