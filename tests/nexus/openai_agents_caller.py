@@ -57,9 +57,10 @@ class OpenAIPaymentsAgent:
 
 
 class ScriptedModel(Model):
-    """Charge (the prompt is the charge's arguments), charge the same again, report: the
-    integration's ``TestModel``, reading the conversation instead of a fixed list (one
-    model for every run the worker serves)."""
+    """Charge (the prompt is the charge's arguments), charge the same again, report. Built
+    like the integration's ``TestModel`` (its ``ResponseBuilders``, served by its
+    ``TestModelProvider``) but reading the conversation instead of popping a fixed list,
+    so one model serves every run of the worker."""
 
     async def get_response(
         self, system_instructions: Any, input: Any, *args: Any, **kwargs: Any
