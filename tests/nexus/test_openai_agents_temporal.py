@@ -15,6 +15,8 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
+from onceflow_client._nexus_told import told_about_step
+from onceflow_client.openai_agents_temporal import _output
 from onceflow_devstack.stripe_provider import Fault, ProviderControl
 from psycopg_pool import AsyncConnectionPool
 from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
@@ -198,3 +200,27 @@ async def test_a_parked_call_holds_the_openai_agent_until_it_is_reconciled(
     assert told["payment_intent"] == intent and told["reconciled"] is True
     assert repeat.startswith(ALREADY_DONE) and intent in repeat
     assert await charges(control) == [intent]
+
+
+@pytest.mark.parametrize(
+    ("step", "reads"),
+    [
+        ({"state": "succeeded", "resource_id": "pi_1"}, '{"resource_id": "pi_1"}'),
+        (
+            {
+                "state": "failed",
+                "failure_reason": "card_declined",
+                "attempts": [{"outcome": "rejected"}],
+            },
+            "error: rejected, nothing was done: card_declined. You may correct the arguments",
+        ),
+        ({"state": "denied", "failure_reason": "no"}, "error: denied by a person: no. Do not"),
+        ({"state": "abandoned"}, "error: abandoned by an operator: abandoned. Whether"),
+        (
+            {"state": "failed", "failure_reason": "boom", "attempts": [{"outcome": "unknown"}]},
+            "error: failed: boom. onceflow has retried it",
+        ),
+    ],
+)
+def test_what_the_openai_model_reads_per_outcome(step: dict[str, Any], reads: str) -> None:
+    assert _output(told_about_step(step)).startswith(reads)
