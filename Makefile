@@ -6,6 +6,11 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed-from-pyproject
 PYPROJECTS := pyproject.toml client/pyproject.toml devstack/pyproject.toml
+# The OpenAI Agents SDK's Temporal integration pins openai-agents 0.22, the main virtualenv
+# holds 0.24: its caller (tests/nexus/openai_agents_caller.py) runs in a virtualenv of its own
+# holding only the client with that extra, made with the main one's uv (seconds, from cache).
+CALLER_VENV := .venv-openai-agents-temporal
+CALLER_STAMP := $(CALLER_VENV)/.installed-from-pyproject
 
 .PHONY: demo demo-agent test lint dev docs bench
 
@@ -20,6 +25,12 @@ $(STAMP): $(PYPROJECTS) Makefile
 		--upgrade-package pip pip -e './client[pydantic-ai,openai-agents]' -e '.[test]' -e ./devstack
 	touch $(STAMP)
 
+$(CALLER_STAMP): client/pyproject.toml Makefile | $(STAMP)
+	test -x $(CALLER_VENV)/bin/python || $(VENV)/bin/uv venv --quiet --python $(VENV)/bin/python $(CALLER_VENV)
+	$(VENV)/bin/uv pip install --python $(CALLER_VENV)/bin/python --quiet --compile-bytecode \
+		-e './client[openai-agents-temporal]'
+	touch $(CALLER_STAMP)
+
 demo: $(STAMP)
 	$(VENV)/bin/onceflow demo
 
@@ -29,7 +40,7 @@ demo-agent: $(STAMP)
 	$(VENV)/bin/python -m pip install --quiet --no-deps --no-build-isolation ./examples/support_agent
 	$(VENV)/bin/onceflow demo --agent
 
-test: $(STAMP)
+test: $(STAMP) $(CALLER_STAMP)
 	$(VENV)/bin/python -m pytest -n 3 --dist loadfile
 
 # What the benchmarks need beyond the tests' set (the plots' matplotlib); then run any of

@@ -32,9 +32,6 @@ What the model is told about each call::
     failed, abandoned, not allowed    ToolFailed: told plainly, not invited to retry
 """
 
-import hashlib
-import json
-import re
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
@@ -47,23 +44,26 @@ from pydantic_core import SchemaValidator, core_schema
 from temporalio import workflow
 from temporalio.exceptions import NexusOperationError
 
-from onceflow_client._pydantic_ai_told import ALREADY_DONE
+from onceflow_client._nexus_told import (
+    ALREADY_DONE,
+    DEFAULT_ENDPOINT,
+    OPERATION,
+    SERVICE,
+    Telling,
+    Told,
+    operation_input,
+    told_about_refusal,
+    told_about_status,
+    told_about_step,
+)
 
 __all__ = ["ALREADY_DONE", "DEFAULT_ENDPOINT", "OnceflowNexusToolset"]
 
-DEFAULT_ENDPOINT = "onceflow-tools"
-"""The endpoint ``onceflow dev`` creates."""
-SERVICE = "OnceflowTools"
-OPERATION = "call_tool"
-STEP_ID = "1"
-"""A call runs as a one-step task: its step."""
 METADATA_KEY = "onceflow"
 
-_CALL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
 _ANY_ARGUMENTS = SchemaValidator(core_schema.any_schema())
 """onceflow validates the arguments against the tool's input model and refuses a bad call
 before anything starts; a local copy of that check could only disagree."""
-_NO_EFFECT_OUTCOMES = frozenset({"rejected", "transient"})
 
 
 class OnceflowNexusToolset(AbstractToolset[AgentDepsT]):
@@ -139,67 +139,27 @@ class OnceflowNexusToolset(AbstractToolset[AgentDepsT]):
         try:
             status = await tools.execute_operation(
                 OPERATION,
-                {"call_id": call_id(ctx.tool_call_id), "tool": name, "arguments": tool_args},
+                operation_input(ctx.tool_call_id, name, tool_args),
                 output_type=dict,
                 schedule_to_close_timeout=self._timeout,
             )
         except NexusOperationError as error:
-            raise _refusal(error) from None
-        told = told_about(_step(status))
-        if isinstance(told, ModelRetry | ToolFailed):
-            raise told
-        return told
-
-
-def call_id(tool_call_id: str) -> str:
-    """The operation's ``call_id`` for a model's tool-call id: itself when it fits
-    onceflow's pattern, else a digest of it."""
-    if _CALL_ID.fullmatch(tool_call_id):
-        return tool_call_id
-    return "c." + hashlib.sha256(tool_call_id.encode()).hexdigest()[:48]
+            raise _raised(told_about_refusal(error)) from None
+        told = told_about_status(status)
+        if told.telling is not Telling.RESULT:
+            raise _raised(told)
+        return told.content
 
 
 def told_about(step: Mapping[str, Any]) -> Any:
     """What the model is told about a step that ended: its result, or a ``ModelRetry`` /
     ``ToolFailed`` (returned, for the caller to raise)."""
-    state = str(step.get("state"))
-    result = dict(step.get("result") or {})
-    if state == "succeeded":
-        if not result and step.get("resource_id"):
-            result = {"resource_id": step["resource_id"]}
-        if "repeat_of" in result:
-            return ALREADY_DONE + json.dumps(result, sort_keys=True, default=str)
-        return result
-    reason = step.get("failure_reason") or state
-    if state == "denied":
-        return ToolFailed(f"denied by a person: {reason}. Do not call it again for this.")
-    if state == "abandoned":
-        return ToolFailed(
-            f"abandoned by an operator: {reason}. Whether it took effect is for a person "
-            "to settle; do not call it again."
-        )
-    outcomes = [str(attempt.get("outcome")) for attempt in step.get("attempts") or []]
-    if outcomes and outcomes[-1] == "rejected" and set(outcomes) <= _NO_EFFECT_OUTCOMES:
-        return ModelRetry(f"rejected, nothing was done: {reason}")
-    return ToolFailed(
-        f"failed: {reason}. onceflow has retried it as far as its budget allows; calling "
-        "it again will not help."
-    )
+    told = told_about_step(step)
+    return told.content if told.telling is Telling.RESULT else _raised(told)
 
 
-def _step(status: Mapping[str, Any]) -> Mapping[str, Any]:
-    steps = status.get("steps") or []
-    step = next((step for step in steps if step.get("step_id") == STEP_ID), None)
-    if step is None:
-        raise ToolFailed(f"onceflow's task answered without its step: {status.get('state')}")
-    return dict(step)
-
-
-def _refusal(error: NexusOperationError) -> ModelRetry | ToolFailed:
-    """onceflow refused the call before anything started: the model may fix invalid
-    arguments; anything else (a tool not allowed, a call id reused) it cannot."""
-    cause = error.cause
-    message = str(getattr(cause, "message", None) or cause or error)
-    if "invalid request" in message or "arguments cannot be taken" in message:
-        return ModelRetry(f"invalid arguments, nothing was done: {message}")
-    return ToolFailed(f"refused, nothing was done: {message}")
+def _raised(told: Told) -> ModelRetry | ToolFailed:
+    """PydanticAI's own exception for a call the model is told not to take as a result."""
+    if told.telling is Telling.RETRY:
+        return ModelRetry(told.content)
+    return ToolFailed(told.content)
