@@ -6,10 +6,11 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed-from-pyproject
 PYPROJECTS := pyproject.toml client/pyproject.toml devstack/pyproject.toml
-# The OpenAI Agents SDK's Temporal integration pins openai-agents 0.22, the main virtualenv
-# holds 0.24: its caller (tests/nexus/openai_agents_caller.py) runs in a virtualenv of its own
-# holding only the client with that extra, made with the main one's uv (seconds, from cache).
-CALLER_VENV := .venv-openai-agents-temporal
+# The agent frameworks' Temporal callers (tests/nexus/*_caller.py) run as their users run
+# them: in a virtualenv holding only the client with both frameworks' Temporal extras, made
+# with the main one's uv (seconds, from cache). The OpenAI Agents SDK's integration also pins
+# openai-agents 0.22, where the main virtualenv holds 0.24.
+CALLER_VENV := .venv-temporal-agents
 CALLER_STAMP := $(CALLER_VENV)/.installed-from-pyproject
 
 .PHONY: demo demo-agent test lint dev docs bench
@@ -28,7 +29,7 @@ $(STAMP): $(PYPROJECTS) Makefile
 $(CALLER_STAMP): client/pyproject.toml Makefile | $(STAMP)
 	test -x $(CALLER_VENV)/bin/python || $(VENV)/bin/uv venv --quiet --python $(VENV)/bin/python $(CALLER_VENV)
 	$(VENV)/bin/uv pip install --python $(CALLER_VENV)/bin/python --quiet --compile-bytecode \
-		-e './client[openai-agents-temporal]'
+		-e './client[openai-agents-temporal,pydantic-ai-temporal]'
 	touch $(CALLER_STAMP)
 
 demo: $(STAMP)

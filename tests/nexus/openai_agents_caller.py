@@ -3,48 +3,30 @@ tools onceflow's through ``onceflow_nexus_tools``; a scripted model plays the LL
 charges, charges the same again under a new tool-call id (a model's repeat), then reports
 what it was told.
 
-It runs in the virtualenv of its own the Makefile makes (``.venv-openai-agents-temporal``:
-the client with its ``openai-agents-temporal`` extra, nothing of the server):
-``python -m tests.nexus.openai_agents_caller TASK_QUEUE`` (``TEMPORAL_ADDRESS`` in the
-environment) prints ``CALLER_READY`` once its worker polls. On SIGTERM it stops the worker,
-replays every history of its queue with its own plugin, prints ``REPLAYED`` and how many,
-and exits 1 if one diverged.
+The caller's process (``caller_process.py``: the client-only virtualenv,
+``python -P -m openai_agents_caller TASK_QUEUE``): its worker with ``OpenAIAgentsPlugin``
+and the scripted model, and the same plugin replaying its histories when it stops.
 """
 
 import asyncio
 import json
-import os
-import signal
 import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
 from temporalio import workflow
-from temporalio.client import Client
-from temporalio.worker import Replayer, Worker
 
 with workflow.unsafe.imports_passed_through():
     from agents import Agent, Model, ModelResponse, Runner
+    from caller_process import CATALOGUE, OPENAI_AGENTS_ENDPOINT, serve_then_replay
     from onceflow_client.openai_agents_temporal import onceflow_nexus_tools
     from temporalio.contrib.openai_agents import OpenAIAgentsPlugin
     from temporalio.contrib.openai_agents.testing import ResponseBuilders, TestModelProvider
 
-CALLER_READY = "openai agents caller ready"
-REPLAYED = "replayed caller histories:"
-ENDPOINT = "onceflow-tools-openai-agents"
-"""The endpoint the agent's tools call (the test points it at its onceflow worker)."""
-CATALOGUE = [
-    {
-        "name": "charge_payment",
-        "description": "Charge a customer's saved payment method once per order.",
-        "input_schema": {"type": "object"},
-    }
-]
-
 agent: Agent[None] = Agent(
     name="payments_agent",
     instructions="Charge the order, then report what you were told.",
-    tools=list(onceflow_nexus_tools(CATALOGUE, endpoint=ENDPOINT)),
+    tools=list(onceflow_nexus_tools(CATALOGUE, endpoint=OPENAI_AGENTS_ENDPOINT)),
 )
 
 
@@ -83,25 +65,14 @@ def plugin() -> OpenAIAgentsPlugin:
     return OpenAIAgentsPlugin(model_provider=TestModelProvider(ScriptedModel()))
 
 
-async def main(task_queue: str) -> int:
-    client = await Client.connect(os.environ["TEMPORAL_ADDRESS"], plugins=[plugin()])
-    stopping = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stopping.set)
-    async with Worker(client, task_queue=task_queue, workflows=[OpenAIPaymentsAgent]):
-        print(CALLER_READY, flush=True)
-        await stopping.wait()
-    histories = client.list_workflows(f"TaskQueue = '{task_queue}'").map_histories()
-    replayer = Replayer(workflows=[OpenAIPaymentsAgent], plugins=[plugin()])
-    replayed, diverged = 0, 0
-    async with replayer.workflow_replay_iterator(histories) as replays:
-        async for result in replays:
-            replayed += 1
-            if result.replay_failure is not None:
-                diverged += 1
-                print(f"diverged: {result.replay_failure!r}", flush=True)
-    print(REPLAYED, replayed, flush=True)
-    return 1 if diverged else 0
-
-
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main(sys.argv[1])))
+    sys.exit(
+        asyncio.run(
+            serve_then_replay(
+                sys.argv[1],
+                [OpenAIPaymentsAgent],
+                client_plugins=[plugin()],
+                replayer_plugins=[plugin()],
+            )
+        )
+    )

@@ -1,13 +1,21 @@
 """A PydanticAI agent running durably in a Temporal workflow (``TemporalDurability``),
 its tools onceflow's through ``OnceflowNexusToolset``; a scripted ``FunctionModel``
 plays the LLM: it charges, charges the same again under a new tool-call id (a model's
-repeat), then reports what it was told."""
+repeat), then reports what it was told.
 
+The caller's process (``caller_process.py``: the client-only virtualenv,
+``python -P -m pydantic_ai_caller TASK_QUEUE``): its worker with ``PydanticAIPlugin`` on
+the client and ``AgentPlugin(agent)`` on the worker, as PydanticAI's docs build it, and
+the same plugins replaying its histories when it stops.
+"""
+
+import asyncio
 import json
+import sys
 from typing import Any
 
 from pydantic_ai import Agent
-from pydantic_ai.durable_exec.temporal import TemporalDurability
+from pydantic_ai.durable_exec.temporal import AgentPlugin, PydanticAIPlugin, TemporalDurability
 from pydantic_ai.messages import (
     ModelMessage,
     ModelRequest,
@@ -21,17 +29,8 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
+    from caller_process import CATALOGUE, PYDANTIC_AI_ENDPOINT, serve_then_replay
     from onceflow_client.pydantic_ai_temporal import OnceflowNexusToolset
-
-ENDPOINT = "onceflow-tools-pydantic-ai"
-"""The endpoint the agent's toolset calls (the test points it at its onceflow worker)."""
-CATALOGUE = [
-    {
-        "name": "charge_payment",
-        "description": "Charge a customer's saved payment method once per order.",
-        "input_schema": {"type": "object"},
-    }
-]
 
 
 def script(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
@@ -62,7 +61,7 @@ def script(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
 agent = Agent(
     FunctionModel(script),
     name="payments_agent",
-    toolsets=[OnceflowNexusToolset(CATALOGUE, endpoint=ENDPOINT)],
+    toolsets=[OnceflowNexusToolset(CATALOGUE, endpoint=PYDANTIC_AI_ENDPOINT)],
     capabilities=[TemporalDurability()],
 )
 
@@ -75,3 +74,17 @@ class PaymentsAgentWorkflow:
     async def run(self, prompt: str) -> str:
         result = await agent.run(prompt)
         return result.output
+
+
+if __name__ == "__main__":
+    sys.exit(
+        asyncio.run(
+            serve_then_replay(
+                sys.argv[1],
+                [PaymentsAgentWorkflow],
+                client_plugins=[PydanticAIPlugin()],
+                worker_plugins=[AgentPlugin(agent)],
+                replayer_plugins=[PydanticAIPlugin(), AgentPlugin(agent)],
+            )
+        )
+    )

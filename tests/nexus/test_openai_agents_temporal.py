@@ -2,11 +2,10 @@
 (``onceflow_client.openai_agents_temporal``): one charge at the provider, the model's repeat
 answered "already done", a parked call holding the agent until it is reconciled.
 
-The integration pins an openai-agents this virtualenv cannot hold, so the caller (its
-workflow, its worker with ``OpenAIAgentsPlugin`` and a scripted model:
-``openai_agents_caller.py``) runs in the Makefile's virtualenv of its own, in a process that
-replays its histories with its own plugin when it stops; onceflow's are replayed by the
-session's."""
+The caller (its workflow, its worker with ``OpenAIAgentsPlugin`` and a scripted model:
+``openai_agents_caller.py``) runs in the Makefile's client-only virtualenv (the integration
+also pins an openai-agents this one cannot hold), in a process that replays its histories
+with its own plugin when it stops; onceflow's are replayed by the session's."""
 
 import json
 import subprocess
@@ -31,18 +30,15 @@ from onceflow.task_api import TaskClient
 from onceflow.tools.worker import derive_task_workflow_id
 from onceflow.worker import build_worker
 from onceflow.workflows.task_models import ReconcileDecision, ReconcileInput
-from tests.conftest import repo_root
-from tests.harness import eventually, spawn, stop, wait_for_line
+from tests.harness import eventually
 from tests.payments.conftest import PAYMENT_TOOLS, TENANT, VISA_CHARGE
+
+from .caller_process import OPENAI_AGENTS_ENDPOINT as ENDPOINT
+from .caller_process import OPENAI_AGENTS_WORKFLOW as WORKFLOW
+from .caller_venv import caller_running
 
 pytestmark = [pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")]
 
-CALLER_PYTHON = repo_root() / ".venv-openai-agents-temporal" / "bin" / "python"
-# The caller's own names (openai_agents_caller.py, not importable here).
-CALLER_READY = "openai agents caller ready"
-REPLAYED = "replayed caller histories:"
-ENDPOINT = "onceflow-tools-openai-agents"
-WORKFLOW = "OpenAIPaymentsAgent"
 ALREADY_DONE = "already done: "
 
 ONCEFLOW_QUEUE = f"test-openai-agents-{uuid.uuid4().hex[:8]}"
@@ -80,29 +76,15 @@ async def onceflow_worker(
 
 @pytest.fixture(scope="module")
 def caller(dev_server: WorkflowEnvironment) -> Iterator[subprocess.Popen[str]]:
-    """The caller application's worker, in its own virtualenv; when the module's tests are
-    done it replays every history it ran, and none may diverge."""
-    if not CALLER_PYTHON.exists():
-        pytest.fail(
-            f"{CALLER_PYTHON} is missing: `make test` creates it (the OpenAI Agents SDK's "
-            "Temporal integration needs an openai-agents of its own)"
-        )
-    process = spawn(
-        [str(CALLER_PYTHON), "-m", "tests.nexus.openai_agents_caller", CALLER_QUEUE],
-        # Only the caller's virtualenv: nothing of the server's on its path.
-        env={
-            "TEMPORAL_ADDRESS": dev_server.client.service_client.config.target_host,
-            "PYTHONPATH": "",
-        },
-    )
-    try:
-        wait_for_line(process, CALLER_READY)
-    except BaseException:
-        print(stop(process))
-        raise
-    yield process
-    output = stop(process)
-    assert process.returncode == 0 and f"{REPLAYED} {started}" in output, output
+    """The caller application's worker, in the client-only virtualenv; when the module's
+    tests are done it replays every history it ran, and none may diverge."""
+    with caller_running(
+        "openai_agents_caller",
+        CALLER_QUEUE,
+        dev_server.client.service_client.config.target_host,
+        lambda: started,
+    ) as process:
+        yield process
 
 
 started = 0
