@@ -9,6 +9,11 @@ this folder on ``PYTHONPATH``, so it imports temporalio, its framework, the clie
 module: nothing of the server's or of the tests'. It prints ``READY`` once its worker polls;
 on SIGTERM it stops the worker, prints ``REPLAYED`` and how many histories it replayed, and
 exits 1 if one diverged.
+
+With ``TRACED`` set in its environment, its client and worker carry Temporal's
+``TracingInterceptor`` (the one integration onceflow uses too), creating the workflow's
+spans even without a parent, and it prints ``SPAN``, the name and the trace id of each span
+as it ends: the test follows the trace from there into onceflow's exported spans.
 """
 
 import asyncio
@@ -18,11 +23,17 @@ from collections.abc import Sequence
 
 import temporalio.client
 import temporalio.worker
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from temporalio.client import Client
+from temporalio.contrib.opentelemetry import TracingInterceptor
 from temporalio.worker import Replayer, Worker
 
 READY = "agent caller ready"
 REPLAYED = "replayed caller histories:"
+TRACED = "AGENT_CALLER_TRACED"
+SPAN = "caller span:"
 
 PYDANTIC_AI_ENDPOINT = "onceflow-tools-pydantic-ai"
 PYDANTIC_AI_WORKFLOW = "PaymentsAgentWorkflow"
@@ -30,6 +41,10 @@ OPENAI_AGENTS_ENDPOINT = "onceflow-tools-openai-agents"
 OPENAI_AGENTS_WORKFLOW = "OpenAIPaymentsAgent"
 """Each caller's endpoint (the test points it at its onceflow worker) and its workflow's
 name (the test starts it by name)."""
+TRACED_OPENAI_AGENTS_ENDPOINT = "onceflow-tools-openai-agents-traced"
+TRACED_OPENAI_AGENTS_WORKFLOW = "TracedOpenAIPaymentsAgent"
+"""The same agent on an endpoint of its own, for the trace test's onceflow worker: an
+endpoint routes to one queue for the whole session."""
 
 CATALOGUE = [
     {
@@ -51,7 +66,10 @@ async def serve_then_replay(
 ) -> int:
     """Serve ``workflows`` on ``task_queue`` until SIGTERM, then replay the queue's
     histories; returns the process's exit code."""
-    client = await Client.connect(os.environ["TEMPORAL_ADDRESS"], plugins=list(client_plugins))
+    interceptors = [traced()] if os.environ.get(TRACED) else []
+    client = await Client.connect(
+        os.environ["TEMPORAL_ADDRESS"], plugins=list(client_plugins), interceptors=interceptors
+    )
     stopping = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stopping.set)
     async with Worker(
@@ -60,7 +78,9 @@ async def serve_then_replay(
         print(READY, flush=True)
         await stopping.wait()
     histories = client.list_workflows(f"TaskQueue = '{task_queue}'").map_histories()
-    replayer = Replayer(workflows=list(workflows), plugins=list(replayer_plugins))
+    replayer = Replayer(
+        workflows=list(workflows), plugins=list(replayer_plugins), interceptors=interceptors
+    )
     replayed, diverged = 0, 0
     async with replayer.workflow_replay_iterator(histories) as replays:
         async for result in replays:
@@ -70,3 +90,24 @@ async def serve_then_replay(
                 print(f"diverged: {result.replay_failure!r}", flush=True)
     print(REPLAYED, replayed, flush=True)
     return 1 if diverged else 0
+
+
+class PrintedSpans(SpanExporter):
+    """Prints each span's name and trace id as it ends (the caller's virtualenv has no
+    OTLP exporter: the client needs none)."""
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        for span in spans:
+            assert span.context is not None
+            print(SPAN, span.name, trace.format_trace_id(span.context.trace_id), flush=True)
+        return SpanExportResult.SUCCESS
+
+
+def traced() -> TracingInterceptor:
+    """The caller's tracing: workers inherit its client's interceptor. Without a span
+    of the test's, a workflow's spans would need a parent, so they are always created."""
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(PrintedSpans()))
+    return TracingInterceptor(
+        provider.get_tracer("agent-caller"), always_create_workflow_spans=True
+    )

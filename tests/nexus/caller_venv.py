@@ -18,11 +18,17 @@ CALLER_PYTHON = CALLER_VENV / "bin" / "python"
 
 @contextmanager
 def caller_running(
-    module: str, task_queue: str, temporal_address: str, started: Callable[[], int]
+    module: str,
+    task_queue: str,
+    temporal_address: str,
+    started: Callable[[], int],
+    *,
+    env: dict[str, str] | None = None,
 ) -> Iterator[subprocess.Popen[str]]:
     """The caller ``module``'s worker on ``task_queue`` until the block ends; then every
     history it ran is replayed with its own plugins, and none may diverge. ``started``
-    counts the workflows the block started (each must have been replayed)."""
+    counts the workflows the block started (each must have been replayed); ``env`` adds
+    to the caller's environment."""
     if not CALLER_PYTHON.exists():
         pytest.fail(
             f"{CALLER_PYTHON} is missing: `make test` creates it (the agent frameworks'"
@@ -36,6 +42,7 @@ def caller_running(
         env={
             "TEMPORAL_ADDRESS": temporal_address,
             "PYTHONPATH": str(repo_root() / "tests" / "nexus"),
+            **(env or {}),
         },
     )
     try:

@@ -18,7 +18,12 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from agents import Agent, Model, ModelResponse, Runner
-    from caller_process import CATALOGUE, OPENAI_AGENTS_ENDPOINT, serve_then_replay
+    from caller_process import (
+        CATALOGUE,
+        OPENAI_AGENTS_ENDPOINT,
+        TRACED_OPENAI_AGENTS_ENDPOINT,
+        serve_then_replay,
+    )
     from onceflow_client.openai_agents_temporal import onceflow_nexus_tools
     from temporalio.contrib.openai_agents import OpenAIAgentsPlugin
     from temporalio.contrib.openai_agents.testing import ResponseBuilders, TestModelProvider
@@ -35,6 +40,21 @@ class OpenAIPaymentsAgent:
     @workflow.run
     async def run(self, prompt: str) -> str:
         result = await Runner.run(agent, prompt)
+        return str(result.final_output)
+
+
+traced_agent = agent.clone(
+    tools=list(onceflow_nexus_tools(CATALOGUE, endpoint=TRACED_OPENAI_AGENTS_ENDPOINT))
+)
+
+
+@workflow.defn
+class TracedOpenAIPaymentsAgent:
+    """The same agent on the trace test's endpoint."""
+
+    @workflow.run
+    async def run(self, prompt: str) -> str:
+        result = await Runner.run(traced_agent, prompt)
         return str(result.final_output)
 
 
@@ -70,7 +90,7 @@ if __name__ == "__main__":
         asyncio.run(
             serve_then_replay(
                 sys.argv[1],
-                [OpenAIPaymentsAgent],
+                [OpenAIPaymentsAgent, TracedOpenAIPaymentsAgent],
                 client_plugins=[plugin()],
                 replayer_plugins=[plugin()],
             )
