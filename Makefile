@@ -9,7 +9,8 @@ PYPROJECTS := pyproject.toml client/pyproject.toml devstack/pyproject.toml
 # The agent frameworks' Temporal callers (tests/nexus/*_caller.py) run as their users run
 # them: in a virtualenv holding only the client with both frameworks' Temporal extras, made
 # with the main one's uv (seconds, from cache). The OpenAI Agents SDK's integration also pins
-# openai-agents 0.22, where the main virtualenv holds 0.24.
+# openai-agents 0.22, where the main virtualenv holds 0.24. temporalio's opentelemetry extra:
+# the trace test's caller runs with its TracingInterceptor, as a user tracing calls would.
 CALLER_VENV := .venv-temporal-agents
 CALLER_STAMP := $(CALLER_VENV)/.installed-from-pyproject
 
@@ -29,7 +30,7 @@ $(STAMP): $(PYPROJECTS) Makefile
 $(CALLER_STAMP): client/pyproject.toml Makefile | $(STAMP)
 	test -x $(CALLER_VENV)/bin/python || $(VENV)/bin/uv venv --quiet --python $(VENV)/bin/python $(CALLER_VENV)
 	$(VENV)/bin/uv pip install --python $(CALLER_VENV)/bin/python --quiet --compile-bytecode \
-		-e './client[openai-agents-temporal,pydantic-ai-temporal]'
+		-e './client[openai-agents-temporal,pydantic-ai-temporal]' 'temporalio[opentelemetry]'
 	touch $(CALLER_STAMP)
 
 demo: $(STAMP)

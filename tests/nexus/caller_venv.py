@@ -56,4 +56,4 @@ def caller_running(
         print(stop(process))
         raise
     output = stop(process)
-    assert process.returncode == 0 and f"{REPLAYED} {started()}" in output, output
+    assert process.returncode == 0 and f"{REPLAYED} {started()}" in output.splitlines(), output
