@@ -49,8 +49,9 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
@@ -351,6 +352,22 @@ async def measured(
     return classified, sent
 
 
+Stack = TypeVar("Stack", "Onceflow", "Bare")
+
+
+async def measured_arm(
+    client: Client,
+    counter: MessageCounter,
+    stack: Stack,
+    scenarios: dict[str, Callable[[Stack], Awaitable[list[str]]]],
+) -> dict[str, tuple[Classified, Counter[str]]]:
+    """Each of one arm's scenarios, run in turn on its ``stack`` and ``measured``."""
+    return {
+        name: await measured(client, counter, partial(scenario, stack))
+        for name, scenario in scenarios.items()
+    }
+
+
 async def onceflow_one_step(stack: Onceflow) -> list[str]:
     answer = await stack.service.call_tool(
         stack.principal,
@@ -556,12 +573,9 @@ async def main(calls: int) -> None:
                     "parked, then reconciled": onceflow_parked,
                     "approval": onceflow_approval,
                 }
-                measured_runs["onceflow"] = {
-                    name: await measured(
-                        env.client, stack.counter, lambda scenario=scenario: scenario(stack)
-                    )
-                    for name, scenario in scenarios.items()
-                }
+                measured_runs["onceflow"] = await measured_arm(
+                    env.client, stack.counter, stack, scenarios
+                )
             async with bare_stack(env.client) as bare:
                 bare_scenarios = {
                     "one-step task": bare_one_step,
@@ -570,12 +584,9 @@ async def main(calls: int) -> None:
                     "parked, then reconciled": bare_parked,
                     "approval": bare_approval,
                 }
-                measured_runs["bare"] = {
-                    name: await measured(
-                        env.client, bare.counter, lambda scenario=scenario: scenario(bare)
-                    )
-                    for name, scenario in bare_scenarios.items()
-                }
+                measured_runs["bare"] = await measured_arm(
+                    env.client, bare.counter, bare, bare_scenarios
+                )
     results: dict[str, Any] = {}
     for scenario in SCENARIOS:
         part: dict[str, Any] = {}
