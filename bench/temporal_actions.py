@@ -402,16 +402,23 @@ def onceflow_open_task(calls: int) -> Callable[[Onceflow], Awaitable[list[str]]]
     return scenario
 
 
-async def onceflow_parked(stack: Onceflow) -> list[str]:
+async def waiting_call(stack: Onceflow, tool: str, call: str, state: str) -> tuple[str, str]:
+    """A call of ``tool`` for a reference of its own (its call id ``call-<reference>``),
+    answered 202, its task waiting in ``state``; the reference and the task id."""
     reference = f"r-{uuid.uuid4().hex[:8]}"
     answer = await stack.service.call_tool(
-        stack.principal, PARKING_TOOL.name, {"reference": reference}, f"parked-{reference}"
+        stack.principal, tool, {"reference": reference}, f"{call}-{reference}"
     )
     assert answer.status_code == 202, answer.body
-    await state_is(stack.client, answer.task_id, "parked")
+    await state_is(stack.client, answer.task_id, state)
+    return reference, answer.task_id
+
+
+async def onceflow_parked(stack: Onceflow) -> list[str]:
+    reference, task_id = await waiting_call(stack, PARKING_TOOL.name, "parked", "parked")
     await stack.service.reconcile(
         stack.principal,
-        answer.task_id,
+        task_id,
         {
             "step_id": TOOL_CALL_STEP_ID,
             "decision": "happened",
@@ -420,23 +427,20 @@ async def onceflow_parked(stack: Onceflow) -> list[str]:
             "unverified": True,
         },
     )
-    return [answer.task_id]
+    return [task_id]
 
 
 async def onceflow_approval(stack: Onceflow) -> list[str]:
-    reference = f"r-{uuid.uuid4().hex[:8]}"
-    answer = await stack.service.call_tool(
-        stack.principal, APPROVAL_TOOL.name, {"reference": reference}, f"approval-{reference}"
+    reference, task_id = await waiting_call(
+        stack, APPROVAL_TOOL.name, "approval", "awaiting_approval"
     )
-    assert answer.status_code == 202, answer.body
-    await state_is(stack.client, answer.task_id, "awaiting_approval")
     # The digest the approval is bound to, computed here rather than read from the task
     # (``GET /v1/tasks/{id}``, a query) as an approver's screen would: the bare approval
     # reads nothing either.
     digest = arguments_digest(APPROVAL_TOOL.name, {"reference": reference})
     await stack.service.approve(
         stack.principal,
-        answer.task_id,
+        task_id,
         {
             "step_id": TOOL_CALL_STEP_ID,
             "approved": True,
@@ -444,7 +448,7 @@ async def onceflow_approval(stack: Onceflow) -> list[str]:
             "arguments_digest": digest,
         },
     )
-    return [answer.task_id]
+    return [task_id]
 
 
 @dataclass
