@@ -49,8 +49,9 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.api.history.v1 import HistoryEvent
@@ -351,6 +352,22 @@ async def measured(
     return classified, sent
 
 
+Stack = TypeVar("Stack", "Onceflow", "Bare")
+
+
+async def measured_arm(
+    client: Client,
+    counter: MessageCounter,
+    stack: Stack,
+    scenarios: dict[str, Callable[[Stack], Awaitable[list[str]]]],
+) -> dict[str, tuple[Classified, Counter[str]]]:
+    """Each of one arm's scenarios, run in turn on its ``stack`` and ``measured``."""
+    return {
+        name: await measured(client, counter, partial(scenario, stack))
+        for name, scenario in scenarios.items()
+    }
+
+
 async def onceflow_one_step(stack: Onceflow) -> list[str]:
     answer = await stack.service.call_tool(
         stack.principal,
@@ -385,16 +402,23 @@ def onceflow_open_task(calls: int) -> Callable[[Onceflow], Awaitable[list[str]]]
     return scenario
 
 
-async def onceflow_parked(stack: Onceflow) -> list[str]:
+async def waiting_call(stack: Onceflow, tool: str, call: str, state: str) -> tuple[str, str]:
+    """A call of ``tool`` for a reference of its own (its call id ``call-<reference>``),
+    answered 202, its task waiting in ``state``; the reference and the task id."""
     reference = f"r-{uuid.uuid4().hex[:8]}"
     answer = await stack.service.call_tool(
-        stack.principal, PARKING_TOOL.name, {"reference": reference}, f"parked-{reference}"
+        stack.principal, tool, {"reference": reference}, f"{call}-{reference}"
     )
     assert answer.status_code == 202, answer.body
-    await state_is(stack.client, answer.task_id, "parked")
+    await state_is(stack.client, answer.task_id, state)
+    return reference, answer.task_id
+
+
+async def onceflow_parked(stack: Onceflow) -> list[str]:
+    reference, task_id = await waiting_call(stack, PARKING_TOOL.name, "parked", "parked")
     await stack.service.reconcile(
         stack.principal,
-        answer.task_id,
+        task_id,
         {
             "step_id": TOOL_CALL_STEP_ID,
             "decision": "happened",
@@ -403,23 +427,20 @@ async def onceflow_parked(stack: Onceflow) -> list[str]:
             "unverified": True,
         },
     )
-    return [answer.task_id]
+    return [task_id]
 
 
 async def onceflow_approval(stack: Onceflow) -> list[str]:
-    reference = f"r-{uuid.uuid4().hex[:8]}"
-    answer = await stack.service.call_tool(
-        stack.principal, APPROVAL_TOOL.name, {"reference": reference}, f"approval-{reference}"
+    reference, task_id = await waiting_call(
+        stack, APPROVAL_TOOL.name, "approval", "awaiting_approval"
     )
-    assert answer.status_code == 202, answer.body
-    await state_is(stack.client, answer.task_id, "awaiting_approval")
     # The digest the approval is bound to, computed here rather than read from the task
     # (``GET /v1/tasks/{id}``, a query) as an approver's screen would: the bare approval
     # reads nothing either.
     digest = arguments_digest(APPROVAL_TOOL.name, {"reference": reference})
     await stack.service.approve(
         stack.principal,
-        answer.task_id,
+        task_id,
         {
             "step_id": TOOL_CALL_STEP_ID,
             "approved": True,
@@ -427,7 +448,7 @@ async def onceflow_approval(stack: Onceflow) -> list[str]:
             "arguments_digest": digest,
         },
     )
-    return [answer.task_id]
+    return [task_id]
 
 
 @dataclass
@@ -556,12 +577,9 @@ async def main(calls: int) -> None:
                     "parked, then reconciled": onceflow_parked,
                     "approval": onceflow_approval,
                 }
-                measured_runs["onceflow"] = {
-                    name: await measured(
-                        env.client, stack.counter, lambda scenario=scenario: scenario(stack)
-                    )
-                    for name, scenario in scenarios.items()
-                }
+                measured_runs["onceflow"] = await measured_arm(
+                    env.client, stack.counter, stack, scenarios
+                )
             async with bare_stack(env.client) as bare:
                 bare_scenarios = {
                     "one-step task": bare_one_step,
@@ -570,12 +588,9 @@ async def main(calls: int) -> None:
                     "parked, then reconciled": bare_parked,
                     "approval": bare_approval,
                 }
-                measured_runs["bare"] = {
-                    name: await measured(
-                        env.client, bare.counter, lambda scenario=scenario: scenario(bare)
-                    )
-                    for name, scenario in bare_scenarios.items()
-                }
+                measured_runs["bare"] = await measured_arm(
+                    env.client, bare.counter, bare, bare_scenarios
+                )
     results: dict[str, Any] = {}
     for scenario in SCENARIOS:
         part: dict[str, Any] = {}

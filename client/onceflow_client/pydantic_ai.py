@@ -78,9 +78,8 @@ from pydantic_ai import (
 from pydantic_ai.exceptions import ToolFailed
 from pydantic_ai.messages import ToolCallPart
 from pydantic_ai.run import AgentRunResult
-from pydantic_ai.tools import AgentDepsT, ToolDefinition
-from pydantic_ai.toolsets import AbstractToolset, ToolsetTool
-from pydantic_core import SchemaValidator, core_schema
+from pydantic_ai.tools import AgentDepsT
+from pydantic_ai.toolsets import ToolsetTool
 
 from onceflow_client._approvals import decide_call
 from onceflow_client._client import (
@@ -90,6 +89,7 @@ from onceflow_client._client import (
     OnceflowError,
     OpenTask,
 )
+from onceflow_client._pydantic_ai_catalogue import METADATA_KEY, CatalogueToolset
 from onceflow_client._pydantic_ai_told import (
     ALREADY_DONE,
     denial,
@@ -101,14 +101,8 @@ from onceflow_client._pydantic_ai_told import (
 
 __all__ = ["ALREADY_DONE", "OnceflowToolset", "WaitingCall", "waiting_calls"]
 
-METADATA_KEY = "onceflow"
-"""Where a deferred call's details sit in ``DeferredToolRequests.metadata[tool_call_id]``."""
-
 _CALL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
 """What a call id of an open task may look like (the gateway's pattern)."""
-_ANY_ARGUMENTS = SchemaValidator(core_schema.any_schema())
-"""The gateway validates arguments against the tool's input model, and answers a bad call
-before anything is recorded; a second, local copy of that check could only disagree."""
 _SETTLE_PAUSE = 0.5
 _APPROVED = "approved in the agent's run (PydanticAI's ToolApproved)"
 """The reason onceflow records with an approval: ``ToolApproved`` carries none."""
@@ -168,7 +162,7 @@ def waiting_calls(requests: DeferredToolRequests) -> list[WaitingCall]:
     return waiting
 
 
-class OnceflowToolset(AbstractToolset[AgentDepsT]):
+class OnceflowToolset(CatalogueToolset[AgentDepsT]):
     """onceflow's catalogue (all of it, or the tools named) as one PydanticAI toolset.
 
     Build it with ``await OnceflowToolset.from_gateway(...)`` (which reads
@@ -216,23 +210,13 @@ class OnceflowToolset(AbstractToolset[AgentDepsT]):
         """
         self._client = client
         self._approver = approver
-        self._id = id
+        super().__init__(catalogue, id=id, max_retries=max_retries)
         self._task_options: dict[str, Any] = {
             "budget": budget,
             "idle_timeout": idle_timeout,
             "max_lifetime": max_lifetime,
         }
         self._settle_timeout = settle_timeout
-        self._max_retries = max_retries
-        self._definitions = {
-            str(tool["name"]): ToolDefinition(
-                name=str(tool["name"]),
-                description=str(tool.get("description") or ""),
-                parameters_json_schema=dict(tool.get("input_schema") or {"type": "object"}),
-                metadata={METADATA_KEY: dict(tool.get("annotations") or {})},
-            )
-            for tool in catalogue
-        }
         self._tasks: dict[str, OpenTask] = {}
         self._creating = asyncio.Lock()
 
@@ -265,21 +249,6 @@ class OnceflowToolset(AbstractToolset[AgentDepsT]):
                 )
             catalogue = [tool for tool in catalogue if tool["name"] in tools]
         return cls(client, catalogue, **options)
-
-    @property
-    def id(self) -> str | None:
-        return self._id
-
-    async def get_tools(self, ctx: RunContext[AgentDepsT]) -> dict[str, ToolsetTool[AgentDepsT]]:
-        return {
-            name: ToolsetTool(
-                toolset=self,
-                tool_def=definition,
-                max_retries=self._max_retries,
-                args_validator=_ANY_ARGUMENTS,
-            )
-            for name, definition in self._definitions.items()
-        }
 
     async def call_tool(
         self,

@@ -38,9 +38,8 @@ from typing import Any
 
 from pydantic_ai import ModelRetry, RunContext, UserError
 from pydantic_ai.exceptions import ToolFailed
-from pydantic_ai.tools import AgentDepsT, ToolDefinition
-from pydantic_ai.toolsets import AbstractToolset, ToolsetTool
-from pydantic_core import SchemaValidator, core_schema
+from pydantic_ai.tools import AgentDepsT
+from pydantic_ai.toolsets import ToolsetTool
 from temporalio import workflow
 from temporalio.exceptions import NexusOperationError
 
@@ -56,17 +55,12 @@ from onceflow_client._nexus_told import (
     told_about_status,
     told_about_step,
 )
+from onceflow_client._pydantic_ai_catalogue import CatalogueToolset
 
 __all__ = ["ALREADY_DONE", "DEFAULT_ENDPOINT", "OnceflowNexusToolset"]
 
-METADATA_KEY = "onceflow"
 
-_ANY_ARGUMENTS = SchemaValidator(core_schema.any_schema())
-"""onceflow validates the arguments against the tool's input model and refuses a bad call
-before anything starts; a local copy of that check could only disagree."""
-
-
-class OnceflowNexusToolset(AbstractToolset[AgentDepsT]):
+class OnceflowNexusToolset(CatalogueToolset[AgentDepsT]):
     """onceflow's tools (the catalogue given) as one PydanticAI toolset whose calls are
     Nexus operations; usable only in a Temporal workflow."""
 
@@ -91,33 +85,8 @@ class OnceflowNexusToolset(AbstractToolset[AgentDepsT]):
                 a refusal (``ModelRetry``). Default 2.
         """
         self._endpoint = endpoint
-        self._id = id
+        super().__init__(catalogue, id=id, max_retries=max_retries)
         self._timeout = schedule_to_close_timeout
-        self._max_retries = max_retries
-        self._definitions = {
-            str(tool["name"]): ToolDefinition(
-                name=str(tool["name"]),
-                description=str(tool.get("description") or ""),
-                parameters_json_schema=dict(tool.get("input_schema") or {"type": "object"}),
-                metadata={METADATA_KEY: dict(tool.get("annotations") or {})},
-            )
-            for tool in catalogue
-        }
-
-    @property
-    def id(self) -> str | None:
-        return self._id
-
-    async def get_tools(self, ctx: RunContext[AgentDepsT]) -> dict[str, ToolsetTool[AgentDepsT]]:
-        return {
-            name: ToolsetTool(
-                toolset=self,
-                tool_def=definition,
-                max_retries=self._max_retries,
-                args_validator=_ANY_ARGUMENTS,
-            )
-            for name, definition in self._definitions.items()
-        }
 
     async def call_tool(
         self,

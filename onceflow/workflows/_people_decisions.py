@@ -23,7 +23,7 @@ with workflow.unsafe.imports_passed_through():
         StepStatus,
     )
 from onceflow.workflows._key_windows import KeyWindows
-from onceflow.workflows._look_ups import LookUps
+from onceflow.workflows._look_ups import LookUps, effect_found
 from onceflow.workflows._task_book import TaskBook, describe_finding
 from onceflow.workflows._task_run import DecisionCheck
 
@@ -173,7 +173,7 @@ class PeopleDecisions:
             )
         finally:
             self._run.checking.discard(decision.step_id)
-        found = answer if answer is not None and answer.outcome is OutcomeClass.SUCCEEDED else None
+        found = effect_found(answer)
         finding = describe_finding(found) if found else status.evidence.get("lookup")
         if decision.decision is ReconcileDecision.DID_NOT_HAPPEN:
             return self._check_did_not_happen(decision, status, answer, finding)

@@ -40,7 +40,6 @@ from onceflow.workflows._look_ups import LookUps
 from onceflow.workflows._people_decisions import PeopleDecisions
 from onceflow.workflows._task_book import (
     MIN_TIMER,
-    ONE_ATTEMPT,
     RETRYABLE,
     TaskBook,
     ToolNotOnThisWorker,
@@ -51,7 +50,7 @@ from onceflow.workflows._task_book import (
     not_started_in_time,
     park_details,
 )
-from onceflow.workflows.fairness import tenant_priority
+from onceflow.workflows._tool_calls import execute_once, tool_call_input
 
 MIN_PROVIDER_RECHECK = timedelta(seconds=1)
 """Shortest wait before a held step asks its provider's budget again."""
@@ -328,17 +327,12 @@ class StepRunner:
         wait_for_worker = (
             max(send_by - started_at, timedelta(seconds=1)) if send_by is not None else None
         )
-        call = ToolCallInput(
-            tenant=self._task.tenant,
-            principal=self._task.principal,
-            workflow_id=workflow.info().workflow_id,
-            step_id=step.step_id,
-            tool=step.tool,
-            arguments=step.arguments,
+        call = tool_call_input(
+            self._task,
+            step,
+            policy,
+            status,
             attempt=attempt,
-            evidence=status.evidence,
-            policy=policy,
-            key_generation=status.key_generation,
             deliberate_repeat=status.deliberate_repeat,
             send=self._send_kind(status, operator_authorised),
         )
@@ -435,16 +429,12 @@ class StepRunner:
         if not workflow.unsafe.is_replaying():
             self._require_tool(step)
         try:
-            result: ToolAttemptResult = await workflow.execute_activity(
+            result = await execute_once(
                 step.tool,
                 call,
-                result_type=ToolAttemptResult,
-                start_to_close_timeout=policy.attempt_timeout,
+                f"{step.tool} · step {step.step_id} · attempt {call.attempt}",
                 schedule_to_start_timeout=wait_for_worker,
                 heartbeat_timeout=policy.heartbeat_timeout,
-                retry_policy=ONE_ATTEMPT,
-                summary=ClearText(f"{step.tool} · step {step.step_id} · attempt {call.attempt}"),
-                priority=tenant_priority(self._task.tenant),
             )
         except ActivityError as failure:
             result = ToolAttemptResult(

@@ -25,6 +25,8 @@ each, composed rather than inherited:
   record);
 - ``_key_windows.KeyWindows``: the send window of each step's key;
 - ``_look_ups.LookUps``: asking the provider whether a step's effect happened;
+- ``_tool_calls``: a step's call of its tool's activities, built and run once, as an
+  attempt and a look-up both make it;
 - ``_people_decisions.PeopleDecisions``: approvals and reconciliations checked and
   recorded, and the parked step's wait for its reconciliation;
 - ``_step_runner.StepRunner``: a step's attempts, look-up, approval and parking;

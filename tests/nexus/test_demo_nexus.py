@@ -10,18 +10,15 @@ from onceflow_devstack.nexus_agent import CheckoutAgent
 from onceflow_devstack.stripe_provider import ProviderControl, RunningProvider
 from psycopg_pool import AsyncConnectionPool
 from rich.console import Console
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.plugin import SimplePlugin
 from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Replayer, Worker
+from temporalio.worker import Worker
 
-from onceflow.gateway import PrincipalStore
 from onceflow.nexus import NexusPrincipal, ensure_nexus_endpoint
 from onceflow.payments import StripePaymentProvider
-from onceflow.settings import OnceflowSettings
 from onceflow.task_api import TaskClient
-from onceflow.worker import build_worker
-from tests.payments.conftest import PAYMENT_TOOLS
+from tests.payments.conftest import charge_intents
+
+from .onceflow_side import replay_caller_histories, serving_nexus
 
 pytestmark = [pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")]
 
@@ -35,16 +32,8 @@ async def onceflow_worker(
     payment_provider: StripePaymentProvider,
     task_queue: str,
 ) -> AsyncIterator[Worker]:
-    await PrincipalStore(pool).create(tenant=PRINCIPAL.tenant, name=PRINCIPAL.name, tools=["*"])
-    settings = OnceflowSettings(
-        task_queue=task_queue, shutdown_grace_seconds=1, nexus_principal=str(PRINCIPAL)
-    )
-    async with build_worker(
-        dev_server.client,
-        pool,
-        settings,
-        tools=PAYMENT_TOOLS,
-        clients={tool.name: payment_provider for tool in PAYMENT_TOOLS},
+    async with serving_nexus(
+        dev_server.client, pool, payment_provider, task_queue, PRINCIPAL, ["*"]
     ) as running:
         yield running
 
@@ -75,17 +64,11 @@ async def test_the_nexus_demo_charges_once_and_its_agent_waits_through_the_park(
     assert "is parked; the agent's workflow is still running" in text, text
     assert "Charges at the provider for this call: 1." in text, text
     # Two checkouts, one PaymentIntent each, whatever went wrong on the way.
-    assert len([e for e in await control.ledger() if e.kind == "charge"]) == 2
+    assert len(await charge_intents(control)) == 2
 
     # The agent application's histories replay, with its own plugin.
-    histories = dev_server.client.list_workflows("WorkflowType = 'CheckoutAgent'").map_histories()
-    replayer = Replayer(
-        workflows=[CheckoutAgent],
-        plugins=[SimplePlugin("checkout-agents", data_converter=pydantic_data_converter)],
+    query = "WorkflowType = 'CheckoutAgent'"
+    replayed = await replay_caller_histories(
+        dev_server.client, query, [CheckoutAgent], "checkout-agents"
     )
-    replayed = 0
-    async with replayer.workflow_replay_iterator(histories) as replays:
-        async for result in replays:
-            replayed += 1
-            assert result.replay_failure is None, result.replay_failure
     assert replayed >= 2

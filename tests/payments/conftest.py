@@ -25,6 +25,7 @@ from onceflow_devstack.stripe_provider import (
     running_provider,
 )
 from psycopg_pool import AsyncConnectionPool
+from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
@@ -71,6 +72,16 @@ VISA_CHARGE: dict[str, Any] = {
     "payment_method": "pm_card_visa",
     "order_id": "ord-1001",
 }
+
+
+def order(name: str) -> dict[str, Any]:
+    """``VISA_CHARGE`` for an order of its own, named ``name`` and a random suffix."""
+    return {**VISA_CHARGE, "order_id": f"ord-{name}-{uuid.uuid4().hex[:6]}"}
+
+
+async def charge_intents(control: ProviderControl) -> list[str]:
+    """The PaymentIntent ids the provider's ledger holds charges for, oldest first."""
+    return [entry.object_id for entry in await control.ledger() if entry.kind == "charge"]
 
 
 def one_order(workflow_id: str) -> dict[str, Any]:
@@ -162,14 +173,25 @@ async def worker(
     """A worker built by onceflow's one composition point, its payment tools talking to
     the test's provider."""
     settings = OnceflowSettings(task_queue=task_queue, shutdown_grace_seconds=1)
-    async with build_worker(
-        dev_server.client,
+    async with payment_worker(dev_server.client, pool, payment_provider, settings) as running:
+        yield running
+
+
+def payment_worker(
+    client: Client,
+    pool: AsyncConnectionPool,
+    payment_provider: StripePaymentProvider,
+    settings: OnceflowSettings,
+) -> AbstractAsyncContextManager[Worker]:
+    """onceflow's worker as its one composition point builds it, serving ``PAYMENT_TOOLS``
+    against the test's provider."""
+    return build_worker(
+        client,
         pool,
         settings,
         tools=PAYMENT_TOOLS,
         clients={tool.name: payment_provider for tool in PAYMENT_TOOLS},
-    ) as running:
-        yield running
+    )
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ local Stripe-compatible provider's ledger, through the real SDK over HTTP."""
 
 import asyncio
 import uuid
-from typing import Any
 
 import psycopg
 from onceflow_devstack.stripe_provider import Fault, ProviderControl
@@ -23,18 +22,17 @@ from onceflow.workflows.task_models import (
 )
 from tests.harness import eventually
 
-from .conftest import TENANT, VISA_CHARGE, AdmittingClient, WorkerProcess, start_task
+from .conftest import (
+    TENANT,
+    AdmittingClient,
+    WorkerProcess,
+    charge_intents,
+    order,
+    start_task,
+)
 
 CONVERGING = RetryBudget(max_attempts_per_task=12, max_attempts_per_step=8)
 """The default backoff with room to wait out a call of the same intent that is sending."""
-
-
-def order(name: str) -> dict[str, Any]:
-    return {**VISA_CHARGE, "order_id": f"ord-{name}-{uuid.uuid4().hex[:6]}"}
-
-
-async def charges(control: ProviderControl) -> list[str]:
-    return [entry.object_id for entry in await control.ledger() if entry.kind == "charge"]
 
 
 async def test_the_same_charge_asked_by_another_task_is_answered_by_the_first(
@@ -45,7 +43,7 @@ async def test_the_same_charge_asked_by_another_task_is_answered_by_the_first(
     second_id = await start_task(tasks, ("pay", "charge_payment", charge))
     second = await tasks.result(second_id)
 
-    [charged] = await charges(control)
+    [charged] = await charge_intents(control)
     assert first.step("pay").resource_id == charged
     step = second.step("pay")
     assert second.state is TaskState.SUCCEEDED and step.resource_id == charged
@@ -81,7 +79,7 @@ async def test_a_repeat_of_a_parked_charge_sends_nothing_and_names_the_parked_ca
     assert [attempt.outcome for attempt in step.attempts] == [OutcomeClass.REJECTED]
     assert f"held by task {parked_id}, step pay" in (step.failure_reason or "")
     assert step.evidence["repeat_of_task"] == parked_id
-    assert len(await charges(control)) == 1  # the parked call's, and no other
+    assert len(await charge_intents(control)) == 1  # the parked call's, and no other
     assert len([r for r in await control.requests() if r.method == "POST"]) == posts_before
 
 
@@ -99,7 +97,7 @@ async def test_a_declined_charge_frees_its_intent_for_the_next_attempt(
 
     assert retried.state is TaskState.SUCCEEDED, retried.failure_reason
     assert "repeat_of" not in retried.step("pay").result
-    assert await charges(control) == [retried.step("pay").resource_id]
+    assert await charge_intents(control) == [retried.step("pay").resource_id]
 
 
 async def test_a_deliberate_repeat_makes_a_second_charge_and_is_recorded(
@@ -122,7 +120,7 @@ async def test_a_deliberate_repeat_makes_a_second_charge_and_is_recorded(
 
     assert first.call.state is StepState.SUCCEEDED and again.call.state is StepState.SUCCEEDED
     assert again.repeat_of is None and again.call.resource_id != first.call.resource_id
-    assert sorted(await charges(control)) == sorted(
+    assert sorted(await charge_intents(control)) == sorted(
         [first.call.resource_id, again.call.resource_id]
     )
     with psycopg.connect(database) as conn:
