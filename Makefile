@@ -43,7 +43,7 @@ demo-agent: $(STAMP)
 	$(VENV)/bin/onceflow demo --agent
 
 test: $(STAMP) $(CALLER_STAMP)
-	$(VENV)/bin/python -m pytest -n 3 --dist loadfile
+	$(VENV)/bin/python -m pytest -n 4 --dist loadfile
 
 # What the benchmarks need beyond the tests' set (the plots' matplotlib); then run any of
 # them as BENCHMARKS.md shows, e.g. `.venv/bin/python -m bench.task_overhead`.
