@@ -23,6 +23,14 @@ reading PostgreSQL. What is remembered, and when it is forgotten:
 * a read begun before such a change is not remembered (the generation it began in);
 * at most ``size`` entries, the least recently answered evicted first; 0 remembers none.
 
+A repeat is the same request sent again, byte for byte. So an entry also remembers the
+digests of requests (a transport's digest of the route and the body exactly as sent)
+that have been *vouched* for: checked in full once (parsed, validated, fingerprinted) and
+found to carry the record's fingerprint. A later request with one of those digests is
+answered (``answer_request``) without being parsed or fingerprinted again: identical
+bytes make an identical fingerprint. At most ``VOUCHED_PER_ENTRY`` digests an entry (a
+storm's senders seldom send more than a few spellings of one body).
+
 Authentication and authorization run before a request gets here, so a revoked key or a
 tool taken away is refused before anything is answered from memory.
 """
@@ -31,7 +39,7 @@ import hashlib
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
 from onceflow.idempotency import IdempotencyRecord
@@ -41,6 +49,9 @@ NOT_FINAL_STATUS_CODES = frozenset({201, 202})
 answered (202, refreshed once it ends) and an open task's creation (201 while it is
 open). Never remembered."""
 
+VOUCHED_PER_ENTRY = 8
+"""Request digests an entry vouches for; later spellings are checked in full each time."""
+
 
 @dataclass(frozen=True)
 class _Entry:
@@ -48,6 +59,8 @@ class _Entry:
     """The record as read, with an empty key."""
     until: float
     """Clock time after which the record's result may have been pruned."""
+    vouched: set[str] = field(default_factory=set)
+    """Digests of requests found to carry the record's fingerprint."""
 
 
 def is_final(record: IdempotencyRecord) -> bool:
@@ -95,6 +108,36 @@ class AnswerCache:
     def answer(self, scope: str, idempotency_key: str) -> IdempotencyRecord | None:
         """The remembered final record of ``(scope, key)`` with the request's key put
         back, or None (then read the table)."""
+        entry = self._live(scope, idempotency_key)
+        if entry is None:
+            return None
+        return replace(entry.record, idempotency_key=idempotency_key)
+
+    def answer_request(
+        self, scope: str, idempotency_key: str, request_digest: str
+    ) -> IdempotencyRecord | None:
+        """``answer``, only for a request whose digest was vouched for under the key: its
+        fingerprint is known to match without computing it. None: check it in full."""
+        entry = self._live(scope, idempotency_key)
+        if entry is None or request_digest not in entry.vouched:
+            return None
+        return replace(entry.record, idempotency_key=idempotency_key)
+
+    def vouch(
+        self, scope: str, idempotency_key: str, *, fingerprint: str, request_digest: str
+    ) -> None:
+        """Note that the request with ``request_digest``, checked in full, has
+        ``fingerprint``: if that is the remembered record's, the same bytes are answered
+        by ``answer_request`` from now on."""
+        entry = self._live(scope, idempotency_key)
+        if (
+            entry is not None
+            and entry.record.request_hash == fingerprint
+            and len(entry.vouched) < VOUCHED_PER_ENTRY
+        ):
+            entry.vouched.add(request_digest)
+
+    def _live(self, scope: str, idempotency_key: str) -> _Entry | None:
         if not self._entries or self._current() is None:
             return None
         slot = (scope, _digest(idempotency_key))
@@ -106,7 +149,7 @@ class AnswerCache:
             del self._entries[slot]
             return None
         self._entries.move_to_end(slot)
-        return replace(entry.record, idempotency_key=idempotency_key)
+        return entry
 
     def keep(self, record: IdempotencyRecord, *, read_in: int | None) -> None:
         """Remember a record read from the table in generation ``read_in`` (from

@@ -77,6 +77,23 @@ class Claims:
             self._answers.keep(record, read_in=read_in)
         return record
 
+    def repeat(
+        self, scope: str, idempotency_key: str, request_digest: str
+    ) -> IdempotencyRecord | None:
+        """The remembered final record of ``(scope, key)`` if a request with exactly
+        these bytes (``request_digest``) was vouched for under it: a repeat answered with
+        no parse, validation, fingerprint or round trip. None: handle it in full."""
+        return self._answers.answer_request(scope, idempotency_key, request_digest)
+
+    def vouch(
+        self, scope: str, idempotency_key: str, *, fingerprint: str, request_digest: str
+    ) -> None:
+        """After a request was checked in full: its bytes make ``fingerprint``, so they
+        answer by ``repeat`` from now on if that is the remembered record's."""
+        self._answers.vouch(
+            scope, idempotency_key, fingerprint=fingerprint, request_digest=request_digest
+        )
+
     def new(
         self,
         principal: Principal,

@@ -101,6 +101,18 @@ async def read_json(request: Request) -> Any:
         RequestTooLarge: It is larger than ``MAX_BODY_BYTES``.
         InvalidRequest: It is empty, not JSON, or JSON that parsers read differently.
     """
+    return parse_json(await read_body(request))
+
+
+async def read_body(request: Request) -> bytes:
+    """The request's body as sent, once it is known to be a JSON body of a size the
+    gateway reads (``read_json`` without the parse).
+
+    Raises:
+        UnsupportedMediaType: The body is not sent as JSON in UTF-8.
+        RequestTooLarge: It is larger than ``MAX_BODY_BYTES``.
+        InvalidRequest: It is empty.
+    """
     declared_types = request.headers.getlist("content-type")
     if declared_types and not _is_json(declared_types):
         raise UnsupportedMediaType(_JSON_ONLY)
@@ -119,6 +131,15 @@ async def read_json(request: Request) -> Any:
     if not declared_types:
         # A body that does not say what it is is not taken for JSON.
         raise UnsupportedMediaType(_JSON_ONLY)
+    return bytes(raw)
+
+
+def parse_json(raw: bytes) -> Any:
+    """The JSON value a body read by ``read_body`` holds.
+
+    Raises:
+        InvalidRequest: It is not JSON, or JSON that parsers read differently.
+    """
     try:
         # What ``json.loads`` does with bytes, with a decoder built once.
         return _STRICT.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))

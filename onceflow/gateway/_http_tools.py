@@ -9,6 +9,7 @@ router's routes twice per request (once to pick the router, again to pick the ro
 inside it), and a tool call, replays included, is the gateway's most frequent request.
 """
 
+import hashlib
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
@@ -23,7 +24,7 @@ from onceflow.gateway._http_answers import (
     answer_response,
     tool_call_answers,
 )
-from onceflow.gateway._http_json import SortedJSONResponse, read_json, sent_key
+from onceflow.gateway._http_json import SortedJSONResponse, parse_json, read_body, sent_key
 from onceflow.gateway._http_parameters import (
     BEARER,
     KEY_HEADER_DOC,
@@ -143,9 +144,21 @@ async def _call(request: Request, tool: str, deliberate_repeat: bool) -> Respons
     principal = await service.authenticate(api_key(request))
     service.check_tool(principal, tool)
     key = sent_key(request)
-    arguments = await read_json(request)
+    body = await read_body(request)
+    # What the request is, byte for byte: the route (with the query that changes its
+    # fingerprint) and the body as sent. A storm of retries repeats it exactly.
+    digest = hashlib.sha256(f"{tool}\n{deliberate_repeat}\n".encode() + body).hexdigest()
+    if key:
+        repeated = service.repeated_tool_call(principal, tool, key, digest)
+        if repeated is not None:
+            return answer_response(repeated)
     return answer_response(
         await service.call_tool(
-            principal, tool, arguments, key, deliberate_repeat=deliberate_repeat
+            principal,
+            tool,
+            parse_json(body),
+            key,
+            deliberate_repeat=deliberate_repeat,
+            request_digest=digest,
         )
     )

@@ -164,12 +164,31 @@ class BoundaryService:
         idempotency_key: str | None,
         *,
         deliberate_repeat: bool = False,
+        request_digest: str | None = None,
     ) -> BoundaryAnswer:
         """Run one tool call as a one-step task, at most once per key and fingerprint;
         ``deliberate_repeat``: a second effect identical to an earlier call's, on purpose
-        (the tool's contract must allow it)."""
+        (the tool's contract must allow it). ``request_digest``: the transport's digest
+        of the request as sent (route and body bytes), vouched for when the request turns
+        out to carry its key's remembered fingerprint (see ``repeated_tool_call``)."""
         return await self._task_starts.call_tool(
-            principal, tool, arguments, idempotency_key, deliberate_repeat=deliberate_repeat
+            principal,
+            tool,
+            arguments,
+            idempotency_key,
+            deliberate_repeat=deliberate_repeat,
+            request_digest=request_digest,
+        )
+
+    def repeated_tool_call(
+        self, principal: Principal, tool: str, idempotency_key: str, request_digest: str
+    ) -> BoundaryAnswer | None:
+        """The stored final answer of a tool call whose exact bytes (``request_digest``)
+        were sent under this key before and checked in full then: a storm of repeats is
+        answered from memory without parsing its body again. None: call ``call_tool``.
+        Authenticate and ``check_tool`` first, as for any call."""
+        return self._task_starts.repeated_tool_call(
+            principal, tool, idempotency_key, request_digest
         )
 
     async def create_task(

@@ -22,6 +22,7 @@ import asyncio
 import hashlib
 import logging
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -139,19 +140,37 @@ class TaskStarts:
         idempotency_key: str | None,
         *,
         deliberate_repeat: bool = False,
+        request_digest: str | None = None,
     ) -> BoundaryAnswer:
         """``BoundaryService.call_tool``."""
+        with self._tool_call_span(principal, tool, idempotency_key):
+            return annotated(
+                await self._call_tool(
+                    principal, tool, arguments, idempotency_key, deliberate_repeat, request_digest
+                )
+            )
+
+    def repeated_tool_call(
+        self, principal: Principal, tool: str, idempotency_key: str, request_digest: str
+    ) -> BoundaryAnswer | None:
+        """``BoundaryService.repeated_tool_call``."""
+        record = self._claims.repeat(
+            request_scope(principal, tool, "call"), idempotency_key, request_digest
+        )
+        if record is None:
+            return None
+        with self._tool_call_span(principal, tool, idempotency_key):
+            return annotated(replayed_answer(record))
+
+    def _tool_call_span(
+        self, principal: Principal, tool: str, idempotency_key: str | None
+    ) -> AbstractContextManager[trace.Span]:
         # Only a catalogue name goes into the span: the path segment is the caller's text.
         known = tool if tool in self._catalogue else "unknown"
         attributes = request_attributes(
             principal, request_scope(principal, known, "call"), idempotency_key
         )
-        with boundary_span(f"tools.call {known}", {**attributes, "onceflow.tool": known}):
-            return annotated(
-                await self._call_tool(
-                    principal, tool, arguments, idempotency_key, deliberate_repeat
-                )
-            )
+        return boundary_span(f"tools.call {known}", {**attributes, "onceflow.tool": known})
 
     async def _call_tool(
         self,
@@ -160,6 +179,7 @@ class TaskStarts:
         arguments: Any,
         idempotency_key: str | None,
         deliberate_repeat: bool,
+        request_digest: str | None,
     ) -> BoundaryAnswer:
         contract = allowed_tool(self._catalogue, principal, tool)
         key = checked_key(idempotency_key)
@@ -204,7 +224,12 @@ class TaskStarts:
                 outcome_writer=OutcomeWriter.STARTER,
             ),
         )
-        return await self._submit(submission)
+        answer = await self._submit(submission)
+        if request_digest is not None:
+            self._claims.vouch(
+                scope, key, fingerprint=submission.fingerprint, request_digest=request_digest
+            )
+        return answer
 
     async def create_task(
         self, principal: Principal, body: Any, idempotency_key: str | None

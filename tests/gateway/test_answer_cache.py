@@ -10,6 +10,7 @@ forgets (with the remembered answers) what it hears of.
 
 import asyncio
 import contextlib
+import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -71,6 +72,33 @@ class Gateway:
             headers={**caller.headers, "Idempotency-Key": key},
         )
 
+    async def send(self, caller: Caller, key: str, body: bytes) -> httpx.Response:
+        """A call whose body is sent exactly as ``body``."""
+        return await self.http.post(
+            "/v1/tools/issue_coupon/calls",
+            content=body,
+            headers={
+                **caller.headers,
+                "Idempotency-Key": key,
+                "Content-Type": "application/json",
+            },
+        )
+
+
+class FullChecks:
+    """Counts the tool calls the service checks in full (parsed, validated,
+    fingerprinted): every one that was not answered as a repeat of vouched-for bytes."""
+
+    def __init__(self, service: BoundaryService) -> None:
+        self.count = 0
+        call_tool: Callable[..., Any] = service.call_tool
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            self.count += 1
+            return await call_tool(*args, **kwargs)
+
+        service.call_tool = counted  # type: ignore[method-assign]
+
 
 @asynccontextmanager
 async def gateway(stack: Stack, **settings: Any) -> AsyncIterator[Gateway]:
@@ -126,6 +154,34 @@ async def test_a_storm_of_repeats_is_answered_from_memory_exactly_as_from_the_ta
     assert {answer_of(answer) for answer in storm} == {answer_of(from_table)}
     assert count(database, "coupon_issuances") == 1
     assert rows(database, "SELECT state FROM idempotency_records") == [("succeeded",)]
+
+
+async def test_a_repeat_of_the_same_bytes_is_answered_without_being_checked_again(
+    stack: Stack, agent: Caller, database: str
+) -> None:
+    async with gateway(stack) as remembering:
+        checked = FullChecks(remembering.service)
+        await remembered(remembering, agent, "storm-0100")
+        assert checked.count == 2, "the first request and the first repeat are checked in full"
+
+        storm = await asyncio.gather(
+            *(remembering.call(agent, "storm-0100", COUPON) for _ in range(STORM))
+        )
+        assert checked.count == 2, "the same bytes again are answered from memory alone"
+
+        # Another spelling of the same JSON is checked in full once, then vouched for too.
+        respelled = json.dumps(COUPON, indent=2).encode()
+        spelled = [await remembering.send(agent, "storm-0100", respelled) for _ in range(3)]
+        assert checked.count == 3
+
+        # Another body under the key is never answered from memory: refused as before.
+        other = await remembering.call(agent, "storm-0100", {**COUPON, "coupon_id": "OTHER"})
+        assert checked.count == 4
+
+    assert {answer_of(answer) for answer in storm} == {answer_of(spelled[0])}
+    assert {answer_of(answer) for answer in spelled} == {answer_of(spelled[0])}
+    assert other.status_code == 422 and other.json()["type"].endswith("idempotency-key-reused")
+    assert count(database, "coupon_issuances") == 1
 
 
 async def test_a_call_of_an_open_task_repeated_is_answered_from_memory_too(

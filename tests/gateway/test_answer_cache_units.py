@@ -6,7 +6,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from onceflow.gateway._answer_cache import AnswerCache, is_final
+from onceflow.gateway._answer_cache import VOUCHED_PER_ENTRY, AnswerCache, is_final
 from onceflow.idempotency import IdempotencyRecord, RecordState
 
 READ_AT = datetime(2026, 1, 1, tzinfo=UTC)
@@ -173,3 +173,38 @@ def test_the_least_recently_answered_entry_goes_first_and_size_zero_keeps_none()
     assert not off.enabled and off.generation() is None
     off.keep(final(), read_in=7)
     assert len(off) == 0 and off.answer(final().scope, KEY) is None
+
+
+def test_only_vouched_for_bytes_of_the_remembered_fingerprint_are_answered_unchecked() -> None:
+    world = World()
+    cache = world.cache()
+    record = final()
+    scope = record.scope
+    assert cache.answer_request(scope, KEY, "bytes-a") is None, "nothing remembered yet"
+
+    cache.keep(record, read_in=cache.generation())
+    assert cache.answer_request(scope, KEY, "bytes-a") is None, "not vouched for"
+
+    cache.vouch(scope, KEY, fingerprint="v1:" + "2" * 64, request_digest="bytes-b")
+    assert cache.answer_request(scope, KEY, "bytes-b") is None, "another fingerprint"
+
+    cache.vouch(scope, KEY, fingerprint=FINGERPRINT, request_digest="bytes-a")
+    assert cache.answer_request(scope, KEY, "bytes-a") == record
+    assert cache.answer_request(scope, "another-key", "bytes-a") is None
+    assert cache.answer_request("acme:agent-2:issue_coupon:call", KEY, "bytes-a") is None
+
+
+def test_vouched_for_bytes_are_forgotten_with_their_entry_and_bounded() -> None:
+    world = World()
+    cache = world.cache()
+    record = final()
+    cache.keep(record, read_in=cache.generation())
+    for number in range(VOUCHED_PER_ENTRY + 1):
+        cache.vouch(record.scope, KEY, fingerprint=FINGERPRINT, request_digest=f"b-{number}")
+    assert cache.answer_request(record.scope, KEY, f"b-{VOUCHED_PER_ENTRY - 1}") == record
+    assert cache.answer_request(record.scope, KEY, f"b-{VOUCHED_PER_ENTRY}") is None
+
+    world.generation = 8  # a change heard: everything goes
+    assert cache.answer_request(record.scope, KEY, "b-0") is None
+    cache.keep(record, read_in=cache.generation())
+    assert cache.answer_request(record.scope, KEY, "b-0") is None, "vouched anew or not at all"
