@@ -18,6 +18,9 @@ from onceflow.workflows._task_run import KeyWindow
 class KeyWindows:
     """Opens, stops and reads each running step's key window (``TaskRun.key_windows``)."""
 
+    # One per cached task: slots, no attribute dict to hold.
+    __slots__ = ("_book", "_run")
+
     def __init__(self, book: TaskBook) -> None:
         self._book = book
         self._run = book.run

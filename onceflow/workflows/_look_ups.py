@@ -16,6 +16,9 @@ from onceflow.workflows._tool_calls import execute_once, tool_call_input
 class LookUps:
     """Runs a step's look-up activity and records what it found in the step's evidence."""
 
+    # One per cached task: slots, no attribute dict to hold.
+    __slots__ = ("_task", "_memory")
+
     def __init__(self, book: TaskBook) -> None:
         self._task = book.task
         self._memory = book.memory

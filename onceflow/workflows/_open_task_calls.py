@@ -55,6 +55,9 @@ from onceflow.workflows._task_book import (
 class OpenTaskCalls:
     """Takes an open task's calls, runs each as a step, ends it, continues it as new."""
 
+    # One per cached task: slots, no attribute dict to hold.
+    __slots__ = ("_book", "_task", "_memory", "_run", "_steps", "_catalogue")
+
     def __init__(self, book: TaskBook, steps: StepRunner, catalogue: Catalogue) -> None:
         self._book = book
         self._task = book.task

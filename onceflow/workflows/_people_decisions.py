@@ -32,6 +32,9 @@ class PeopleDecisions:
     """Checks and records approvals and reconciliations (Update or signal); a parked
     step waits here for its reconciliation, checking each decision sent meanwhile."""
 
+    # One per cached task: slots, no attribute dict to hold.
+    __slots__ = ("_book", "_memory", "_run", "_keys", "_look_ups")
+
     def __init__(self, book: TaskBook, keys: KeyWindows, look_ups: LookUps) -> None:
         self._book = book
         self._memory = book.memory

@@ -18,6 +18,9 @@ from onceflow.workflows._task_book import StepStopped, TaskBook
 class PlanSteps:
     """Runs a plan: every step given at its start, in order, until one stops it."""
 
+    # One per cached task: slots, no attribute dict to hold.
+    __slots__ = ("_book", "_memory", "_run", "_steps")
+
     def __init__(self, book: TaskBook, steps: StepRunner) -> None:
         self._book = book
         self._memory = book.memory

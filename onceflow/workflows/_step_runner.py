@@ -63,6 +63,18 @@ class StepRunner:
     """Runs steps: attempts, retries within the budget and the key's window, look-ups,
     waits for approval, parks."""
 
+    # One per cached task: slots, no attribute dict to hold.
+    __slots__ = (
+        "_book",
+        "_task",
+        "_memory",
+        "_run",
+        "_keys",
+        "_look_ups",
+        "_decisions",
+        "_catalogue",
+    )
+
     def __init__(
         self,
         book: TaskBook,

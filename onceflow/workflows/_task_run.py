@@ -5,7 +5,8 @@ the rest: the live state, the decisions in flight, the timers, the flags of this
 continued run starts it afresh, which is safe because a task continues as new only when no
 call is unfinished. It lives in the worker's memory only: it is never serialized, so it
 is a plain dataclass, not a model, and its containers are made per run
-(``default_factory``), never shared between runs.
+(``default_factory``), never shared between runs. It has slots: one is held for every
+cached task, and slots hold its fields without an attribute dict.
 """
 
 import asyncio
@@ -41,7 +42,7 @@ class DecisionCheck(BaseModel):
     """What the look-up found, in words (ids, amounts)."""
 
 
-@dataclass
+@dataclass(slots=True)
 class TaskRun:
     """This run's own state of a task: everything the workflow's parts share that
     ``TaskMemory`` does not carry to the next run."""
