@@ -9,19 +9,23 @@ one part to the one before:
 1. ``floor``: ``claim_path``'s raw insert of a narrow ``(scope, key)`` row;
 2. ``record``: the idempotency record's row (its columns copied from the migrated table),
    with only its primary key;
-3. ``+ checks``: its check constraints and its partial index;
+3. ``+ checks``: its check constraints and its partial indexes;
 4. ``+ unique workflow id``: its second unique index;
-5. ``+ principal's foreign key``: the table as migrated;
-6. ``+ claim function``: ``claim_idempotency_key`` without its quota count (the migrated
-   definition cut where the count begins);
-7. ``+ quota count``: ``claim_idempotency_key`` as the gateway calls it.
+5. ``+ principal's foreign key``: the table as migrated, the row without a quota slot;
+6. ``own record``: the row the claim writes, quota window and slot included (so its
+   unique slot index is written too), by one plain ``INSERT``, the slot drawn by the
+   client: the claim's own record written bare;
+7. ``claim``: ``claim_idempotency_key`` as the gateway calls it (the plpgsql function,
+   the slot it picks for the key, the same row).
 
-Every arm inserts a new random key per statement, autocommit, from ``--clients``
-connections, all claims from one principal. Arms run interleaved in rounds; before each
-arm its table is emptied and a checkpoint taken, and no table is vacuumed while they run,
-so each starts alike. Reported
-per arm: the median of its rounds' transactions/s and its cost against the floor (floor
-throughput / arm throughput), and what its part adds.
+The headline is ``claim`` against ``own record``: what the claim's function, its quota
+count and its conflict handling cost on top of the row and constraints it writes
+(#43's target: at most 1.15×). Every arm inserts a new random key per statement,
+autocommit, from ``--clients`` connections, all claims from one principal. Arms run
+interleaved in rounds; before each arm its table is emptied and a checkpoint taken, and
+no table is vacuumed while they run, so each starts alike. Reported per arm: the median
+of its rounds' transactions/s and its cost against the floor (floor throughput / arm
+throughput), and what its part adds; and the claim's cost against its own record.
 
 Usage: ``.venv/bin/python -m bench.claim_cost_split [--seconds 5] [--rounds 5]``
 """
@@ -52,9 +56,15 @@ _VARIABLES = {
     "request_hash": "v1:" + "ab" * 32,
     "owner": uuid.UUID(int=1).hex,
     "principal": str(_PRINCIPAL),
+    # The own record's quota window, named by its end as the claim names it.
+    "window_ends_at": "2100-01-01T00:00:00Z",
 }
-QUOTA_MARKER = "FOR v_attempt IN 1..2 LOOP"
-"""Where ``claim_idempotency_key``'s quota count begins (migration 10)."""
+OWN_RECORD, CLAIM = "own record", "claim"
+TARGET = 1.15
+"""#43: the claim within 1.15× of its own record written bare."""
+_QUOTA = 10_000_000
+"""The claim's quota, and the range the own-record arm draws its slots from: both meet a
+taken slot as rarely (a few claims in ten thousand, by the end of an arm)."""
 
 _NEW_KEY = "\\set k random(1, 9000000000000000)\n"
 _KEY = "'claim-' || CAST(:client_id AS text) || '-' || CAST(:k AS text)"
@@ -67,9 +77,21 @@ _RECORD_INSERT = (
     " interval '1 day', statement_timestamp() + interval '1 day') ON CONFLICT DO NOTHING"
     " RETURNING r.*, statement_timestamp();\n"
 )
+_OWN_RECORD_INSERT = (
+    "INSERT INTO idempotency_records AS r (scope, idempotency_key, request_hash, state,"
+    " owner_token, fencing_token, lease_expires_at, tenant, principal_id, workflow_id,"
+    " result_retention, result_expires_at, quota_window_ends_at, quota_slot) VALUES"
+    " (:scope, {key}, :request_hash, 'processing', :owner, 1,"
+    " statement_timestamp() + interval '30 s', 'bench', :principal, {workflow_id},"
+    " interval '1 day', statement_timestamp() + interval '1 day',"
+    " CAST(:window_ends_at AS timestamptz), :slot) ON CONFLICT DO NOTHING"
+    " RETURNING r.*, statement_timestamp();\n"
+)
 _CLAIM = (
-    "SELECT * FROM {function}(:scope, {key}, :request_hash, :owner, interval '30 s',"
-    " 'bench', :principal, {workflow_id}, interval '1 day', 10000000, 60);\n"
+    "SELECT * FROM claim_idempotency_key(:scope, {key}, :request_hash, :owner,"
+    " interval '30 s', 'bench', :principal, {workflow_id}, interval '1 day', "
+    + str(_QUOTA)
+    + ", 60);\n"
 )
 
 
@@ -88,8 +110,12 @@ def _parts() -> list[Part]:
     def record(table: str) -> str:
         return _NEW_KEY + _RECORD_INSERT.format(table=table, key=_KEY, workflow_id=_WORKFLOW_ID)
 
-    def claim(function: str) -> str:
-        return _NEW_KEY + _CLAIM.format(function=function, key=_KEY, workflow_id=_WORKFLOW_ID)
+    own_record = (
+        _NEW_KEY
+        + f"\\set slot random(0, {_QUOTA - 1})\n"
+        + _OWN_RECORD_INSERT.format(key=_KEY, workflow_id=_WORKFLOW_ID)
+    )
+    claim = _NEW_KEY + _CLAIM.format(key=_KEY, workflow_id=_WORKFLOW_ID)
 
     return [
         Part(
@@ -102,7 +128,7 @@ def _parts() -> list[Part]:
         Part("record", "the record's columns", record("split_record"), "split_record"),
         Part(
             "+ checks",
-            "its check constraints and partial index",
+            "its check constraints and partial indexes",
             record("split_checked"),
             "split_checked",
         ),
@@ -114,28 +140,27 @@ def _parts() -> list[Part]:
         ),
         Part(
             "+ principal's foreign key",
-            "its foreign key (the table as migrated)",
+            "its foreign key (the table as migrated, no quota slot)",
             record("idempotency_records"),
             "idempotency_records",
         ),
         Part(
-            "+ claim function",
-            "the plpgsql function, its quota count left out",
-            claim("split_claim_without_quota"),
+            OWN_RECORD,
+            "the quota window and slot (its unique index): the claim's row, one INSERT",
+            own_record,
             "idempotency_records",
         ),
         Part(
-            "+ quota count",
-            "the count in a quota shard (the claim as the gateway calls it)",
-            claim("claim_idempotency_key"),
+            CLAIM,
+            "the claim function: the slot picked for the key (as the gateway calls it)",
+            claim,
             "idempotency_records",
         ),
     ]
 
 
 def _prepare(url: str, principal: uuid.UUID) -> None:
-    """The arms' tables, each a copy of the migrated record with fewer parts, and the
-    claim function without its quota count."""
+    """The arms' tables, each a copy of the migrated record with fewer parts."""
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(
             "INSERT INTO principals (principal_id, tenant, name, allowed_tools)"
@@ -166,22 +191,9 @@ def _prepare(url: str, principal: uuid.UUID) -> None:
             "split_unique",
             "split_checked",
             "idempotency_records",
-            "principal_key_usage_shards",
         ):
             # A vacuum started by the inserts would take CPU from whichever arm runs then.
             conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
-        row = conn.execute("SELECT pg_get_functiondef('claim_idempotency_key'::regproc)").fetchone()
-        assert row is not None
-        definition: str = row[0]
-        if definition.count(QUOTA_MARKER) != 1:
-            raise SystemExit(f"claim_idempotency_key changed: {QUOTA_MARKER!r} not found once")
-        without_quota = (
-            definition.split(QUOTA_MARKER)[0].replace(
-                "public.claim_idempotency_key(", "public.split_claim_without_quota(", 1
-            )
-            + "RETURN;\nEND\n$function$"
-        )
-        conn.execute(without_quota.encode())
 
 
 def _round(url: str, parts: list[Part], scratch: Path, clients: int, seconds: int) -> None:
@@ -190,7 +202,7 @@ def _round(url: str, parts: list[Part], scratch: Path, clients: int, seconds: in
         # by the WAL's volume in the middle of an arm would charge it the page images
         # written after it).
         with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(f"TRUNCATE {part.table}, principal_key_usage_shards")
+            conn.execute(f"TRUNCATE {part.table}")
             conn.execute("CHECKPOINT")
         script = scratch / f"arm{number}.sql"
         script.write_text(part.script)
@@ -244,6 +256,21 @@ def summary(parts: list[Part]) -> list[dict[str, Any]]:
     return rows
 
 
+def against_own_record(parts: list[Part]) -> dict[str, Any]:
+    """The claim's cost against its own record: the ratio of their median rates, and of
+    each round's pair (the two arms run one after the other in every round)."""
+    arms = {part.name: part for part in parts}
+    own, claim = arms[OWN_RECORD], arms[CLAIM]
+    return {
+        "ratio": round(statistics.median(own.rates) / statistics.median(claim.rates), 3),
+        "per_round": [
+            round(own_rate / claim_rate, 3)
+            for own_rate, claim_rate in zip(own.rates, claim.rates, strict=True)
+        ],
+        "target_ratio": TARGET,
+    }
+
+
 async def main(arguments: argparse.Namespace) -> None:
     parts = _parts()
     with tempfile.TemporaryDirectory() as scratch:
@@ -263,6 +290,12 @@ async def main(arguments: argparse.Namespace) -> None:
     rows = summary(parts)
     for row in rows:
         print(f"{row['arm']:>28}: {row['median_per_s']:8.0f}/s  {row['cost_vs_floor']:.2f}x")
+    headline = against_own_record(parts)
+    print(
+        f"claim / own record: {headline['ratio']:.2f}x (target <= {TARGET:.2f}x; per round "
+        + ", ".join(f"{ratio:.2f}" for ratio in headline["per_round"])
+        + ")"
+    )
     document = {
         "title": "claim cost split by part (server only, pgbench)",
         "run": run_info(
@@ -272,6 +305,7 @@ async def main(arguments: argparse.Namespace) -> None:
             arguments=vars(arguments),
         ),
         "arms": rows,
+        "claim_vs_own_record": headline,
     }
     (RESULTS / "claim_cost_split.json").write_text(json.dumps(document, indent=2) + "\n")
 

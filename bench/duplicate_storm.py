@@ -153,7 +153,7 @@ async def main(requests: int, concurrency: int, rounds: int, answer_cache_size: 
                 ).fetchone()
                 # Every key the principal created, warm-up storm included: one per storm.
                 counted = conn.execute(
-                    "SELECT coalesce(sum(keys_claimed), 0) FROM principal_key_usage_shards"
+                    "SELECT count(*) FROM idempotency_records WHERE quota_slot IS NOT NULL"
                 ).fetchone()
             workflows = await settled_count(env.client, "WorkflowType = 'AgentTaskWorkflow'")
         except BaseException:

@@ -44,10 +44,13 @@ on the stored body so two refreshes never overwrite a final answer::
                                                           ▼
                                                       succeeded (200)
 
-A new key counts against its principal's quota of new keys per window, in 16 shards
-that each admit their share of it, so the shards together admit exactly the quota while
-concurrent claims of one principal count in different rows (``claim_idempotency_key``,
-migration 10); a replay never counts, an over-quota claim writes nothing.
+A new key counts against its principal's quota of new keys per window by the slot its
+record takes in the window (``claim_idempotency_key``, migration 17): a unique index lets
+one record hold each of the quota's slots, so the database admits exactly the quota and
+the claim writes its record and nothing else; concurrent claims of one principal start
+from the slots their keys hash to. A replay never counts, an over-quota claim writes
+nothing. A released claim frees its slot (it started nothing); a pruned record's window
+has always passed (a record is kept until it has).
 
 Every time comparison uses the database clock, so gateways with skewed clocks agree on
 who owns a lease. Every write after the claim names the fencing token (or the task's
@@ -187,10 +190,9 @@ _COLUMNS = """
 """
 
 # One statement, run as its own transaction (autocommit): ``claim_idempotency_key``
-# (migration 10) inserts the record and, only when it inserted, counts the key in one of
-# the principal's quota-window shards; or returns the record that holds the key, so a
-# replay reads it in the same round trip and never counts. Over quota it raises
-# ``_QUOTA_SPENT``, which undoes the insert: an over-quota request reserves nothing.
+# (migration 17) inserts the record in a free quota slot of the principal's window; or
+# returns the record that holds the key, so a replay reads it in the same round trip and
+# never counts. With no slot free it raises ``_QUOTA_SPENT`` and has written nothing.
 _CLAIM = """
 SELECT * FROM claim_idempotency_key(
     %(scope)s, %(idempotency_key)s, %(request_hash)s, %(owner_token)s, %(lease)s,
@@ -297,6 +299,10 @@ WITH pruned AS (
     DELETE FROM idempotency_records WHERE ctid IN (
         SELECT ctid FROM idempotency_records
         WHERE state <> 'processing' AND result_expires_at <= statement_timestamp()
+          -- A record holds its key's quota slot until its window has passed: pruned
+          -- sooner (a retention shorter than the window), it would let another key take
+          -- the slot and the window admit more than the quota.
+          AND (quota_window_ends_at IS NULL OR quota_window_ends_at <= statement_timestamp())
         LIMIT %(batch)s
     )
     RETURNING 1
@@ -305,8 +311,9 @@ SELECT deleted, CASE WHEN deleted > 0 THEN pg_notify('{PRUNED_RECORDS_CHANNEL}',
 FROM counted
 """
 
-# Old windows of both quota tables (principal_key_usage is where gateways older than
-# migration 10 count); one window is one principal's window, however many shards it has.
+# Old windows of both former quota tables, counted before migration 17 (in
+# principal_key_usage by gateways older than migration 10); no claim writes them now. One
+# window is one principal's window, however many shards it has.
 _PRUNE_USAGE = """
 WITH sharded AS (
     DELETE FROM principal_key_usage_shards
@@ -540,7 +547,9 @@ class IdempotencyStore:
         """Delete terminal records whose result retention has passed, and old quota windows.
 
         Processing records are never pruned, whatever their age: their task may still
-        write its result, and forgetting them would let a retry run it again.
+        write its result, and forgetting them would let a retry run it again. Nor is a
+        record whose quota window is still open (a result retention shorter than
+        ``quota_window_seconds``): it holds its key's slot until the window ends.
         """
         deleted = 0
         while True:

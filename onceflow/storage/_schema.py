@@ -554,4 +554,145 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         );
         """,
     ),
+    (
+        17,
+        "boundary: the key quota counted on the record, in a slot of its window",
+        """
+        -- A new key counts against its principal's quota by the slot its record takes in
+        -- the window: 0 <= quota_slot < the quota, and this unique index lets one record
+        -- hold each slot of a principal's window, so the database admits at most the
+        -- quota of new keys per window, and the claim writes one row instead of two
+        -- (bench/claim_cost_split.py). The window is named by its end, so a prune pass
+        -- can leave a record whose window is still open (pruning it would free its slot
+        -- for another key in that window). A released claim (it started nothing) frees its
+        -- slot with its record. Records claimed before this migration hold no slot and
+        -- count in no window: in the window during which it is applied, keys counted in
+        -- principal_key_usage_shards before it are not seen, so that one window may admit
+        -- up to the quota more.
+        --
+        -- principal_key_usage_shards is no longer written (only pruned of the windows
+        -- counted before this migration); a later release may drop it, and with it
+        -- principal_key_usage, once no gateway older than this migration can run.
+        ALTER TABLE idempotency_records
+            ADD COLUMN quota_window_ends_at timestamptz,
+            ADD COLUMN quota_slot           integer CHECK (quota_slot >= 0),
+            ADD CONSTRAINT a_quota_slot_has_a_window
+                CHECK ((quota_slot IS NULL) = (quota_window_ends_at IS NULL));
+        CREATE UNIQUE INDEX one_record_per_quota_slot
+            ON idempotency_records (principal_id, quota_window_ends_at, quota_slot)
+            WHERE quota_slot IS NOT NULL;
+
+        -- The first slot in [p_from, p_below) of a principal's window that no record
+        -- holds, or NULL: its run of taken slots read in order from the index, so a
+        -- sparse window costs one probe. STABLE: it reads the caller's snapshot, so two
+        -- calls in one expression see one state of the window.
+        CREATE FUNCTION free_quota_slot(
+            p_principal_id uuid, p_window_ends_at timestamptz, p_from integer,
+            p_below integer
+        ) RETURNS integer LANGUAGE sql STABLE AS $free$
+            SELECT CASE
+                WHEN p_from >= p_below THEN NULL
+                WHEN NOT EXISTS (
+                    SELECT FROM idempotency_records r
+                    WHERE r.principal_id = p_principal_id
+                      AND r.quota_window_ends_at = p_window_ends_at
+                      AND r.quota_slot = p_from
+                ) THEN p_from
+                -- p_from is taken: the slot after the end of its run.
+                ELSE (
+                    SELECT nullif(run.slot + 1, p_below) FROM (
+                        SELECT r.quota_slot AS slot,
+                               lead(r.quota_slot) OVER (ORDER BY r.quota_slot) AS next_slot
+                        FROM idempotency_records r
+                        WHERE r.principal_id = p_principal_id
+                          AND r.quota_window_ends_at = p_window_ends_at
+                          AND r.quota_slot >= p_from AND r.quota_slot < p_below
+                    ) run
+                    WHERE run.next_slot IS DISTINCT FROM run.slot + 1
+                    ORDER BY run.slot
+                    LIMIT 1
+                )
+            END
+        $free$;
+
+        -- Migration 10's claim, with the same arguments and result, so gateways of the
+        -- release before keep calling it during a rolling upgrade. The key is counted by
+        -- the slot its record takes: the one its workflow id hashes to (so concurrent
+        -- claims of one principal spread over the window), or, when another record holds
+        -- that one, the next free slot after it, wrapping. Only when no slot is free is
+        -- the quota spent. A replay never counts: the key's record is returned, slot or
+        -- not. A claim waits for another only when both insert one slot (or one key) at
+        -- once, until the other commits.
+        CREATE OR REPLACE FUNCTION claim_idempotency_key(
+            p_scope text, p_key text, p_request_hash text, p_owner_token text,
+            p_lease interval, p_tenant text, p_principal_id uuid, p_workflow_id text,
+            p_result_retention interval, p_quota integer, p_window integer
+        ) RETURNS TABLE (
+            claimed boolean, scope text, idempotency_key varchar, request_hash text,
+            state text, owner_token text, fencing_token bigint,
+            lease_expires_at timestamptz, tenant text, principal_id uuid, workflow_id text,
+            workflow_run_id text, workflow_started_at timestamptz, status_code integer,
+            resource_id text, response_body jsonb, result_expires_at timestamptz,
+            created_at timestamptz, read_at timestamptz
+        ) LANGUAGE plpgsql AS $claim$
+        #variable_conflict use_column
+        DECLARE
+            v_window_ends_at timestamptz := to_timestamp(
+                (floor(extract(epoch FROM statement_timestamp()) / p_window) + 1) * p_window);
+            v_slot integer := (hashtext(p_workflow_id) & 2147483647) % p_quota;
+        BEGIN
+            -- Each pass that inserts nothing and finds no record of the key met a slot
+            -- another claim took since the last look (or the key's record, gone again):
+            -- at most the quota of them, then the caller claims again.
+            FOR v_attempt IN 0..p_quota LOOP
+                RETURN QUERY
+                INSERT INTO idempotency_records AS r (
+                    scope, idempotency_key, request_hash, state, owner_token, fencing_token,
+                    lease_expires_at, tenant, principal_id, workflow_id, result_retention,
+                    result_expires_at, quota_window_ends_at, quota_slot
+                ) VALUES (
+                    p_scope, p_key, p_request_hash, 'processing', p_owner_token, 1,
+                    statement_timestamp() + p_lease, p_tenant, p_principal_id, p_workflow_id,
+                    p_result_retention, statement_timestamp() + p_result_retention,
+                    v_window_ends_at, v_slot
+                )
+                -- No conflict target: the key, its workflow id (migration 10) and the
+                -- slot each have their unique index.
+                ON CONFLICT DO NOTHING
+                RETURNING true, r.scope, r.idempotency_key, r.request_hash, r.state,
+                    r.owner_token, r.fencing_token, r.lease_expires_at, r.tenant,
+                    r.principal_id, r.workflow_id, r.workflow_run_id, r.workflow_started_at,
+                    r.status_code, r.resource_id, r.response_body, r.result_expires_at,
+                    r.created_at, statement_timestamp();
+                IF FOUND THEN
+                    RETURN;
+                END IF;
+                -- A statement of its own, so a new snapshot: it sees the record that won
+                -- the conflict, if the conflict was on the key.
+                RETURN QUERY
+                SELECT false, r.scope, r.idempotency_key, r.request_hash, r.state,
+                    r.owner_token, r.fencing_token, r.lease_expires_at, r.tenant,
+                    r.principal_id, r.workflow_id, r.workflow_run_id, r.workflow_started_at,
+                    r.status_code, r.resource_id, r.response_body, r.result_expires_at,
+                    r.created_at, statement_timestamp()
+                FROM idempotency_records r
+                WHERE r.scope = p_scope AND r.idempotency_key = p_key;
+                IF FOUND THEN
+                    RETURN;
+                END IF;
+                -- The slot is taken: the next free one, wrapping, read in one snapshot.
+                v_slot := coalesce(
+                    free_quota_slot(p_principal_id, v_window_ends_at, v_slot, p_quota),
+                    free_quota_slot(p_principal_id, v_window_ends_at, 0, v_slot));
+                IF v_slot IS NULL THEN
+                    RAISE EXCEPTION 'the principal''s key quota for this window is spent'
+                        USING ERRCODE = 'OF429', DETAIL = ceil(
+                            p_window - mod(extract(epoch FROM statement_timestamp()), p_window)
+                        )::integer::text;
+                END IF;
+            END LOOP;
+        END
+        $claim$;
+        """,
+    ),
 )

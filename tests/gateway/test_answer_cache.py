@@ -317,11 +317,12 @@ async def test_a_pruned_record_is_not_answered_from_memory(
         await listener.execute(f"LISTEN {PRUNED_RECORDS_CHANNEL}")
         from_memory = await remembered(remembering, agent, "storm-0004")
         heard = remembering.principals.generation
-        # As if its retention had passed; then the worker's prune pass deletes it.
+        # As if its retention had passed (and its quota window, which is shorter); then
+        # the worker's prune pass deletes it.
         execute(
             database,
-            "UPDATE idempotency_records SET result_expires_at = now() - interval '1 s'"
-            " WHERE idempotency_key = %s",
+            "UPDATE idempotency_records SET result_expires_at = now() - interval '1 s',"
+            " quota_window_ends_at = now() - interval '1 s' WHERE idempotency_key = %s",
             "storm-0004",
         )
         await stack.client.get_schedule_handle(prune_schedule_id(stack.task_queue)).trigger()

@@ -126,7 +126,6 @@ def written(database: str) -> tuple[Any, ...]:
     return rows(
         database,
         "SELECT (SELECT count(*) FROM idempotency_records),"
-        " (SELECT coalesce(sum(keys_claimed), 0) FROM principal_key_usage_shards),"
         " (SELECT count(*) FROM coupon_issuances)",
     )[0]
 

@@ -171,7 +171,6 @@ async def test_missing_or_malformed_keys_are_400_and_reserve_nothing(
     if headers.get("Idempotency-Key"):
         assert headers["Idempotency-Key"] not in response.text
     assert count(database, "idempotency_records") == 0
-    assert count(database, "principal_key_usage_shards") == 0
     assert count(database, "coupon_issuances") == 0
 
 

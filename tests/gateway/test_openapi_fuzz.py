@@ -53,7 +53,6 @@ def written(database: str) -> tuple[Any, ...]:
     return rows(
         database,
         "SELECT (SELECT count(*) FROM idempotency_records),"
-        " (SELECT coalesce(sum(keys_claimed), 0) FROM principal_key_usage_shards),"
         " (SELECT count(*) FROM orders), (SELECT count(*) FROM coupon_issuances),"
         " (SELECT count(*) FROM operations)",
     )[0]

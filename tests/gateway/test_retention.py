@@ -64,11 +64,12 @@ ORDER = {
 
 
 def expire(database: str, key: str) -> None:
-    """As if the record's result retention had passed."""
+    """As if the record's result retention had passed, and with it (the retention being
+    longer than the quota window, as the defaults are) the window its key counted in."""
     execute(
         database,
-        "UPDATE idempotency_records SET result_expires_at = now() - interval '1 s'"
-        " WHERE idempotency_key = %s",
+        "UPDATE idempotency_records SET result_expires_at = now() - interval '1 s',"
+        " quota_window_ends_at = now() - interval '1 s' WHERE idempotency_key = %s",
         key,
     )
 
