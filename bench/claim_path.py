@@ -169,15 +169,7 @@ async def claim_path(
         async def own_record(number: int) -> None:
             new = new_claim_of(number, "own")
             params = {
-                "scope": new.scope,
-                "idempotency_key": new.idempotency_key,
-                "request_hash": new.request_hash,
-                "owner_token": uuid.uuid4().hex,
-                "lease": new.lease,
-                "tenant": new.tenant,
-                "principal_id": new.principal_id,
-                "workflow_id": new.workflow_id,
-                "result_retention": new.result_retention,
+                **new.parameters(),
                 "window_ends_at": _OWN_RECORD_WINDOW,
                 "slot": next(own_slots) * _SPREAD % _QUOTA,
             }

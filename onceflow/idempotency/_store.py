@@ -148,6 +148,23 @@ class NewClaim:
     key_quota: int
     quota_window_seconds: int
 
+    def parameters(self) -> dict[str, Any]:
+        """The claim's statement parameters (``claim_idempotency_key``'s), with a new
+        owner token."""
+        return {
+            "scope": self.scope,
+            "idempotency_key": self.idempotency_key,
+            "request_hash": self.request_hash,
+            "owner_token": uuid.uuid4().hex,
+            "lease": self.lease,
+            "tenant": self.tenant,
+            "principal_id": self.principal_id,
+            "workflow_id": self.workflow_id,
+            "result_retention": self.result_retention,
+            "quota": self.key_quota,
+            "window": self.quota_window_seconds,
+        }
+
 
 @dataclass(frozen=True)
 class Claimed:
@@ -350,19 +367,7 @@ class IdempotencyStore:
             QuotaExceeded: The key is new and the principal's window quota is spent;
                 nothing was written.
         """
-        params = {
-            "scope": new.scope,
-            "idempotency_key": new.idempotency_key,
-            "request_hash": new.request_hash,
-            "owner_token": uuid.uuid4().hex,
-            "lease": new.lease,
-            "tenant": new.tenant,
-            "principal_id": new.principal_id,
-            "workflow_id": new.workflow_id,
-            "result_retention": new.result_retention,
-            "quota": new.key_quota,
-            "window": new.quota_window_seconds,
-        }
+        params = new.parameters()
         # A claim that conflicts with a record pruned or released between the insert and
         # the read finds nothing; claiming again settles it.
         for _ in range(5):

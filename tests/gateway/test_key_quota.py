@@ -385,6 +385,7 @@ async def test_the_previous_releases_claim_statement_is_held_to_the_same_quota(
             cursor = conn.cursor(row_factory=dict_row)
             await cursor.execute(
                 statement,
+                # The parameters 0.4.0's IdempotencyStore.claim passed, as it named them.
                 {
                     "scope": new.scope,
                     "idempotency_key": key,
