@@ -40,6 +40,7 @@ from temporalio.testing import WorkflowEnvironment
 
 from bench._report import Arm, report
 from bench.claim_path import _gateway_url
+from bench.open_task_calls import CpuMeter
 from onceflow.coupons import coupon_tools
 from onceflow.gateway import GatewaySettings, PrincipalStore
 from onceflow.settings import OnceflowSettings
@@ -84,6 +85,10 @@ async def main(requests: int, concurrency: int, rounds: int, answer_cache_size: 
                 stderr=subprocess.STDOUT,
             )
         trivial, storm = Arm("GET /healthz"), Arm("same-key POST storm")
+        # CPU seconds per arm of the gateway and of this process (the load generator,
+        # on the same cores): how much of the ratio is the gateway's own work.
+        meter = CpuMeter(processes={"gateway": gateway.pid, "load generator": os.getpid()})
+        cpu: dict[str, Counter[str]] = {trivial.name: Counter(), storm.name: Counter()}
         answers: Counter[str] = Counter()
         keys: list[str] = []
         try:
@@ -129,9 +134,14 @@ async def main(requests: int, concurrency: int, rounds: int, answer_cache_size: 
                                     assert response.status_code in (200, 202, 409), response.text
                                 arm.latencies.append(time.perf_counter() - started)
 
-                        began = time.perf_counter()
+                        began, before = time.perf_counter(), meter.read()
                         await asyncio.gather(*(one() for _ in range(requests)))
                         arm.wall_seconds += time.perf_counter() - began
+                        if arm.name in cpu:
+                            after = meter.read()
+                            cpu[arm.name].update(
+                                {name: after[name] - before[name] for name in after}
+                            )
 
                     await measure(Arm("warm-up"), None)
                     await measure(Arm("warm-up"), f"warm-{uuid.uuid4().hex[:8]}")
@@ -192,6 +202,13 @@ async def main(requests: int, concurrency: int, rounds: int, answer_cache_size: 
             ),
             "answers": dict(sorted(answers.items())),
             **effects,
+            "cpu ms per request": {
+                arm.name: {
+                    name: 1000 * seconds / len(arm.latencies)
+                    for name, seconds in sorted(cpu[arm.name].items())
+                }
+                for arm in (trivial, storm)
+            },
         },
         # Issue 43's target: a storm's p50 within 1.5× the HTTP stack's own.
         extra={"target_ratio": 1.5},
