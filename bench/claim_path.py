@@ -12,9 +12,10 @@
    twice: claims spread over as many principals as there are concurrent callers, and all
    from one principal (whose keys then share one window's slots).
 2. A replayed request vs a trivial endpoint: ``POST /v1/tools/issue_coupon/calls`` with a
-   key whose task already finished (authenticate, validate, fingerprint, claim and read
-   the record in one statement, answer the stored body) next to ``GET /healthz`` on the
-   same gateway process.
+   key whose task already finished, the same bytes every time (answered from the
+   gateway's memory once vouched for, ``gateway._http_repeats``) next to ``GET /healthz``
+   on the same gateway process, both sent by the raw load generator (``bench._raw_http``)
+   so that the client's own cost does not hide the server's.
 
 Arms run interleaved in rounds so drift hits both alike; the ratios are what to compare
 across machines. Each result records how it was made (``run_info``: command, arguments,
@@ -26,6 +27,7 @@ Usage: ``.venv/bin/python -m bench.claim_path [--claims 4000] [--requests 2000]`
 import argparse
 import asyncio
 import itertools
+import json
 import os
 import subprocess
 import sys
@@ -37,13 +39,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import httpx
 from onceflow_devstack.binaries import installed_binary
 from onceflow_devstack.postgres import EmbeddedPostgres
 from psycopg.rows import dict_row
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
+from bench._raw_http import Checker, RawResponse, encode_request, send_all
 from bench._report import Arm, report, run_info
 from onceflow.coupons import coupon_tools
 from onceflow.gateway import PrincipalStore, request_fingerprint
@@ -264,32 +266,42 @@ async def replay_path(
             _, api_key = await PrincipalStore(pool).create(
                 tenant="bench", name="replays", tools=["issue_coupon"]
             )
-            headers = {"Authorization": f"Bearer {api_key}", "Idempotency-Key": "bench-replay-1"}
-            body = {"user_id": "u-bench", "coupon_id": "BENCH"}
-            async with (
-                build_worker(env.client, pool, settings, tools=coupon_tools()),
-                httpx.AsyncClient(
-                    base_url=url, timeout=30, limits=httpx.Limits(max_connections=concurrency)
-                ) as http,
-            ):
-                first = await http.post("/v1/tools/issue_coupon/calls", json=body, headers=headers)
-                assert first.status_code == 200, first.text
+            body = json.dumps({"user_id": "u-bench", "coupon_id": "BENCH"}).encode()
+            call = encode_request(
+                "POST",
+                url,
+                "/v1/tools/issue_coupon/calls",
+                {
+                    "Authorization": f"Bearer {api_key}",
+                    "Idempotency-Key": "bench-replay-1",
+                    "Content-Type": "application/json",
+                },
+                body,
+            )
+            healthz = encode_request("GET", url, "/healthz", {})
 
-                async def healthz(number: int) -> None:
-                    assert (await http.get("/healthz")).status_code == 200
+            def answered(response: RawResponse) -> None:
+                assert response.status_code == 200, response.body
 
-                async def replayed(number: int) -> None:
-                    answer = await http.post(
-                        "/v1/tools/issue_coupon/calls", json=body, headers=headers
-                    )
-                    assert answer.headers.get("Idempotent-Replayed") == "true"
+            def replayed(response: RawResponse) -> None:
+                answered(response)
+                assert response.headers.get("idempotent-replayed") == "true"
 
-                await _measure(Arm("warm-up"), 200, concurrency, healthz)
-                await _measure(Arm("warm-up"), 200, concurrency, replayed)
+            async def measure(arm: Arm, request: bytes, count: int, check: Checker) -> None:
+                began = time.perf_counter()
+                arm.latencies += await send_all(
+                    url, request, requests=count, concurrency=concurrency, check=check
+                )
+                arm.wall_seconds += time.perf_counter() - began
+
+            async with build_worker(env.client, pool, settings, tools=coupon_tools()):
+                await measure(Arm("first call"), call, 1, answered)
+                await measure(Arm("warm-up"), healthz, 200, answered)
+                await measure(Arm("warm-up"), call, 200, replayed)
                 per_round = max(requests // rounds, 1)
                 for _ in range(rounds):
-                    await _measure(trivial, per_round, concurrency, healthz)
-                    await _measure(replay, per_round, concurrency, replayed)
+                    await measure(trivial, healthz, per_round, answered)
+                    await measure(replay, call, per_round, replayed)
     finally:
         gateway.terminate()
         gateway.wait(timeout=30)

@@ -22,6 +22,7 @@ Usage: ``.venv/bin/python -m bench.duplicate_storm [--requests 1000] [--concurre
 
 import argparse
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -31,13 +32,13 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
-import httpx
 import psycopg
 from onceflow_devstack.binaries import installed_binary
 from onceflow_devstack.postgres import EmbeddedPostgres
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
+from bench._raw_http import RawResponse, encode_request, send_all
 from bench._report import Arm, report
 from bench.claim_path import _gateway_url
 from bench.open_task_calls import CpuMeter
@@ -97,45 +98,40 @@ async def main(requests: int, concurrency: int, rounds: int, answer_cache_size: 
                 _, api_key = await PrincipalStore(pool).create(
                     tenant="bench", name="storm", tools=["issue_coupon"]
                 )
-                # Idle connections are dropped well before the gateway's keep-alive (uvicorn's
-                # 5 s) ends them: reusing one the server is closing just then fails the
-                # request ("Server disconnected"), which a loaded machine made likely between
-                # rounds.
-                limits = httpx.Limits(max_connections=concurrency, keepalive_expiry=2.0)
-                async with (
-                    build_worker(
-                        env.client, pool, OnceflowSettings(task_queue=queue), tools=coupon_tools()
-                    ),
-                    httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as http,
+                async with build_worker(
+                    env.client, pool, OnceflowSettings(task_queue=queue), tools=coupon_tools()
                 ):
 
                     async def measure(arm: Arm, key: str | None) -> None:
-                        gate = asyncio.Semaphore(concurrency)
-                        headers = {"Authorization": f"Bearer {api_key}"}
-                        body = {"user_id": f"u-{key}", "coupon_id": "STORM"}
+                        if key is None:
+                            request = encode_request("GET", url, "/healthz", {})
+                        else:
+                            request = encode_request(
+                                "POST",
+                                url,
+                                "/v1/tools/issue_coupon/calls",
+                                {
+                                    "Authorization": f"Bearer {api_key}",
+                                    "Idempotency-Key": key,
+                                    "Content-Type": "application/json",
+                                },
+                                json.dumps({"user_id": f"u-{key}", "coupon_id": "STORM"}).encode(),
+                            )
 
-                        async def one() -> None:
-                            async with gate:
-                                started = time.perf_counter()
-                                if key is None:
-                                    response = await http.get("/healthz")
-                                    assert response.status_code == 200
-                                else:
-                                    response = await http.post(
-                                        "/v1/tools/issue_coupon/calls",
-                                        json=body,
-                                        headers={**headers, "Idempotency-Key": key},
-                                    )
-                                    replayed = response.headers.get("Idempotent-Replayed")
-                                    answers[
-                                        f"{response.status_code}"
-                                        + (" replayed" if replayed == "true" else "")
-                                    ] += 1
-                                    assert response.status_code in (200, 202, 409), response.text
-                                arm.latencies.append(time.perf_counter() - started)
+                        def check(response: RawResponse) -> None:
+                            if key is None:
+                                assert response.status_code == 200
+                                return
+                            replayed = response.headers.get("idempotent-replayed") == "true"
+                            answers[
+                                f"{response.status_code}" + (" replayed" if replayed else "")
+                            ] += 1
+                            assert response.status_code in (200, 202, 409), response.body
 
                         began, before = time.perf_counter(), meter.read()
-                        await asyncio.gather(*(one() for _ in range(requests)))
+                        arm.latencies += await send_all(
+                            url, request, requests=requests, concurrency=concurrency, check=check
+                        )
                         arm.wall_seconds += time.perf_counter() - began
                         if arm.name in cpu:
                             after = meter.read()

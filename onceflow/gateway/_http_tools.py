@@ -9,7 +9,6 @@ router's routes twice per request (once to pick the router, again to pick the ro
 inside it), and a tool call, replays included, is the gateway's most frequent request.
 """
 
-import hashlib
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
@@ -32,6 +31,7 @@ from onceflow.gateway._http_parameters import (
     key_header,
     service_of,
 )
+from onceflow.gateway._http_repeats import request_digest, tool_call_path
 from onceflow.gateway._openapi import problem_answers
 from onceflow.gateway._openapi_document import model_body, tool_arguments_body
 from onceflow.tools.worker import Catalogue
@@ -77,7 +77,7 @@ def install_tool_routes(app: FastAPI, catalogue: Catalogue) -> None:
     # One documented route per tool, so each shows its exact argument schema...
     for contract in catalogue:
         app.add_api_route(
-            f"/v1/tools/{contract.name}/calls",
+            tool_call_path(contract.name),
             _named_tool_endpoint(contract.name),
             methods=["POST"],
             tags=["tools"],
@@ -145,9 +145,7 @@ async def _call(request: Request, tool: str, deliberate_repeat: bool) -> Respons
     service.check_tool(principal, tool)
     key = sent_key(request)
     body = await read_body(request)
-    # What the request is, byte for byte: the route (with the query that changes its
-    # fingerprint) and the body as sent. A storm of retries repeats it exactly.
-    digest = hashlib.sha256(f"{tool}\n{deliberate_repeat}\n".encode() + body).hexdigest()
+    digest = request_digest(tool, deliberate_repeat, body)
     if key:
         repeated = service.repeated_tool_call(principal, tool, key, digest)
         if repeated is not None:

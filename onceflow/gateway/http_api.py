@@ -11,7 +11,8 @@ header with one key, bare or in the structured-field string form (``"abc"``, the
 draft's own form), both meaning the same key.
 
 ``build_app`` assembles the parts, each a module of its own: the routes by resource
-(``_http_tools``, ``_http_tasks``, ``_http_decisions``, ``_http_operations``), what they
+(``_http_tools``, ``_http_tasks``, ``_http_decisions``, ``_http_operations``), the
+middleware answering a tool call's vouched repeats before routing (``_http_repeats``), what they
 take and answer (``_http_parameters``, ``_http_answers``), strict JSON (``_http_json``),
 the error answers (``_http_errors``) and the OpenAPI document (``_openapi_document``,
 ``_openapi``).
@@ -30,6 +31,7 @@ from onceflow.gateway._http_errors import install_error_handlers, problem_respon
 from onceflow.gateway._http_operations import install_docs_pages
 from onceflow.gateway._http_operations import router as operation_routes
 from onceflow.gateway._http_parameters import service_of
+from onceflow.gateway._http_repeats import VouchedRepeats
 from onceflow.gateway._http_tasks import router as task_routes
 from onceflow.gateway._http_tools import install_tool_routes
 from onceflow.gateway._openapi_document import install_document
@@ -98,6 +100,7 @@ def build_app(
     # In this order, the order of the document's paths.
     app.include_router(operation_routes)
     install_tool_routes(app, catalogue)
+    app.add_middleware(VouchedRepeats, tools=[contract.name for contract in catalogue])
     app.include_router(task_routes)
     app.include_router(decision_routes)
     install_document(app, catalogue)

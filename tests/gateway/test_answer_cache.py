@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import psycopg
 from mcp import Client
+from starlette.middleware import Middleware
 
 from onceflow.gateway import (
     BoundaryService,
@@ -64,6 +65,7 @@ class Gateway:
     checkouts: Checkouts
     principals: PrincipalCache
     service: BoundaryService
+    routed: "Routed"
 
     async def call(self, caller: Caller, key: str, body: dict[str, Any]) -> httpx.Response:
         return await self.http.post(
@@ -118,9 +120,16 @@ async def gateway(stack: Stack, **settings: Any) -> AsyncIterator[Gateway]:
         app = build_app(lambda: contextlib.nullcontext(service))
         # The lifespan would open the service; this one is open already.
         app.state.service = service
+        routed = Routed(app)
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
-            yield Gateway(http=http, checkouts=checkouts, principals=principals, service=service)
+            yield Gateway(
+                http=http,
+                checkouts=checkouts,
+                principals=principals,
+                service=service,
+                routed=routed,
+            )
 
 
 def answer_of(response: httpx.Response) -> tuple[int, tuple[tuple[str, str], ...], bytes]:
@@ -182,6 +191,102 @@ async def test_a_repeat_of_the_same_bytes_is_answered_without_being_checked_agai
     assert {answer_of(answer) for answer in spelled} == {answer_of(spelled[0])}
     assert other.status_code == 422 and other.json()["type"].endswith("idempotency-key-reused")
     assert count(database, "coupon_issuances") == 1
+
+
+class Routed:
+    """Counts the requests that reach the app's routing: the innermost middleware, inside
+    the one that answers vouched repeats before routing (``_http_repeats``)."""
+
+    def __init__(self, app: Any) -> None:
+        self.count = 0
+        counter = self
+
+        class Counting:
+            def __init__(self, app: Any) -> None:
+                self.app = app
+
+            async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+                counter.count += scope["type"] == "http"
+                await self.app(scope, receive, send)
+
+        app.user_middleware.append(Middleware(Counting))
+
+
+async def test_a_repeat_of_vouched_bytes_is_answered_before_routing(
+    stack: Stack, agent: Caller, database: str
+) -> None:
+    async with gateway(stack) as remembering:
+        from_route = await remembered(remembering, agent, "storm-0200")
+        routed_before = remembering.routed.count
+        assert routed_before == 2, "the first request and the first repeat took the route"
+
+        storm = await asyncio.gather(
+            *(remembering.call(agent, "storm-0200", COUPON) for _ in range(STORM))
+        )
+
+        assert remembering.routed.count == routed_before, "no repeat of the storm was routed"
+    assert {answer_of(answer) for answer in storm} == {answer_of(from_route)}
+    assert count(database, "coupon_issuances") == 1
+
+
+async def test_vouched_bytes_sent_as_the_route_refuses_them_are_refused_as_ever(
+    stack: Stack, agent: Caller, database: str
+) -> None:
+    body = json.dumps(COUPON).encode()
+    path = "/v1/tools/issue_coupon/calls"
+    async with gateway(stack) as remembering:
+        vouched = [await remembering.send(agent, "storm-0300", body) for _ in range(3)]
+        assert vouched[-1].headers["Idempotent-Replayed"] == "true"
+        keyed = {**agent.headers, "Idempotency-Key": "storm-0300"}
+
+        as_text = await remembering.http.post(
+            path, content=body, headers={**keyed, "Content-Type": "text/plain"}
+        )
+        in_latin1 = await remembering.http.post(
+            path,
+            content=body,
+            headers={**keyed, "Content-Type": "application/json; charset=latin-1"},
+        )
+        two_keys = await remembering.http.post(
+            path,
+            content=body,
+            headers=[
+                *agent.headers.items(),
+                ("Content-Type", "application/json"),
+                ("Idempotency-Key", "storm-0300"),
+                ("Idempotency-Key", "storm-0300"),
+            ],
+        )
+        no_key = await remembering.http.post(
+            path, content=body, headers={**agent.headers, "Content-Type": "application/json"}
+        )
+        anonymous = await remembering.http.post(
+            path,
+            content=body,
+            headers={"Idempotency-Key": "storm-0300", "Content-Type": "application/json"},
+        )
+        with_query = await remembering.http.post(
+            path,
+            params={"deliberate_repeat": "false"},
+            content=body,
+            headers={**keyed, "Content-Type": "application/json"},
+        )
+
+    refusals = {
+        "as text": (as_text, 415, "unsupported-media-type"),
+        "in Latin-1": (in_latin1, 415, "unsupported-media-type"),
+        "two key headers": (two_keys, 400, "idempotency-key-malformed"),
+        "no key": (no_key, 400, "idempotency-key-missing"),
+        "no API key": (anonymous, 401, "unauthenticated"),
+    }
+    for what, (answer, status, problem) in refusals.items():
+        assert answer.status_code == status, (what, answer.text)
+        assert answer.json()["type"].endswith(problem), (what, answer.text)
+        assert "Idempotent-Replayed" not in answer.headers, what
+    # The route answers a query it knows the same way, as a repeat.
+    assert answer_of(with_query) == answer_of(vouched[-1])
+    assert count(database, "coupon_issuances") == 1
+    assert count(database, "idempotency_records") == 1
 
 
 async def test_a_call_of_an_open_task_repeated_is_answered_from_memory_too(
