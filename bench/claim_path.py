@@ -21,7 +21,7 @@ Arms run interleaved in rounds so drift hits both alike; the ratios are what to 
 across machines. Each result records how it was made (``run_info``: command, arguments,
 machine, counts, load average before and after); numbers from a loaded machine are noisy.
 
-Usage: ``.venv/bin/python -m bench.claim_path [--claims 4000] [--requests 2000]``
+Usage: ``.venv/bin/python -m bench.claim_path [--claims 4000] [--requests 10000]``
 """
 
 import argparse
@@ -354,7 +354,7 @@ async def main(arguments: argparse.Namespace) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--claims", type=int, default=4000)
-    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument(

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Iterable
 
 from opentelemetry import trace
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from onceflow.errors import OnceflowError
@@ -72,8 +72,8 @@ class VouchedRepeats:
                     trace.get_current_span().set_attribute("http.route", scope["path"])
                     await answer_response(answer)(scope, receive, send)
                     return
-        except OnceflowError:
-            pass  # the route refuses it, as it refuses any such request
+        except (OnceflowError, ClientDisconnect):
+            pass  # the route meets it again and answers it as it answers any such request
         await self.app(scope, received.replay(), send)
 
 
