@@ -208,14 +208,18 @@ async def test_a_claim_never_waits_for_uncommitted_claims_of_other_slots(
     uncommitted, while a ninth whose key hashes to another slot must not wait for any
     lock (a wait would end in ``lock_timeout``'s error, not in a slower answer)."""
     principal = await _principal(pool)
-    held_keys = [f"held-{number}" for number in range(8)]
-    held_slots = set(_first_slots(database, principal, held_keys).values())
-    candidates = _first_slots(database, principal, [f"free-{n}" for n in range(100)])
-    free_key = next(key for key, slot in candidates.items() if slot not in held_slots)
+    # Nine keys of nine different first slots: two held claims of one slot would make the
+    # second wait for the first, which this test holds uncommitted.
+    by_slot: dict[int, str] = {}
+    for key, slot in _first_slots(database, principal, [f"k-{n}" for n in range(100)]).items():
+        by_slot.setdefault(slot, key)
+    *held_keys, free_key = list(by_slot.values())[:9]
 
     held = [await psycopg.AsyncConnection.connect(database) for _ in held_keys]
     try:
         for conn, key in zip(held, held_keys, strict=True):
+            # A wait would be this test's own mistake: fail at once rather than hang.
+            await conn.execute("SET lock_timeout = '5s'")
             row = await (
                 await conn.execute(_CLAIM_HELD, _held_arguments(principal, key))
             ).fetchone()

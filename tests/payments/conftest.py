@@ -124,7 +124,10 @@ def stripe_settings(base_url: str, **overrides: Any) -> StripeSettings:
         "api_key": API_KEY,
         "api_base": base_url,
         "account": ACCOUNT,
-        "connect_timeout": timedelta(milliseconds=500),
+        # The provider is served in the test's own event loop: on a loaded machine a
+        # connect may wait for that loop longer than half a second (no test needs a
+        # connect to time out; a stopped provider refuses at once).
+        "connect_timeout": timedelta(seconds=5),
         "request_timeout": timedelta(seconds=1),
         **overrides,
     }
