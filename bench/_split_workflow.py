@@ -4,15 +4,11 @@ Temporal's workflow sandbox can re-import."""
 
 from datetime import timedelta
 
-from temporalio import activity, workflow
+from temporalio import workflow
 from temporalio.common import RetryPolicy
 
+from bench._bare import no_op
 from onceflow.workflows.visibility import TASK_STATE
-
-
-@activity.defn
-async def echo(value: str) -> str:
-    return value
 
 
 @workflow.defn
@@ -20,7 +16,7 @@ class SplitWorkflow:
     @workflow.run
     async def run(self, value: str, activity_pad: str, result_pad: str, upsert: bool) -> str:
         echoed = await workflow.execute_activity(
-            echo,
+            no_op,
             value + activity_pad,
             start_to_close_timeout=timedelta(seconds=15),
             retry_policy=RetryPolicy(maximum_attempts=1),

@@ -38,7 +38,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from bench._bare import BareWorkflow, no_op
-from bench._split_workflow import SplitWorkflow, echo
+from bench._split_workflow import SplitWorkflow
 from onceflow.coupons import coupon_tools
 from onceflow.gateway import TOOL_CALL_STEP_ID
 from onceflow.settings import OnceflowSettings
@@ -154,7 +154,7 @@ async def main(workflows: int, rounds: int, concurrency: int) -> None:
             async with (
                 build_pool(postgres.url, max_size=concurrency) as pool,
                 Worker(plain, task_queue="bare", workflows=[BareWorkflow], activities=[no_op]),
-                Worker(plain, task_queue="split", workflows=[SplitWorkflow], activities=[echo]),
+                Worker(plain, task_queue="split", workflows=[SplitWorkflow], activities=[no_op]),
                 build_worker(
                     plain, pool, OnceflowSettings(task_queue="plain"), tools=coupon_tools()
                 ),
