@@ -185,6 +185,6 @@ def test_the_client_is_built_with_network_retries_off_and_explicit_timeouts() ->
     http_client = client._requestor._client
     assert isinstance(http_client, stripe.HTTPXClient)
     timeout = http_client._timeout
-    assert (timeout.read, timeout.write, timeout.connect) == (7.0, 7.0, 0.5)
+    assert (timeout.read, timeout.write, timeout.connect) == (7.0, 7.0, 5.0)
     with pytest.raises(ValueError, match="STRIPE_API_KEY"):
         build_stripe_client(stripe_settings("http://127.0.0.1:9", api_key=None))
