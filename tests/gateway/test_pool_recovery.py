@@ -211,13 +211,22 @@ async def created_order(
     http: httpx.AsyncClient, gateway: GatewayProcess, agent: Caller, key: str, database: str
 ) -> None:
     """Order under ``key`` through ``gateway``; the order must be in ``database``. A key
-    whose request was cut after its claim answers 409 until the claim's lease ends."""
+    whose request was cut after its claim answers 409 until the claim's lease ends; a
+    task still running after the gateway's bounded wait (a worker whose pool is still
+    reconnecting) answers 202, and its status is polled as a client would."""
     answer = await eventually(
         lambda: post_order(http, gateway, agent, key),
         until=lambda answer: answer.status_code != 409,
         what=f"{key}: the claim of the request the stop cut is taken over",
         interval=0.5,
     )
+    if answer.status_code == 202:
+        answer = await eventually(
+            lambda: http.get(gateway.url + answer.json()["status_url"], headers=agent.headers),
+            until=lambda status: status.json().get("state") != "running",
+            what=f"{key}: the task ends",
+            interval=0.5,
+        )
     assert answer.status_code == 200 and answer.json()["state"] == "succeeded", answer.text
     order_id = answer.json()["steps"][0]["resource_id"]
     async with await psycopg.AsyncConnection.connect(database) as conn:
