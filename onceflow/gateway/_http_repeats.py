@@ -58,8 +58,13 @@ class VouchedRepeats:
             return
         received = _Recording(receive)
         request = Request(scope, received.receive)
+        service = service_of(request)
+        if not service.remembers_answers():
+            # Nothing is answered from memory now: checking here would only check twice
+            # (and authenticate twice from the tables while the principal cache is deaf).
+            await self.app(scope, receive, send)
+            return
         try:
-            service = service_of(request)
             principal = await service.authenticate(api_key(request))
             service.check_tool(principal, tool)
             key = sent_key(request)

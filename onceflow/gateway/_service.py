@@ -69,9 +69,8 @@ class BoundaryService:
         self._catalogue = catalogue
         # Forgotten with whatever the principal cache hears (a principal's change, a
         # prune pass); a service without that cache remembers no answer.
-        claims = Claims(
-            records, settings, AnswerCache(settings.answer_cache_size, heard=principals.heard)
-        )
+        self._answers = AnswerCache(settings.answer_cache_size, heard=principals.heard)
+        claims = Claims(records, settings, self._answers)
         self._directory = TaskDirectory(tasks)
         self._task_starts = TaskStarts(
             claims=claims,
@@ -179,6 +178,11 @@ class BoundaryService:
             deliberate_repeat=deliberate_repeat,
             request_digest=request_digest,
         )
+
+    def remembers_answers(self) -> bool:
+        """Whether a repeat may be answered from memory now: the answer cache is on and
+        the gateway hears of changes (otherwise ``repeated_tool_call`` answers nothing)."""
+        return self._answers.generation() is not None
 
     def repeated_tool_call(
         self, principal: Principal, tool: str, idempotency_key: str, request_digest: str
