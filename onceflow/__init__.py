@@ -35,7 +35,7 @@ if TYPE_CHECKING:
         classify_http_status,
     )
 
-__version__ = "0.5.0"
+__version__ = "0.6.0"
 
 _HOMES = {
     "OnceflowConfiguration": "onceflow.configuration",

@@ -21,7 +21,7 @@ its saved histories hold those markers.
 from dataclasses import dataclass
 from typing import Literal
 
-CURRENT_RELEASE = "0.5.0"
+CURRENT_RELEASE = "0.6.0"
 """The release this code is (CHANGELOG.md); its saved histories are
 ``tests/workflows/histories/*.json``, an earlier release's ``histories/releases/V/``."""
 
