@@ -75,6 +75,8 @@ from bench._one_step import (
 from bench._report import RESULTS, pyplot, run_info
 from bench._stack import OneStepStack, one_step_stack
 from bench.open_task_calls import CpuMeter
+from onceflow.task_api._listing import state_filter
+from onceflow.workflows.task_models import TaskState
 
 COMPLETED_SHARE = 0.95
 """Share of a step's calls that must succeed by the end of its drain."""
@@ -360,7 +362,9 @@ async def business_outcome(stack: OneStepStack) -> dict[str, Any]:
     while True:  # outcomes are written, and visibility catches up, a little after the end
         coupons, states = coupons_and_records(stack.database_url)
         tasks = (await client.count_workflows(query)).count
-        succeeded = (await client.count_workflows(f"{query} AND OnceflowState = 'succeeded'")).count
+        succeeded = (
+            await client.count_workflows(f"{query} AND {state_filter(TaskState.SUCCEEDED)}")
+        ).count
         settled = states.get("processing", 0) == 0 and coupons == succeeded
         if settled or loop.time() > deadline:
             break

@@ -37,6 +37,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from onceflow.encryption import ClearText
 from onceflow.errors import CallRefused, DecisionConflict, DecisionRefused
 from onceflow.plugin import UNDELIVERED_EVENTS_REFUSAL
+from onceflow.task_api._listing import listed_state, state_filter
 from onceflow.telemetry import current_trace_id
 from onceflow.tools.worker import CATALOGUE, Catalogue
 from onceflow.workflows import AgentTaskWorkflow
@@ -168,7 +169,9 @@ class TaskClient:
         task = self._pinned(task)
         if task.carried is None:
             # Its first workflow task upserts none of what the start sets (free).
-            task = task.model_copy(update={"started_with_attributes": True})
+            task = task.model_copy(
+                update={"started_with_attributes": True, "ends_by_close_status": True}
+            )
         return task, self._start_options(task, workflow_id, memo)
 
     def _pinned(self, task: AgentTaskInput) -> AgentTaskInput:
@@ -434,7 +437,7 @@ class TaskClient:
         """Tasks from the visibility store, newest first, optionally filtered."""
         clauses = ["WorkflowType = 'AgentTaskWorkflow'"]
         if state is not None:
-            clauses.append(f"{TASK_STATE.name} = '{state.value}'")
+            clauses.append(state_filter(state))
         if tenant is not None:
             clauses.append(f"{TASK_TENANT.name} = '{_quoted(tenant)}'")
         if open_only:
@@ -445,12 +448,13 @@ class TaskClient:
 
 def _summary(execution: WorkflowExecution) -> TaskSummary:
     attributes = execution.typed_search_attributes
+    kind = attributes.get(TASK_KIND) or "plan"
     return TaskSummary(
         workflow_id=execution.id,
-        state=attributes.get(TASK_STATE) or "unknown",
+        state=listed_state(attributes.get(TASK_STATE), kind, execution.status),
         tenant=attributes.get(TASK_TENANT) or "",
         started_at=execution.start_time,
-        kind=attributes.get(TASK_KIND) or "plan",
+        kind=kind,
     )
 
 

@@ -144,7 +144,7 @@ class OpenTaskCalls:
                     self._run.closing = self._end_reason(options, lifetime_ends, idle_ends)
         if task.outcome_writer is not OutcomeWriter.NONE:
             await self._book.end_durably()
-        self._book.publish_state(TaskState.CLOSED)
+        self._book.end_as(TaskState.CLOSED)
         workflow.set_current_details(self._open_details())
         if task.outcome_writer is not OutcomeWriter.NONE:
             await self._book.record_outcome()

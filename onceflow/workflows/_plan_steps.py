@@ -63,7 +63,7 @@ class PlanSteps:
         if records:
             await self._book.end_durably()
         self._run.failure_reason = failure
-        self._book.set_state(TaskState.SUCCEEDED if failure is None else TaskState.FAILED)
+        self._book.end_as(TaskState.SUCCEEDED if failure is None else TaskState.FAILED)
         if records:
             await self._book.record_outcome()
         # A decision arriving as the task ends must finish before the workflow completes.

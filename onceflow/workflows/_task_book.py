@@ -186,10 +186,18 @@ class TaskBook:
     def set_state(self, state: TaskState) -> None:
         """The task's state changed: a plan publishes it; an open task's loop publishes
         what its calls add up to."""
-        if self.task.open is not None and state is not TaskState.CLOSED:
+        if self.task.open is not None:
             # Calls run side by side: the task is as its calls are (parked wins), which
             # the open task's loop publishes.
             self.run.changed = True
+            return
+        self.publish_state(state)
+
+    def end_as(self, state: TaskState) -> None:
+        """The task ends in ``state``: published, unless its close status will say it
+        (``AgentTaskInput.ends_by_close_status``)."""
+        if self.task.ends_by_close_status and state is not TaskState.FAILED:
+            self.run.state = state
             return
         self.publish_state(state)
 

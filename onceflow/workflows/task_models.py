@@ -201,11 +201,18 @@ class AgentTaskInput(BaseModel):
     outcome_writer: OutcomeWriter = OutcomeWriter.NONE
     """Who writes the task's outcome into the boundary's idempotency record (set by the
     gateway; the rules: ``onceflow.idempotency``). Default ``none``: no record names the
-    task. In history as the two flags it replaced (``_outcome_writer_as_flags``)."""
+    task. In history as the two flags it replaced (``_as_the_previous_release_reads``)."""
     started_with_attributes: bool = False
     """The starter set the task's search attributes (state, and a plan's tools) with the
     start (``TaskClient``), so the first workflow task upserts none (an open task's since
     0.4.0, patch ``OPEN_TASK_FEWER_ACTIONS``)."""
+
+    ends_by_close_status: bool = False
+    """A task that ends as it ran (a plan succeeded, an open task closed) publishes no
+    final state: its close status, Completed, says it (set by ``TaskClient`` since 0.6.0;
+    the listings read it so, ``onceflow.task_api``). A billable action and a visibility
+    write less per task. A failed plan still publishes ``failed``, which Completed does
+    not say."""
 
     open: OpenTaskOptions | None = None
     """Set for an open task: no steps up front, one Update ``call`` per tool call."""
@@ -225,7 +232,7 @@ class AgentTaskInput(BaseModel):
     @classmethod
     def _outcome_writer_from_flags(cls, data: Any) -> Any:
         """Read the two flags ``outcome_writer`` replaced, as every task's input still holds
-        them (``_outcome_writer_as_flags``); an ``outcome_writer`` given wins.
+        them (``_as_the_previous_release_reads``); an ``outcome_writer`` given wins.
 
         Reachable for every task until the flags stop being written, then for inputs
         written before: remove once no task whose input holds them is open (an open task's
@@ -247,17 +254,21 @@ class AgentTaskInput(BaseModel):
         return data
 
     @model_serializer(mode="wrap")
-    def _outcome_writer_as_flags(self, handler: SerializerFunctionWrapHandler) -> Any:
-        """Write ``outcome_writer`` as the two flags it replaced, in their place.
+    def _as_the_previous_release_reads(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """Write ``outcome_writer`` as the two flags it replaced, in their place, and
+        ``ends_by_close_status`` only when set.
 
         A worker of 0.2.0 or earlier refuses an input with a field it does not know (its
         model forbids extras), and workers are replaced one by one after the gateways
         may already run this release: keep writing the flags until the oldest worker a
-        gateway can meet reads ``outcome_writer``, then write the field itself.
+        gateway can meet reads ``outcome_writer``, then write the field itself. Likewise
+        an input that leaves ``ends_by_close_status`` unset is one 0.5.0 reads.
         """
         data = handler(self)
         if not isinstance(data, dict) or "outcome_writer" not in data:
             return data
+        if not self.ends_by_close_status:
+            del data["ends_by_close_status"]
         flags = {
             "record_outcome": self.outcome_writer is not OutcomeWriter.NONE,
             "starter_records_outcome": self.outcome_writer is OutcomeWriter.STARTER,

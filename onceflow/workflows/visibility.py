@@ -9,7 +9,10 @@ docs/production.md ("Run it in production") registers them all.
 from temporalio.common import SearchAttributeKey
 
 TASK_STATE = SearchAttributeKey.for_keyword("OnceflowState")
-"""running, awaiting_approval, parked, succeeded or failed."""
+"""What the task published while it ran: running, awaiting_approval or parked; failed for
+a plan that failed. A task that succeeded or closed since 0.6.0 publishes no end: its close
+status says it (``AgentTaskInput.ends_by_close_status``, read by ``onceflow.task_api``'s
+listings); earlier ones published succeeded or closed."""
 TASK_TENANT = SearchAttributeKey.for_keyword("OnceflowTenant")
 """The tenant the task belongs to."""
 TASK_TOOLS = SearchAttributeKey.for_keyword_list("OnceflowTools")

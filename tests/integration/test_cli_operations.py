@@ -166,6 +166,29 @@ async def test_an_operator_finds_a_parked_task_and_reconciles_it(
     assert result.step("pay").resource_id == "pi_found_in_dashboard"
     [decision] = result.decisions
     assert (decision.operator, decision.reason) == ("ops-alice", "saw it in the dashboard")
+    # Its end was not upserted (since 0.6.0 its close status says it): listed as succeeded,
+    # and no longer as parked.
+    await listed_as(cli, task_id, "succeeded", "--tenant", "cli-tenant")
+    code, out, _ = await cli("tasks", "--state", "parked", "--tenant", "cli-tenant", "--json")
+    assert code == 0 and task_id not in {task["task_id"] for task in json.loads(out)}
+
+
+async def listed_as(cli: Cli, task_id: str, state: str, *filters: str) -> None:
+    """``onceflow tasks --state <state>`` lists the task, in that state (visibility is
+    eventually consistent: polled)."""
+
+    async def listing() -> dict[str, str]:
+        code, out, err = await cli("tasks", "--state", state, *filters, "--json")
+        assert code == 0, err
+        return {task["task_id"]: task["state"] for task in json.loads(out)}
+
+    await eventually(
+        listing,
+        until=lambda listed: listed.get(task_id) == state,
+        what=f"`onceflow tasks --state {state}` lists {task_id} as {state}",
+        timeout=60,
+        interval=0.5,
+    )
 
 
 async def test_an_approver_denies_a_step_from_the_cli(
@@ -264,6 +287,7 @@ async def test_call_wait_returns_when_the_task_awaits_a_person_and_decisions_rep
     assert [(task["task_id"], task["tenant"]) for task in json.loads(out)] == [(task_id, tenant)]
     code, out, err = await cli("status", task_id, "--json")
     assert code == 0 and json.loads(out)["workflow_id"] == task_id, err
+    await listed_as(cli, task_id, "failed", "--tenant", tenant)
 
 
 async def test_the_cli_lists_open_tasks_shows_their_calls_and_decides_a_parked_call(
@@ -306,3 +330,4 @@ async def test_the_cli_lists_open_tasks_shows_their_calls_and_decides_a_parked_c
     assert cli.script.attempts("cli-l") == 1 and cli.script.attempts("cli-p") == 1
     await tasks.close(workflow_id)
     assert (await tasks.result(workflow_id)).state is TaskState.CLOSED
+    await listed_as(cli, workflow_id, "closed", "--open")
