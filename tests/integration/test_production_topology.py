@@ -40,6 +40,7 @@ from temporalio.api.workflowservice.v1 import RegisterNamespaceRequest
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
+from onceflow.task_api import TaskClient
 from onceflow.workflows.visibility import ALL_SEARCH_ATTRIBUTES, TASK_STATE, TASK_TENANT
 from tests.harness import HANG_SECONDS, REPO, log_line
 
@@ -218,13 +219,16 @@ async def serve_an_agent(
     assert [message.subject for message in sink.sink.received] == ["Welcome, u-42"]
     assert sink.sink.received[0].rcpt_tos == ["customer@example.com"]
 
-    # The task's search attributes were upserted in the namespace the block prepared.
+    # The task's search attributes were set in the namespace the block prepared; its end
+    # is its close status (since 0.6.0), which the listing reads.
     client = await Client.connect(
         dev_server.client.service_client.config.target_host, namespace=namespace
     )
     described = await client.get_workflow_handle(first.json()["task_id"]).describe()
-    assert described.typed_search_attributes.get(TASK_STATE) == "succeeded"
+    assert described.typed_search_attributes.get(TASK_STATE) == "running"
     assert described.typed_search_attributes.get(TASK_TENANT) == tenant
+    summary = await TaskClient(client, task_queue="unused").summary(first.json()["task_id"])
+    assert summary is not None and summary.state == "succeeded"
     # One attempt ran, in one of the two workers (the same key never ran it again).
     attempts = [
         line

@@ -16,6 +16,7 @@ from typing import TypeVar
 import httpx
 from onceflow_devstack.stripe_provider import Fault
 from temporalio.api.sdk.v1 import WorkflowMetadata
+from temporalio.client import WorkflowExecutionStatus
 
 from onceflow.telemetry import PARKED_QUERY, scan_parked_tasks
 from onceflow.workflows.agent_task import TRACE_ID_MEMO
@@ -103,8 +104,15 @@ async def test_the_state_search_attribute_finds_exactly_the_parked_tasks(
             assert parked_at is not None
             assert began - timedelta(seconds=1) <= parked_at <= datetime.now(UTC)  # this test
         else:
-            assert attributes.get(TASK_STATE) == "succeeded"
+            # Its end is its close status (since 0.6.0): left at running, listed succeeded.
+            assert attributes.get(TASK_STATE) == "running"
+            assert execution.status is WorkflowExecutionStatus.COMPLETED
             assert parked_at is None
+    succeeded = {
+        task.workflow_id: task.state
+        async for task in stack.tasks.list(state=TaskState.SUCCEEDED, tenant=tenant)
+    }
+    assert succeeded == {coupon: "succeeded"}
     count, oldest = await scan_parked_tasks(stack.client)
     assert count >= 2 and oldest is not None
 
