@@ -11,8 +11,8 @@ fingerprint is refused.
 
 This is two of a task outcome's four writers (the rules: ``onceflow.idempotency``): the
 starter of a plan task writes its outcome when the task ends within its wait
-(``_store_ended``), or tells the task it stopped waiting (``_stop_waiting``) before it
-answers 202; and the next repeat of a request whose record its task's end left
+(``_store_ended``), or, answering 202, tells the task it stopped waiting
+(``_stop_waiting``) unless the task waits for a person (it then writes its own); and the next repeat of a request whose record its task's end left
 processing stores the task's result. An open task is created the same way, but answered
 as soon as it runs (201): it ends only when it is closed. A task's status, once started,
 is the directory's (``_task_directory``).
@@ -463,13 +463,24 @@ class TaskStarts:
         if not await self._records.mark_started(record, run_id=run_id):
             log.warning("claim on task %s was taken over while starting it", record.workflow_id)
 
-    async def _stop_waiting(self, record: IdempotencyRecord) -> None:
-        """This request started the task and answers before it ends: the task writes its
-        own outcome. Signalled before the status is asked for, so a task that the status
-        shows running has the signal; one that ended is stored from that status here."""
+    async def _stop_waiting(
+        self, record: IdempotencyRecord, current: TaskStatus | None
+    ) -> TaskStatus | None:
+        """This request started the task and answers before it ends (``current``: its
+        status, None when unanswered): the task writes its own outcome. One that waits
+        for a person writes it anyway (it asked people) and one that ended is stored here:
+        only another is told, by a signal. Returns the status to answer with: the final
+        one if the task ended before the signal reached it."""
+        if current is not None and (current.state.is_terminal or current.state.waits_for_people):
+            return current
         try:
-            await asyncio.wait_for(
+            signalled = await asyncio.wait_for(
                 self._tasks.stop_waiting(record.workflow_id), STATUS_QUERY_TIMEOUT
+            )
+            if signalled:
+                return current
+            return await asyncio.wait_for(
+                self._tasks.ended(record.workflow_id), STATUS_QUERY_TIMEOUT
             )
         except (TimeoutError, RPCError) as error:
             # The next repeat with the key, or the upkeep pass, writes it instead.
@@ -478,6 +489,7 @@ class TaskStarts:
                 record.workflow_id,
                 type(error).__name__,
             )
+            return current
 
     async def _answer_when_done(
         self,
@@ -504,8 +516,6 @@ class TaskStarts:
                     await self._mark_started(record, run_id=unmarked_run_id)
             status = await asyncio.wait_for(ending, max(deadline - loop.time(), 0.0))
         except TimeoutError:
-            if not replayed:
-                await self._stop_waiting(record)
             current: TaskStatus | None
             try:
                 current = await asyncio.wait_for(
@@ -515,6 +525,8 @@ class TaskStarts:
                 # No worker answered the query (none polling, or the one holding the task
                 # died mid-query: "context canceled"): still accepted, nothing more to tell.
                 current = None
+            if not replayed:
+                current = await self._stop_waiting(record, current)
             if current is None or not current.state.is_terminal:
                 view = (
                     task_view(current)

@@ -21,7 +21,8 @@ changes nothing.
    answered at once); for a plan task only once it asked people (an approval, a
    reconciliation: its request was answered long before) or once its starter stopped
    waiting (its bounded wait ended first and it answered 202, after telling the task so
-   with the signal ``starter_stopped_waiting``).
+   with the signal ``starter_stopped_waiting``; since 0.6.0 not a task its status shows
+   waiting for a person, which writes its own anyway).
 3. **The next repeat** of the request (same key and fingerprint) that finds the record
    still processing and its task ended writes the task's result: the starter died before
    its write, or the workflow's writes all failed.

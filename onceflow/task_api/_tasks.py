@@ -310,15 +310,18 @@ class TaskClient:
         handle = self._client.get_workflow_handle_for(AgentTaskWorkflow.run, workflow_id)
         return await handle.result()
 
-    async def stop_waiting(self, workflow_id: str) -> None:
+    async def stop_waiting(self, workflow_id: str) -> bool:
         """Tell a plan task its starter stopped waiting for it, so that it writes its
-        outcome into its record itself (a task that already closed is left as it is)."""
+        outcome into its record itself. False when the task had already closed (left as
+        it is: its starter stores its outcome)."""
         handle = self._client.get_workflow_handle_for(AgentTaskWorkflow.run, workflow_id)
         try:
             await handle.signal(AgentTaskWorkflow.starter_stopped_waiting)
         except RPCError as error:
             if error.status is not RPCStatusCode.NOT_FOUND:
                 raise
+            return False
+        return True
 
     async def ended(self, workflow_id: str) -> TaskStatus:
         """The final status of a task that ended: its result, or for a workflow Temporal

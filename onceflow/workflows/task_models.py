@@ -59,6 +59,12 @@ class TaskState(StrEnum):
     """An open task that ended: every call ended (see each call's own state)."""
 
     @property
+    def waits_for_people(self) -> bool:
+        """Whether the task waits for a person's decision (an approval, a reconciliation):
+        it then writes its outcome into its record itself, whoever started it."""
+        return self in (TaskState.AWAITING_APPROVAL, TaskState.PARKED)
+
+    @property
     def is_terminal(self) -> bool:
         """Whether a task in this state has ended (its status will not change): a plan
         succeeded or failed, or an open task closed."""

@@ -15,13 +15,15 @@ from temporalio.service import RPCError
 from onceflow.gateway import _task_starts
 from onceflow.settings import OnceflowSettings
 from onceflow.storage import build_pool
+from onceflow.task_api import TaskClient
 from onceflow.worker import build_worker
 from onceflow.workflows.pruning import PruneIdempotencyRecordsWorkflow
 from onceflow.workflows.pruning_models import PruneInput, PruneResult
+from onceflow.workflows.task_models import ApproveInput, TaskState
 from tests.harness import eventually
 from tests.tool_configuration import builtin
 
-from .conftest import Caller, Stack, count, execute, open_service, rows
+from .conftest import Caller, Stack, count, execute, make_caller, new_tenant, open_service, rows
 
 ORDER = {
     "customer_id": "c-mark",
@@ -188,3 +190,36 @@ async def test_a_task_its_starter_stopped_waiting_for_writes_its_own_outcome(
         if event.HasField("workflow_execution_signaled_event_attributes")
     ]
     assert signals == ["starter_stopped_waiting"]
+
+
+async def test_a_task_that_waits_for_a_person_when_its_starter_stops_waiting_gets_no_signal(
+    stack: Stack, database: str
+) -> None:
+    """It writes its outcome itself anyway (it asked people): the 202 sends no signal, one
+    billable action less, and the record still gets the outcome once a person decided."""
+    approver = await make_caller(database, tenant=new_tenant(), tools=("refund_payment",))
+    # No amount: a refund of the whole payment always waits for an approval.
+    refund = {"payment_intent": "pi_starter_gone"}
+    async with open_service(stack, replay_wait_seconds=1) as service:
+        answer = await service.call_tool(approver.principal, "refund_payment", refund, "refund-1")
+    assert answer.status_code == 202, answer.body
+    assert answer.body["state"] == "awaiting_approval"
+
+    tasks = TaskClient(stack.client, task_queue=stack.task_queue)
+    [step] = (await tasks.status(answer.task_id)).steps
+    await tasks.approve(
+        answer.task_id,
+        ApproveInput(
+            step_id=step.step_id,
+            approved=False,
+            approver="ops",
+            reason="not this one",
+            arguments_digest=step.arguments_digest,
+        ),
+    )
+    assert (await tasks.result(answer.task_id)).state is TaskState.FAILED
+    [(state, body)] = rows(database, "SELECT state, response_body FROM idempotency_records")
+    assert (state, body["state"]) == ("failed", "failed")
+    history = await stack.client.get_workflow_handle(answer.task_id).fetch_history()
+    signalled = "workflow_execution_signaled_event_attributes"
+    assert not any(event.HasField(signalled) for event in history.events)
