@@ -8,8 +8,9 @@ connection per gateway ``LISTEN``\\s for it. Revoking a key in one place therefo
 effect in every gateway at once:
 
 * a notification is read the moment its bytes reach the gateway (a socket reader), and
-  again before every answer from memory, so a request that arrives after the revoking
-  transaction committed is not answered from a principal read before it;
+  again before answering from memory (once per turn of the event loop: ``_catch_up``),
+  so a request that arrives after the revoking transaction committed is not answered
+  from a principal read before it;
 * while the listening connection is down (PostgreSQL restarted, the connection killed),
   nothing is answered from memory: every request reads the tables, as without the cache,
   until the connection is back and has forgotten everything;
@@ -79,6 +80,7 @@ class PrincipalCache:
         self._socket = -1
         self._hearing = False
         self._lost = asyncio.Event()
+        self._caught_up = False
 
     @property
     def listening(self) -> bool:
@@ -92,7 +94,7 @@ class PrincipalCache:
 
     def principal(self, key_hash: str) -> Principal | None:
         """The remembered principal of a key digest, or None (then read the tables)."""
-        self._read_notifications()
+        self._catch_up()
         if not self.listening:
             return None
         remembered = self._remembered.get(key_hash)
@@ -103,7 +105,7 @@ class PrincipalCache:
     def heard(self) -> int | None:
         """The generation of everything heard so far, once what the server has sent is
         read; None while nothing is heard (then nothing may be answered from memory)."""
-        self._read_notifications()
+        self._catch_up()
         return self._generation if self._hearing else None
 
     def remember(self, key_hash: str, principal: Principal, *, read_in: int) -> None:
@@ -173,6 +175,21 @@ class PrincipalCache:
             with contextlib.suppress(ValueError, OSError):
                 asyncio.get_running_loop().remove_reader(self._socket)
             self._socket = -1
+
+    def _catch_up(self) -> None:
+        """Read what the server has sent, before an answer from memory: once per turn of
+        the event loop, which is a syscall less for each further look in the turn (a
+        repeat asks for its principal, then for its answer). A request is handled in a
+        turn after the one that read its bytes, so what came before the request is read
+        in its own turn; what comes later in that turn came after the request."""
+        if self._caught_up:
+            return
+        self._caught_up = True
+        asyncio.get_running_loop().call_soon(self._next_turn)
+        self._read_notifications()
+
+    def _next_turn(self) -> None:
+        self._caught_up = False
 
     def _read_notifications(self) -> None:
         """Take whatever the server has sent the listening connection, without waiting:

@@ -12,10 +12,11 @@ fingerprint is refused.
 This is two of a task outcome's four writers (the rules: ``onceflow.idempotency``): the
 starter of a plan task writes its outcome when the task ends within its wait
 (``_store_ended``), or, answering 202, tells the task it stopped waiting
-(``_stop_waiting``) unless the task waits for a person (it then writes its own); and the next repeat of a request whose record its task's end left
-processing stores the task's result. An open task is created the same way, but answered
-as soon as it runs (201): it ends only when it is closed. A task's status, once started,
-is the directory's (``_task_directory``).
+(``_stop_waiting``) unless the task waits for a person (it then writes its own); and the
+next repeat of a request whose record its task's end left processing stores the task's
+result. An open task is created the same way, but answered as soon as it runs (201): it
+ends only when it is closed. A task's status, once started, is the directory's
+(``_task_directory``).
 """
 
 import asyncio
