@@ -25,7 +25,7 @@ def state_filter(state: TaskState) -> str:
             f"OR ({_KIND} = 'plan' AND {_STATE} = 'running'))"
         )
     if state is TaskState.CLOSED:
-        return f"ExecutionStatus = 'Completed' AND {_KIND} = 'open'"
+        return f"ExecutionStatus = 'Completed' AND ({_STATE} = 'closed' OR {_KIND} = 'open')"
     if state is TaskState.FAILED:
         return f"{_STATE} = 'failed'"
     # A task stopped from outside (terminated, timed out) keeps what it last published.
