@@ -2,13 +2,11 @@
 (since 0.6.0), and its published state only while it runs."""
 
 import uuid
-from collections.abc import AsyncIterator
 
 import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Worker
 
 from onceflow.retry_policy import OutcomeClass
 from onceflow.task_api import TaskClient
@@ -47,20 +45,19 @@ def test_listed_state(
     assert listed_state(published, kind, status) == listed
 
 
-@pytest.fixture
-async def worker(
-    dev_server: WorkflowEnvironment, task_queue: str, script: Script
-) -> AsyncIterator[Worker]:
-    async with scripted_worker(dev_server, task_queue, script) as running:
-        yield running
-
-
 async def listed(tasks: TaskClient, state: TaskState, tenant: str) -> dict[str, str]:
     return {task.workflow_id: task.state async for task in tasks.list(state=state, tenant=tenant)}
 
 
 async def test_tasks_are_listed_by_their_end_and_a_terminated_one_not_as_parked(
-    dev_server: WorkflowEnvironment, worker: Worker, task_queue: str, script: Script
+    dev_server: WorkflowEnvironment, task_queue: str, script: Script
+) -> None:
+    async with scripted_worker(dev_server, task_queue, script):
+        await listings_follow_the_ends(dev_server, task_queue, script)
+
+
+async def listings_follow_the_ends(
+    dev_server: WorkflowEnvironment, task_queue: str, script: Script
 ) -> None:
     tasks = TaskClient(dev_server.client, task_queue=task_queue)
     tenant = f"listing-{uuid.uuid4().hex[:8]}"
