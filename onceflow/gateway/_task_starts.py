@@ -483,7 +483,7 @@ class TaskStarts:
             return await asyncio.wait_for(
                 self._tasks.ended(record.workflow_id), STATUS_QUERY_TIMEOUT
             )
-        except (TimeoutError, RPCError) as error:
+        except (TimeoutError, RPCError, WorkflowQueryFailedError) as error:
             # The next repeat with the key, or the upkeep pass, writes it instead.
             log.warning(
                 "could not hand task %s its outcome's write (%s)",
